@@ -1,0 +1,9 @@
+/* kvstash public API: a distributed object store for LLM KV cache. Everything not declared
+ * under include/kvstash/ is internal. */
+#ifndef KVSTASH_KVSTASH_H
+#define KVSTASH_KVSTASH_H
+
+#include <kvstash/status.h>
+#include <kvstash/version.h>
+
+#endif

@@ -1,0 +1,213 @@
+/* Small parsers and helpers: human sizes, integers, environment variables, keys, hashing,
+ * host:port and the monotonic clock. */
+#define _GNU_SOURCE
+#include "common_int.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+uint64_t kvs__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * KVS_NS_PER_S + (uint64_t)ts.tv_nsec;
+}
+
+int kvs__parse_u64(const char *text, uint64_t max, uint64_t *value_p)
+{
+    if (text == NULL || value_p == NULL || !isdigit((unsigned char)text[0]))
+        return KVS_INVALID_PARAMS;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno != 0 || *end != '\0' || v > max)
+        return KVS_INVALID_PARAMS;
+    *value_p = v;
+    return KVS_OK;
+}
+
+static const struct {
+    const char *name;
+    uint64_t mult;
+} size_units[] = {
+    {"", 1},
+    {"b", 1},
+    {"k", 1ull << 10},
+    {"kib", 1ull << 10},
+    {"kb", 1000ull},
+    {"m", 1ull << 20},
+    {"mib", 1ull << 20},
+    {"mb", 1000000ull},
+    {"g", 1ull << 30},
+    {"gib", 1ull << 30},
+    {"gb", 1000000000ull},
+    {"t", 1ull << 40},
+    {"tib", 1ull << 40},
+    {"tb", 1000000000000ull},
+};
+
+int kvs__parse_size(const char *text, uint64_t *bytes_p)
+{
+    if (text == NULL || bytes_p == NULL)
+        return KVS_INVALID_PARAMS;
+    const char *p = text;
+    while (isspace((unsigned char)*p))
+        p++;
+    if (!isdigit((unsigned char)*p))
+        return KVS_INVALID_PARAMS;
+    uint64_t whole = 0;
+    while (isdigit((unsigned char)*p)) {
+        unsigned d = (unsigned)(*p - '0');
+        if (whole > (UINT64_MAX - d) / 10)
+            return KVS_INVALID_PARAMS;
+        whole = whole * 10 + d;
+        p++;
+    }
+    /* Up to 9 fractional digits, kept as an exact integer numerator over 10^digits. */
+    uint64_t frac = 0, frac_den = 1;
+    if (*p == '.') {
+        p++;
+        if (!isdigit((unsigned char)*p))
+            return KVS_INVALID_PARAMS;
+        while (isdigit((unsigned char)*p)) {
+            if (frac_den < 1000000000ull) {
+                frac = frac * 10 + (uint64_t)(*p - '0');
+                frac_den *= 10;
+            }
+            p++;
+        }
+    }
+    while (*p == ' ')
+        p++;
+    const char *unit = p;
+    size_t ulen = strlen(unit);
+    while (ulen > 0 && isspace((unsigned char)unit[ulen - 1]))
+        ulen--;
+    for (size_t i = 0; i < KVS_ARRAY_SIZE(size_units); i++) {
+        if (strlen(size_units[i].name) == ulen && strncasecmp(unit, size_units[i].name, ulen) == 0) {
+            uint64_t mult = size_units[i].mult;
+            if (whole != 0 && mult > UINT64_MAX / whole)
+                return KVS_INVALID_PARAMS;
+            uint64_t v = whole * mult;
+            /* frac * mult / frac_den without overflow: mult <= 2^40, frac < 10^9 < 2^30. */
+            unsigned __int128 f = (unsigned __int128)frac * mult / frac_den;
+            if (v > UINT64_MAX - (uint64_t)f)
+                return KVS_INVALID_PARAMS;
+            *bytes_p = v + (uint64_t)f;
+            return KVS_OK;
+        }
+    }
+    return KVS_INVALID_PARAMS;
+}
+
+char *kvs__format_size(uint64_t bytes, char *buf, size_t len)
+{
+    static const char *const names[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double v = (double)bytes;
+    size_t u = 0;
+    while (v >= 1024.0 && u + 1 < KVS_ARRAY_SIZE(names)) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%llu B", (unsigned long long)bytes);
+    else
+        snprintf(buf, len, "%.2f %s", v, names[u]);
+    return buf;
+}
+
+int kvs__env_size(const char *name, uint64_t *value_p)
+{
+    const char *v = getenv(name);
+    if (v == NULL || *v == '\0')
+        return KVS_OK;
+    if (kvs__parse_size(v, value_p) != KVS_OK) {
+        kvs_error("%s=%s is not a size (examples: 4096, 256MiB, 4GiB)", name, v);
+        return KVS_INVALID_PARAMS;
+    }
+    return KVS_OK;
+}
+
+int kvs__env_u64(const char *name, uint64_t max, uint64_t *value_p)
+{
+    const char *v = getenv(name);
+    if (v == NULL || *v == '\0')
+        return KVS_OK;
+    if (kvs__parse_u64(v, max, value_p) != KVS_OK) {
+        kvs_error("%s=%s is not an integer in 0..%llu", name, v, (unsigned long long)max);
+        return KVS_INVALID_PARAMS;
+    }
+    return KVS_OK;
+}
+
+int kvs__env_bool(const char *name, bool *value_p)
+{
+    const char *v = getenv(name);
+    if (v == NULL || *v == '\0')
+        return KVS_OK;
+    if (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") ||
+        !strcasecmp(v, "on")) {
+        *value_p = true;
+        return KVS_OK;
+    }
+    if (!strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no") ||
+        !strcasecmp(v, "off")) {
+        *value_p = false;
+        return KVS_OK;
+    }
+    kvs_error("%s=%s is not a boolean (1/0, true/false, yes/no, on/off)", name, v);
+    return KVS_INVALID_PARAMS;
+}
+
+int kvs__key_check(const char *key, size_t len)
+{
+    if (key == NULL || len == 0 || len > KVS_MAX_KEY_LEN || memchr(key, '\0', len) != NULL)
+        return KVS_INVALID_PARAMS;
+    return KVS_OK;
+}
+
+uint64_t kvs__hash64(const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    /* FNV's low bits mix poorly; a final avalanche spreads them for power-of-two tables. */
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h;
+}
+
+int kvs__parse_host_port(const char *text, const char *default_host, char **host_p,
+                         uint16_t *port_p)
+{
+    if (text == NULL || *text == '\0' || host_p == NULL || port_p == NULL)
+        return KVS_INVALID_PARAMS;
+    const char *colon = strrchr(text, ':');
+    const char *port_s = colon ? colon + 1 : text;
+    uint64_t port;
+    if (kvs__parse_u64(port_s, 65535, &port) != KVS_OK) {
+        if (colon != NULL)
+            return KVS_INVALID_PARAMS;
+        /* A bare host name without a port. */
+        return KVS_INVALID_PARAMS;
+    }
+    char *host;
+    if (colon == NULL || colon == text)
+        host = kvs__strdup(default_host);
+    else
+        host = kvs__strndup(text, (size_t)(colon - text));
+    if (host == NULL)
+        return KVS_NO_MEMORY;
+    *host_p = host;
+    *port_p = (uint16_t)port;
+    return KVS_OK;
+}

@@ -1,0 +1,883 @@
+/* Metadata master state machine. See master_int.h for the contract. */
+#include "master_int.h"
+#include "allocator_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define COUNTERS_(X)                                                                        \
+    X(segments_mounted)                                                                     \
+    X(segments_unmounted)                                                                   \
+    X(segments_expired)                                                                     \
+    X(puts_started)                                                                         \
+    X(puts_ended)                                                                           \
+    X(puts_revoked)                                                                         \
+    X(puts_discarded)                                                                       \
+    X(puts_no_space)                                                                        \
+    X(lookups)                                                                              \
+    X(lookup_hits)                                                                          \
+    X(removes)                                                                              \
+    X(evictions)                                                                            \
+    X(evicted_bytes)
+
+typedef struct {
+#define COUNTER_FIELD_(name) uint64_t name;
+    COUNTERS_(COUNTER_FIELD_)
+#undef COUNTER_FIELD_
+} counters_t;
+
+typedef struct seg {
+    uint64_t id;
+    uint64_t client_id;
+    char *name, *node, *endpoint;
+    uint64_t size;
+    kvs__seg_alloc_t *alloc;
+    uint64_t last_heartbeat_ns;
+} seg_t;
+
+typedef struct {
+    seg_t *seg;
+    uint64_t offset;
+    uint32_t handle;
+} mrep_t;
+
+typedef struct obj {
+    struct obj *hnext;
+    struct obj *prev, *next; /* LRU list when complete, pending list when pending */
+    uint64_t hash;
+    uint64_t size;
+    uint64_t lease_until_ns;
+    uint64_t started_ns;
+    mrep_t *reps;
+    uint32_t nrep;
+    uint32_t key_len;
+    uint32_t state;
+    char key[];
+} obj_t;
+
+struct kvs__master {
+    kvs__master_config_t cfg;
+    obj_t **buckets;
+    size_t nbuckets; /* power of two */
+    size_t nobjs;
+    size_t npending;
+    obj_t lru;     /* sentinel; lru.next is the most recently used */
+    obj_t pending; /* sentinel; pending.next is the oldest put */
+    seg_t **segs;
+    uint32_t nseg, cap_seg;
+    uint64_t next_seg_id;
+    uint64_t next_client_id;
+    counters_t c;
+};
+
+/* ---- configuration ---------------------------------------------------------------------- */
+
+static int env_ratio(const char *name, double *value_p)
+{
+    const char *v = getenv(name);
+    if (v == NULL || *v == '\0')
+        return KVS_OK;
+    char *end;
+    double d = strtod(v, &end);
+    if (*end != '\0' || !(d > 0.0 && d <= 1.0)) {
+        kvs_error("%s=%s is not a ratio in (0, 1]", name, v);
+        return KVS_INVALID_PARAMS;
+    }
+    *value_p = d;
+    return KVS_OK;
+}
+
+int kvs__master_config_init(kvs__master_config_t *cfg)
+{
+    if (cfg == NULL)
+        return KVS_INVALID_PARAMS;
+    *cfg = (kvs__master_config_t){
+        .lease_ms = 10000,
+        .heartbeat_timeout_ms = 10000,
+        .put_discard_ms = 30000,
+        .high_watermark = 0.90,
+        .evict_ratio = 0.05,
+    };
+    const uint64_t day_ms = 86400000ull;
+    int rc = KVS_OK;
+    if (kvs__env_u64("KVS_MASTER_LEASE_MS", day_ms, &cfg->lease_ms) != KVS_OK ||
+        kvs__env_u64("KVS_MASTER_HEARTBEAT_TIMEOUT_MS", day_ms, &cfg->heartbeat_timeout_ms) !=
+            KVS_OK ||
+        kvs__env_u64("KVS_MASTER_PUT_DISCARD_MS", day_ms, &cfg->put_discard_ms) != KVS_OK ||
+        env_ratio("KVS_MASTER_HIGH_WATERMARK", &cfg->high_watermark) != KVS_OK ||
+        env_ratio("KVS_MASTER_EVICT_RATIO", &cfg->evict_ratio) != KVS_OK)
+        rc = KVS_INVALID_PARAMS;
+    return rc;
+}
+
+int kvs__master_config_check(const kvs__master_config_t *cfg)
+{
+    if (cfg == NULL || cfg->heartbeat_timeout_ms == 0 || cfg->put_discard_ms == 0 ||
+        !(cfg->high_watermark > 0.0 && cfg->high_watermark <= 1.0) ||
+        !(cfg->evict_ratio > 0.0 && cfg->evict_ratio <= 1.0))
+        return KVS_INVALID_PARAMS;
+    return KVS_OK;
+}
+
+/* ---- lists and hash table --------------------------------------------------------------- */
+
+static void list_init(obj_t *head)
+{
+    head->prev = head->next = head;
+}
+
+static void list_unlink(obj_t *o)
+{
+    o->prev->next = o->next;
+    o->next->prev = o->prev;
+    o->prev = o->next = o;
+}
+
+static void list_push_front(obj_t *head, obj_t *o)
+{
+    o->next = head->next;
+    o->prev = head;
+    head->next->prev = o;
+    head->next = o;
+}
+
+static void list_push_back(obj_t *head, obj_t *o)
+{
+    list_push_front(head->prev, o);
+}
+
+static obj_t *obj_find(kvs__master_t *m, kvs__str_t key, uint64_t hash)
+{
+    for (obj_t *o = m->buckets[hash & (m->nbuckets - 1)]; o != NULL; o = o->hnext) {
+        if (o->hash == hash && o->key_len == key.len && memcmp(o->key, key.ptr, key.len) == 0)
+            return o;
+    }
+    return NULL;
+}
+
+static void table_grow(kvs__master_t *m)
+{
+    size_t n = m->nbuckets * 2;
+    obj_t **b = kvs__calloc(n, sizeof(*b));
+    if (b == NULL)
+        return; /* chains just get longer; correctness is unaffected */
+    for (size_t i = 0; i < m->nbuckets; i++) {
+        obj_t *o = m->buckets[i];
+        while (o != NULL) {
+            obj_t *next = o->hnext;
+            o->hnext = b[o->hash & (n - 1)];
+            b[o->hash & (n - 1)] = o;
+            o = next;
+        }
+    }
+    kvs__free(m->buckets);
+    m->buckets = b;
+    m->nbuckets = n;
+}
+
+static void table_insert(kvs__master_t *m, obj_t *o)
+{
+    if (m->nobjs >= m->nbuckets)
+        table_grow(m);
+    obj_t **slot = &m->buckets[o->hash & (m->nbuckets - 1)];
+    o->hnext = *slot;
+    *slot = o;
+    m->nobjs++;
+}
+
+static void table_remove(kvs__master_t *m, obj_t *o)
+{
+    obj_t **p = &m->buckets[o->hash & (m->nbuckets - 1)];
+    while (*p != o)
+        p = &(*p)->hnext;
+    *p = o->hnext;
+    m->nobjs--;
+}
+
+/* Unlinks an object everywhere, frees its space in every segment, and frees it. */
+static void obj_destroy(kvs__master_t *m, obj_t *o)
+{
+    for (uint32_t i = 0; i < o->nrep; i++)
+        kvs__seg_alloc_free(o->reps[i].seg->alloc, o->reps[i].handle);
+    if (o->state == KVS_OBJ_PENDING)
+        m->npending--;
+    table_remove(m, o);
+    list_unlink(o);
+    kvs__free(o->reps);
+    kvs__free(o);
+}
+
+/* ---- lifetime --------------------------------------------------------------------------- */
+
+int kvs__master_create(const kvs__master_config_t *cfg, kvs__master_t **master_p)
+{
+    if (master_p == NULL || kvs__master_config_check(cfg) != KVS_OK)
+        return KVS_INVALID_PARAMS;
+    kvs__master_t *m = kvs__calloc(1, sizeof(*m));
+    if (m == NULL)
+        return KVS_NO_MEMORY;
+    m->cfg = *cfg;
+    m->nbuckets = 1024;
+    m->buckets = kvs__calloc(m->nbuckets, sizeof(*m->buckets));
+    if (m->buckets == NULL) {
+        kvs__free(m);
+        return KVS_NO_MEMORY;
+    }
+    list_init(&m->lru);
+    list_init(&m->pending);
+    m->next_seg_id = 1;
+    /* Client ids start from a random point so ids from a restarted master rarely collide
+     * with ones its old clients still hold. */
+    m->next_client_id = ((uint64_t)(unsigned)rand() << 20 | kvs__now_ns() % (1u << 20)) + 1;
+    *master_p = m;
+    return KVS_OK;
+}
+
+static void seg_destroy(seg_t *s)
+{
+    if (s == NULL)
+        return;
+    kvs__seg_alloc_destroy(s->alloc);
+    kvs__free(s->name);
+    kvs__free(s->node);
+    kvs__free(s->endpoint);
+    kvs__free(s);
+}
+
+void kvs__master_destroy(kvs__master_t *m)
+{
+    if (m == NULL)
+        return;
+    for (size_t i = 0; i < m->nbuckets; i++) {
+        obj_t *o = m->buckets[i];
+        while (o != NULL) {
+            obj_t *next = o->hnext;
+            kvs__free(o->reps);
+            kvs__free(o);
+            o = next;
+        }
+    }
+    kvs__free(m->buckets);
+    for (uint32_t i = 0; i < m->nseg; i++)
+        seg_destroy(m->segs[i]);
+    kvs__free(m->segs);
+    kvs__free(m);
+}
+
+uint64_t kvs__master_new_client(kvs__master_t *m)
+{
+    uint64_t id = m->next_client_id++;
+    return id ? id : m->next_client_id++;
+}
+
+/* ---- segments --------------------------------------------------------------------------- */
+
+static seg_t *seg_by_id(kvs__master_t *m, uint64_t id)
+{
+    for (uint32_t i = 0; i < m->nseg; i++) {
+        if (m->segs[i]->id == id)
+            return m->segs[i];
+    }
+    return NULL;
+}
+
+static seg_t *seg_by_name(kvs__master_t *m, kvs__str_t name)
+{
+    for (uint32_t i = 0; i < m->nseg; i++) {
+        if (kvs__str_eq(kvs__str_c(m->segs[i]->name), name))
+            return m->segs[i];
+    }
+    return NULL;
+}
+
+static bool name_ok(kvs__str_t s)
+{
+    return s.len > 0 && s.len <= KVS_MAX_NAME_LEN && memchr(s.ptr, '\0', s.len) == NULL;
+}
+
+int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, const kvs__mount_req_t *req,
+                      uint64_t *segment_id_p)
+{
+    if (m == NULL || req == NULL || segment_id_p == NULL || req->client_id == 0 ||
+        !name_ok(req->name) || !name_ok(req->node) || !name_ok(req->endpoint) ||
+        req->size < KVS_SEG_ALLOC_ALIGN)
+        return KVS_INVALID_PARAMS;
+    if (seg_by_name(m, req->name) != NULL)
+        return KVS_SEGMENT_ALREADY_EXISTS;
+    if (m->nseg == m->cap_seg) {
+        uint32_t cap = m->cap_seg ? m->cap_seg * 2 : 8;
+        seg_t **segs = kvs__realloc(m->segs, cap * sizeof(*segs));
+        if (segs == NULL)
+            return KVS_NO_MEMORY;
+        m->segs = segs;
+        m->cap_seg = cap;
+    }
+    seg_t *s = kvs__calloc(1, sizeof(*s));
+    if (s == NULL)
+        return KVS_NO_MEMORY;
+    s->name = kvs__strndup(req->name.ptr, req->name.len);
+    s->node = kvs__strndup(req->node.ptr, req->node.len);
+    s->endpoint = kvs__strndup(req->endpoint.ptr, req->endpoint.len);
+    if (s->name == NULL || s->node == NULL || s->endpoint == NULL ||
+        kvs__seg_alloc_create(req->size, &s->alloc) != KVS_OK) {
+        seg_destroy(s);
+        return KVS_NO_MEMORY;
+    }
+    s->id = m->next_seg_id++;
+    s->client_id = req->client_id;
+    s->size = kvs__seg_alloc_capacity(s->alloc);
+    s->last_heartbeat_ns = now_ns;
+    m->segs[m->nseg++] = s;
+    m->c.segments_mounted++;
+    kvs_info("segment %llu '%s' mounted: %llu bytes on node '%s' at %s",
+             (unsigned long long)s->id, s->name, (unsigned long long)s->size, s->node,
+             s->endpoint);
+    *segment_id_p = s->id;
+    return KVS_OK;
+}
+
+/* Drops every replica on `s`, destroys objects left without one, then the segment. */
+static void seg_remove(kvs__master_t *m, seg_t *s)
+{
+    for (size_t b = 0; b < m->nbuckets; b++) {
+        obj_t *o = m->buckets[b];
+        while (o != NULL) {
+            obj_t *next = o->hnext;
+            uint32_t kept = 0;
+            for (uint32_t i = 0; i < o->nrep; i++) {
+                if (o->reps[i].seg != s)
+                    o->reps[kept++] = o->reps[i];
+            }
+            o->nrep = kept;
+            if (kept == 0)
+                obj_destroy(m, o);
+            o = next;
+        }
+    }
+    for (uint32_t i = 0; i < m->nseg; i++) {
+        if (m->segs[i] == s) {
+            m->segs[i] = m->segs[--m->nseg];
+            break;
+        }
+    }
+    seg_destroy(s);
+}
+
+int kvs__master_unmount(kvs__master_t *m, uint64_t client_id, uint64_t segment_id)
+{
+    if (m == NULL)
+        return KVS_INVALID_PARAMS;
+    seg_t *s = seg_by_id(m, segment_id);
+    if (s == NULL)
+        return KVS_SEGMENT_NOT_FOUND;
+    if (s->client_id != client_id)
+        return KVS_INVALID_PARAMS;
+    kvs_info("segment %llu '%s' unmounted", (unsigned long long)s->id, s->name);
+    seg_remove(m, s);
+    m->c.segments_unmounted++;
+    return KVS_OK;
+}
+
+int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id)
+{
+    if (m == NULL || client_id == 0)
+        return KVS_INVALID_PARAMS;
+    uint32_t found = 0;
+    for (uint32_t i = 0; i < m->nseg; i++) {
+        if (m->segs[i]->client_id == client_id) {
+            m->segs[i]->last_heartbeat_ns = now_ns;
+            found++;
+        }
+    }
+    return found ? KVS_OK : KVS_SEGMENT_NOT_FOUND;
+}
+
+/* ---- eviction --------------------------------------------------------------------------- */
+
+static bool obj_on_seg(const obj_t *o, const seg_t *s)
+{
+    for (uint32_t i = 0; i < o->nrep; i++) {
+        if (o->reps[i].seg == s)
+            return true;
+    }
+    return false;
+}
+
+/* Evicts complete, unleased objects with a replica on `s`, least recently used first, until
+ * `need` bytes of `s` are free again or nothing more may go. Returns the bytes freed on s. */
+static uint64_t evict_from(kvs__master_t *m, uint64_t now_ns, seg_t *s, uint64_t need)
+{
+    uint64_t freed = 0;
+    obj_t *o = m->lru.prev;
+    while (o != &m->lru && freed < need) {
+        obj_t *prev = o->prev;
+        if (o->lease_until_ns <= now_ns && obj_on_seg(o, s)) {
+            uint64_t before = kvs__seg_alloc_used(s->alloc);
+            m->c.evictions++;
+            m->c.evicted_bytes += o->size;
+            kvs_debug("evicting '%.*s' (%llu bytes) from segment '%s'", (int)o->key_len, o->key,
+                      (unsigned long long)o->size, s->name);
+            obj_destroy(m, o);
+            freed += before - kvs__seg_alloc_used(s->alloc);
+        }
+        o = prev;
+    }
+    return freed;
+}
+
+static void evict_if_high(kvs__master_t *m, uint64_t now_ns, seg_t *s)
+{
+    double used = (double)kvs__seg_alloc_used(s->alloc);
+    if (used > m->cfg.high_watermark * (double)s->size)
+        evict_from(m, now_ns, s, (uint64_t)(m->cfg.evict_ratio * (double)s->size));
+}
+
+/* ---- placement -------------------------------------------------------------------------- */
+
+static uint64_t seg_free(const seg_t *s)
+{
+    return s->size - kvs__seg_alloc_used(s->alloc);
+}
+
+static int cmp_free_desc(const void *a, const void *b)
+{
+    uint64_t fa = seg_free(*(seg_t *const *)a), fb = seg_free(*(seg_t *const *)b);
+    return fa < fb ? 1 : fa > fb ? -1 : 0;
+}
+
+/* Orders candidate segments for one object: the preferred segment, then (same-node puts) the
+ * batch's segment and the writer's node, then the rest by free space, most first. */
+static uint32_t order_candidates(kvs__master_t *m, const kvs__put_start_req_t *req,
+                                 seg_t *batch_seg, seg_t **out)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < m->nseg; i++)
+        out[n++] = m->segs[i];
+    qsort(out, n, sizeof(*out), cmp_free_desc);
+    /* Stable promotion of the favoured segments to the front, last promoted ends first. */
+    bool same_node = (req->flags & KVS_PUT_FLAG_SAME_NODE) != 0;
+    if (same_node) {
+        uint32_t w = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            if (kvs__str_eq(kvs__str_c(out[i]->node), req->node)) {
+                seg_t *t = out[i];
+                memmove(&out[w + 1], &out[w], (i - w) * sizeof(*out));
+                out[w++] = t;
+            }
+        }
+    }
+    seg_t *first[2] = {same_node ? batch_seg : NULL,
+                       req->preferred_segment.len ? seg_by_name(m, req->preferred_segment)
+                                                  : NULL};
+    for (int k = 0; k < 2; k++) {
+        for (uint32_t i = 0; first[k] != NULL && i < n; i++) {
+            if (out[i] == first[k]) {
+                memmove(&out[1], &out[0], i * sizeof(*out));
+                out[0] = first[k];
+                break;
+            }
+        }
+    }
+    return n;
+}
+
+static int alloc_on(kvs__master_t *m, uint64_t now_ns, seg_t *s, uint64_t size, mrep_t *rep)
+{
+    int rc = kvs__seg_alloc_alloc(s->alloc, size, &rep->offset, &rep->handle);
+    if (rc == KVS_NO_AVAILABLE_HANDLE && size <= s->size) {
+        uint64_t want = KVS_MAX(size, (uint64_t)(m->cfg.evict_ratio * (double)s->size));
+        if (evict_from(m, now_ns, s, want) > 0)
+            rc = kvs__seg_alloc_alloc(s->alloc, size, &rep->offset, &rep->handle);
+    }
+    rep->seg = s;
+    return rc;
+}
+
+/* Adds `s` to the response's segment table unless present; returns false on no memory. */
+static bool rsp_add_seg(kvs__placement_rsp_t *rsp, uint32_t cap, const seg_t *s)
+{
+    for (uint32_t i = 0; i < rsp->nseg; i++) {
+        if (rsp->segs[i].id == s->id)
+            return true;
+    }
+    if (rsp->nseg >= cap)
+        return false;
+    rsp->segs[rsp->nseg++] = (kvs__seg_info_t){
+        .id = s->id,
+        .name = kvs__str_c(s->name),
+        .node = kvs__str_c(s->node),
+        .endpoint = kvs__str_c(s->endpoint),
+        .size = s->size,
+        .used = kvs__seg_alloc_used(s->alloc),
+    };
+    return true;
+}
+
+static int placement_rsp_init(kvs__master_t *m, uint32_t n, kvs__arena_t *arena,
+                              kvs__placement_rsp_t *rsp)
+{
+    memset(rsp, 0, sizeof(*rsp));
+    rsp->n = n;
+    rsp->objs = kvs__arena_alloc(arena, (size_t)n * sizeof(*rsp->objs));
+    rsp->segs = kvs__arena_alloc(arena, (size_t)m->nseg * sizeof(*rsp->segs));
+    if (rsp->objs == NULL || rsp->segs == NULL)
+        return KVS_NO_MEMORY;
+    return KVS_OK;
+}
+
+static int put_start_one(kvs__master_t *m, uint64_t now_ns, const kvs__put_start_req_t *req,
+                         const kvs__put_item_t *it, seg_t **cand, seg_t **batch_seg,
+                         kvs__arena_t *arena, kvs__obj_desc_t *d)
+{
+    if (kvs__key_check(it->key.ptr, it->key.len) != KVS_OK || it->size == 0)
+        return KVS_INVALID_PARAMS;
+    uint64_t hash = kvs__hash64(it->key.ptr, it->key.len);
+    if (obj_find(m, it->key, hash) != NULL)
+        return KVS_OBJECT_ALREADY_EXISTS;
+    uint32_t want = req->replica_num;
+    obj_t *o = kvs__calloc(1, sizeof(*o) + it->key.len + 1);
+    mrep_t *reps = kvs__calloc(want, sizeof(*reps));
+    d->reps = kvs__arena_alloc(arena, want * sizeof(*d->reps));
+    if (o == NULL || reps == NULL || d->reps == NULL) {
+        kvs__free(o);
+        kvs__free(reps);
+        return KVS_NO_MEMORY;
+    }
+    uint32_t ncand = order_candidates(m, req, *batch_seg, cand), got = 0;
+    int last_rc = KVS_NO_AVAILABLE_HANDLE;
+    for (uint32_t i = 0; i < ncand && got < want; i++) {
+        int rc = alloc_on(m, now_ns, cand[i], it->size, &reps[got]);
+        if (rc == KVS_OK)
+            got++;
+        else if (rc != KVS_NO_AVAILABLE_HANDLE)
+            last_rc = rc;
+    }
+    if (got == 0) {
+        kvs__free(o);
+        kvs__free(reps);
+        m->c.puts_no_space++;
+        return last_rc;
+    }
+    memcpy(o->key, it->key.ptr, it->key.len);
+    o->key_len = it->key.len;
+    o->hash = hash;
+    o->size = it->size;
+    o->state = KVS_OBJ_PENDING;
+    o->started_ns = now_ns;
+    o->reps = reps;
+    o->nrep = got;
+    table_insert(m, o);
+    list_push_back(&m->pending, o);
+    m->npending++;
+    m->c.puts_started++;
+    if (*batch_seg == NULL)
+        *batch_seg = reps[0].seg;
+    d->size = it->size;
+    d->nrep = got;
+    for (uint32_t i = 0; i < got; i++)
+        d->reps[i] = (kvs__replica_t){reps[i].seg->id, reps[i].offset};
+    return KVS_OK;
+}
+
+int kvs__master_put_start(kvs__master_t *m, uint64_t now_ns, const kvs__put_start_req_t *req,
+                          kvs__arena_t *arena, kvs__placement_rsp_t *rsp)
+{
+    if (m == NULL || req == NULL || arena == NULL || rsp == NULL)
+        return KVS_INVALID_PARAMS;
+    int rc = placement_rsp_init(m, req->n, arena, rsp);
+    if (rc != KVS_OK)
+        return rc;
+    bool bad = req->replica_num == 0 || req->replica_num > KVS_MAX_REPLICAS ||
+               (req->preferred_segment.len && !name_ok(req->preferred_segment));
+    seg_t **cand = kvs__arena_alloc(arena, (size_t)m->nseg * sizeof(*cand));
+    if (cand == NULL)
+        return KVS_NO_MEMORY;
+    seg_t *batch_seg = NULL;
+    for (uint32_t i = 0; i < req->n; i++) {
+        kvs__obj_desc_t *d = &rsp->objs[i];
+        d->status = bad ? KVS_INVALID_PARAMS
+                        : put_start_one(m, now_ns, req, &req->items[i], cand, &batch_seg, arena,
+                                        d);
+    }
+    /* Eviction after the whole batch: the batch's own objects are pending and never evicted,
+     * and the segment table then reports the state the writer will find. */
+    for (uint32_t i = 0; i < m->nseg; i++)
+        evict_if_high(m, now_ns, m->segs[i]);
+    for (uint32_t i = 0; i < req->n; i++) {
+        for (uint32_t j = 0; j < rsp->objs[i].nrep; j++)
+            rsp_add_seg(rsp, m->nseg, seg_by_id(m, rsp->objs[i].reps[j].segment_id));
+    }
+    rsp->status = bad ? KVS_INVALID_PARAMS : KVS_OK;
+    return KVS_OK;
+}
+
+/* ---- per-key operations ----------------------------------------------------------------- */
+
+static int status_rsp_init(uint32_t n, kvs__arena_t *arena, kvs__status_list_rsp_t *rsp)
+{
+    memset(rsp, 0, sizeof(*rsp));
+    rsp->n = n;
+    rsp->results = kvs__arena_alloc(arena, (size_t)n * sizeof(*rsp->results));
+    return rsp->results ? KVS_OK : KVS_NO_MEMORY;
+}
+
+/* Looks a key up after validating it; writes a status for the failures. */
+static obj_t *key_lookup(kvs__master_t *m, kvs__str_t key, int *rc_p)
+{
+    if (kvs__key_check(key.ptr, key.len) != KVS_OK) {
+        *rc_p = KVS_INVALID_PARAMS;
+        return NULL;
+    }
+    obj_t *o = obj_find(m, key, kvs__hash64(key.ptr, key.len));
+    *rc_p = o ? KVS_OK : KVS_OBJECT_NOT_FOUND;
+    return o;
+}
+
+typedef int (*key_op_fn)(kvs__master_t *m, uint64_t now_ns, uint32_t flags, obj_t *o);
+
+static int for_each_key(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
+                        kvs__arena_t *arena, kvs__status_list_rsp_t *rsp, key_op_fn fn)
+{
+    if (m == NULL || req == NULL || arena == NULL || rsp == NULL)
+        return KVS_INVALID_PARAMS;
+    int rc = status_rsp_init(req->n, arena, rsp);
+    if (rc != KVS_OK)
+        return rc;
+    for (uint32_t i = 0; i < req->n; i++) {
+        obj_t *o = key_lookup(m, req->keys[i], &rc);
+        rsp->results[i] = o ? fn(m, now_ns, req->flags, o) : rc;
+    }
+    return KVS_OK;
+}
+
+static int op_put_end(kvs__master_t *m, uint64_t now_ns, uint32_t flags, obj_t *o)
+{
+    KVS_UNUSED(now_ns);
+    KVS_UNUSED(flags);
+    if (o->state != KVS_OBJ_PENDING)
+        return KVS_INVALID_WRITE;
+    list_unlink(o);
+    o->state = KVS_OBJ_COMPLETE;
+    m->npending--;
+    list_push_front(&m->lru, o);
+    m->c.puts_ended++;
+    return KVS_OK;
+}
+
+static int op_put_revoke(kvs__master_t *m, uint64_t now_ns, uint32_t flags, obj_t *o)
+{
+    KVS_UNUSED(now_ns);
+    KVS_UNUSED(flags);
+    if (o->state != KVS_OBJ_PENDING)
+        return KVS_INVALID_WRITE;
+    obj_destroy(m, o);
+    m->c.puts_revoked++;
+    return KVS_OK;
+}
+
+static int op_exists(kvs__master_t *m, uint64_t now_ns, uint32_t flags, obj_t *o)
+{
+    KVS_UNUSED(m);
+    KVS_UNUSED(now_ns);
+    KVS_UNUSED(flags);
+    return o->state == KVS_OBJ_COMPLETE ? 1 : 0;
+}
+
+static int op_remove(kvs__master_t *m, uint64_t now_ns, uint32_t flags, obj_t *o)
+{
+    bool force = (flags & KVS_KEYS_FLAG_FORCE) != 0;
+    if (!force && o->state == KVS_OBJ_PENDING)
+        return KVS_REPLICA_IS_NOT_READY;
+    if (!force && o->lease_until_ns > now_ns)
+        return KVS_OBJECT_HAS_LEASE;
+    obj_destroy(m, o);
+    m->c.removes++;
+    return KVS_OK;
+}
+
+int kvs__master_put_end(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
+                        kvs__arena_t *arena, kvs__status_list_rsp_t *rsp)
+{
+    return for_each_key(m, now_ns, req, arena, rsp, op_put_end);
+}
+
+int kvs__master_put_revoke(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
+                           kvs__arena_t *arena, kvs__status_list_rsp_t *rsp)
+{
+    return for_each_key(m, now_ns, req, arena, rsp, op_put_revoke);
+}
+
+int kvs__master_remove(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
+                       kvs__arena_t *arena, kvs__status_list_rsp_t *rsp)
+{
+    return for_each_key(m, now_ns, req, arena, rsp, op_remove);
+}
+
+int kvs__master_exists(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
+                       kvs__arena_t *arena, kvs__status_list_rsp_t *rsp)
+{
+    int rc = for_each_key(m, now_ns, req, arena, rsp, op_exists);
+    /* A missing object is an answer (0), not an error. */
+    for (uint32_t i = 0; rc == KVS_OK && i < rsp->n; i++) {
+        if (rsp->results[i] == KVS_OBJECT_NOT_FOUND)
+            rsp->results[i] = 0;
+    }
+    return rc;
+}
+
+int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
+                       kvs__arena_t *arena, kvs__placement_rsp_t *rsp)
+{
+    if (m == NULL || req == NULL || arena == NULL || rsp == NULL)
+        return KVS_INVALID_PARAMS;
+    int rc = placement_rsp_init(m, req->n, arena, rsp);
+    if (rc != KVS_OK)
+        return rc;
+    uint64_t lease_ns = m->cfg.lease_ms * KVS_NS_PER_MS;
+    for (uint32_t i = 0; i < req->n; i++) {
+        kvs__obj_desc_t *d = &rsp->objs[i];
+        m->c.lookups++;
+        obj_t *o = key_lookup(m, req->keys[i], &d->status);
+        if (o == NULL)
+            continue;
+        if (o->state != KVS_OBJ_COMPLETE) {
+            d->status = KVS_REPLICA_IS_NOT_READY;
+            continue;
+        }
+        d->reps = kvs__arena_alloc(arena, o->nrep * sizeof(*d->reps));
+        if (d->reps == NULL)
+            return KVS_NO_MEMORY;
+        m->c.lookup_hits++;
+        if (o->lease_until_ns < now_ns + lease_ns)
+            o->lease_until_ns = now_ns + lease_ns;
+        list_unlink(o);
+        list_push_front(&m->lru, o);
+        d->size = o->size;
+        d->lease_ms = (o->lease_until_ns - now_ns) / KVS_NS_PER_MS;
+        d->nrep = o->nrep;
+        for (uint32_t j = 0; j < o->nrep; j++) {
+            d->reps[j] = (kvs__replica_t){o->reps[j].seg->id, o->reps[j].offset};
+            rsp_add_seg(rsp, m->nseg, o->reps[j].seg);
+        }
+    }
+    return KVS_OK;
+}
+
+/* ---- listing and statistics ------------------------------------------------------------- */
+
+#define LIST_DEFAULT_LIMIT 1000u
+
+int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t *arena,
+                     kvs__list_rsp_t *rsp)
+{
+    if (m == NULL || req == NULL || arena == NULL || rsp == NULL)
+        return KVS_INVALID_PARAMS;
+    uint32_t limit = req->limit ? KVS_MIN(req->limit, KVS_MAX_BATCH) : LIST_DEFAULT_LIMIT;
+    memset(rsp, 0, sizeof(*rsp));
+    rsp->entries = kvs__arena_alloc(arena, (size_t)KVS_MIN(limit, m->nobjs) * sizeof(*rsp->entries));
+    if (rsp->entries == NULL)
+        return KVS_NO_MEMORY;
+    for (size_t b = 0; b < m->nbuckets; b++) {
+        for (obj_t *o = m->buckets[b]; o != NULL; o = o->hnext) {
+            if (o->key_len < req->prefix.len ||
+                (req->prefix.len && memcmp(o->key, req->prefix.ptr, req->prefix.len) != 0))
+                continue;
+            if (rsp->n == limit) {
+                rsp->truncated = 1;
+                return KVS_OK;
+            }
+            rsp->entries[rsp->n++] = (kvs__list_entry_t){
+                .key = {o->key, o->key_len}, .size = o->size, .state = o->state, .nrep = o->nrep};
+        }
+    }
+    return KVS_OK;
+}
+
+typedef struct {
+    const char *name;
+    size_t offset;
+} counter_desc_t;
+
+static const counter_desc_t counter_descs[] = {
+#define COUNTER_DESC_(name) {#name, offsetof(counters_t, name)},
+    COUNTERS_(COUNTER_DESC_)
+#undef COUNTER_DESC_
+};
+
+int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena,
+                     kvs__stat_rsp_t *rsp)
+{
+    if (m == NULL || arena == NULL || rsp == NULL)
+        return KVS_INVALID_PARAMS;
+    KVS_UNUSED(now_ns);
+    memset(rsp, 0, sizeof(*rsp));
+    uint32_t ngauges = 5, n = (uint32_t)KVS_ARRAY_SIZE(counter_descs) + ngauges;
+    rsp->counters = kvs__arena_alloc(arena, n * sizeof(*rsp->counters));
+    rsp->segs = kvs__arena_alloc(arena, (size_t)m->nseg * sizeof(*rsp->segs));
+    if (rsp->counters == NULL || rsp->segs == NULL)
+        return KVS_NO_MEMORY;
+    uint64_t cap = 0, used = 0;
+    for (uint32_t i = 0; i < m->nseg; i++) {
+        seg_t *s = m->segs[i];
+        cap += s->size;
+        used += kvs__seg_alloc_used(s->alloc);
+        rsp->segs[rsp->nseg++] = (kvs__seg_info_t){
+            s->id,         kvs__str_c(s->name), kvs__str_c(s->node), kvs__str_c(s->endpoint),
+            s->size, kvs__seg_alloc_used(s->alloc)};
+    }
+    kvs__counter_t *c = rsp->counters;
+    c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c("objects"), m->nobjs - m->npending};
+    c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c("objects_pending"), m->npending};
+    c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c("segments"), m->nseg};
+    c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c("capacity_bytes"), cap};
+    c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c("used_bytes"), used};
+    for (size_t i = 0; i < KVS_ARRAY_SIZE(counter_descs); i++) {
+        uint64_t v;
+        memcpy(&v, (const char *)&m->c + counter_descs[i].offset, sizeof(v));
+        c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c(counter_descs[i].name), v};
+    }
+    return KVS_OK;
+}
+
+uint64_t kvs__master_counter(kvs__master_t *m, const char *name)
+{
+    kvs__arena_t arena;
+    kvs__arena_init(&arena);
+    kvs__stat_rsp_t rsp;
+    uint64_t v = UINT64_MAX;
+    if (kvs__master_stat(m, 0, &arena, &rsp) == KVS_OK) {
+        for (uint32_t i = 0; i < rsp.ncounters; i++) {
+            if (kvs__str_eq(rsp.counters[i].name, kvs__str_c(name)))
+                v = rsp.counters[i].value;
+        }
+    }
+    kvs__arena_free(&arena);
+    return v;
+}
+
+/* ---- time-driven work ------------------------------------------------------------------- */
+
+void kvs__master_tick(kvs__master_t *m, uint64_t now_ns)
+{
+    uint64_t discard_ns = m->cfg.put_discard_ms * KVS_NS_PER_MS;
+    while (m->pending.next != &m->pending && m->pending.next->started_ns + discard_ns <= now_ns) {
+        obj_t *o = m->pending.next;
+        kvs_warn("discarding put of '%.*s': not ended within %llu ms", (int)o->key_len, o->key,
+                 (unsigned long long)m->cfg.put_discard_ms);
+        obj_destroy(m, o);
+        m->c.puts_discarded++;
+    }
+    uint64_t hb_ns = m->cfg.heartbeat_timeout_ms * KVS_NS_PER_MS;
+    for (uint32_t i = 0; i < m->nseg;) {
+        seg_t *s = m->segs[i];
+        if (s->last_heartbeat_ns + hb_ns <= now_ns) {
+            kvs_warn("segment %llu '%s' dropped: owner silent for %llu ms",
+                     (unsigned long long)s->id, s->name,
+                     (unsigned long long)((now_ns - s->last_heartbeat_ns) / KVS_NS_PER_MS));
+            seg_remove(m, s); /* moves the last segment into slot i */
+            m->c.segments_expired++;
+        } else {
+            i++;
+        }
+    }
+}

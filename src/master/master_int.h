@@ -1,0 +1,77 @@
+/* The metadata master's state machine: objects, segments, leases, eviction and liveness.
+ *
+ * It holds no sockets and reads no clock: every call takes `now_ns`, so tests drive time
+ * directly and the server feeds it the monotonic clock. It is not thread-safe; the server
+ * calls it from its one event-loop thread. Requests and responses use the wire structs of
+ * proto_int.h so the server only decodes, calls and encodes. */
+#ifndef KVS_MASTER_INT_H
+#define KVS_MASTER_INT_H
+
+#include "../proto/proto_int.h"
+
+typedef enum {
+    KVS_OBJ_PENDING = 0,  /* put started, not ended: invisible to readers */
+    KVS_OBJ_COMPLETE = 1, /* readable */
+} kvs__obj_state_t;
+
+typedef struct {
+    uint64_t lease_ms;             /* read lease granted by each lookup (default 10 s) */
+    uint64_t heartbeat_timeout_ms; /* owner silent this long loses its segments (10 s) */
+    uint64_t put_discard_ms;       /* a put not ended this long is revoked (30 s) */
+    double high_watermark;         /* segment fill ratio that triggers eviction (0.90) */
+    double evict_ratio;            /* share of the segment freed per eviction (0.05) */
+} kvs__master_config_t;
+
+/* Defaults, then KVS_MASTER_LEASE_MS, KVS_MASTER_HEARTBEAT_TIMEOUT_MS, KVS_MASTER_PUT_DISCARD_MS,
+ * KVS_MASTER_HIGH_WATERMARK and KVS_MASTER_EVICT_RATIO from the environment. */
+int kvs__master_config_init(kvs__master_config_t *cfg);
+int kvs__master_config_check(const kvs__master_config_t *cfg);
+
+typedef struct kvs__master kvs__master_t;
+
+int kvs__master_create(const kvs__master_config_t *cfg, kvs__master_t **master_p);
+void kvs__master_destroy(kvs__master_t *m);
+
+/* A new client id (never 0, never reused while the master runs). */
+uint64_t kvs__master_new_client(kvs__master_t *m);
+
+/* Registers a segment of `size` bytes owned by `client_id`. Names are unique among mounted
+ * segments (SEGMENT_ALREADY_EXISTS). */
+int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, const kvs__mount_req_t *req,
+                      uint64_t *segment_id_p);
+/* Unmounts a segment of that client: its replicas vanish and objects left without one go. */
+int kvs__master_unmount(kvs__master_t *m, uint64_t client_id, uint64_t segment_id);
+/* Refreshes every segment of the client. SEGMENT_NOT_FOUND when it owns none (it was dropped
+ * and should mount again). */
+int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id);
+
+/* The batch operations fill rsp (arrays from `arena`) with one result per request key;
+ * rsp->status is the request-level status (OK unless the request itself is unusable). */
+int kvs__master_put_start(kvs__master_t *m, uint64_t now_ns, const kvs__put_start_req_t *req,
+                          kvs__arena_t *arena, kvs__placement_rsp_t *rsp);
+int kvs__master_put_end(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
+                        kvs__arena_t *arena, kvs__status_list_rsp_t *rsp);
+int kvs__master_put_revoke(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
+                           kvs__arena_t *arena, kvs__status_list_rsp_t *rsp);
+/* Lookups grant (extend) a read lease on each complete object. */
+int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
+                       kvs__arena_t *arena, kvs__placement_rsp_t *rsp);
+/* 1 complete, 0 absent or pending, negative for an invalid key. */
+int kvs__master_exists(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
+                       kvs__arena_t *arena, kvs__status_list_rsp_t *rsp);
+/* Refused with OBJECT_HAS_LEASE while leased, REPLICA_IS_NOT_READY while pending, unless
+ * KVS_KEYS_FLAG_FORCE. */
+int kvs__master_remove(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
+                       kvs__arena_t *arena, kvs__status_list_rsp_t *rsp);
+int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t *arena,
+                     kvs__list_rsp_t *rsp);
+int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena,
+                     kvs__stat_rsp_t *rsp);
+
+/* Time-driven work: discards stale puts and drops silent owners. Cheap when nothing is due. */
+void kvs__master_tick(kvs__master_t *m, uint64_t now_ns);
+
+/* Reads one named counter (as in the STAT response); UINT64_MAX when unknown. For tests. */
+uint64_t kvs__master_counter(kvs__master_t *m, const char *name);
+
+#endif

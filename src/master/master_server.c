@@ -1,0 +1,491 @@
+/* The master's epoll event loop: framing, dispatch to the state machine, back-pressure. */
+#define _GNU_SOURCE
+#include "master_server_int.h"
+#include "../proto/net_int.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* Reading from a peer pauses while this much of its output waits to be sent. */
+#define OUT_HIGH_WATER (1u << 20)
+
+typedef struct conn {
+    struct conn *prev, *next; /* every open connection, for shutdown */
+    int fd;
+    bool hello_done;
+    bool closing; /* close once the output is flushed */
+    uint64_t client_id;
+    uint8_t hdr[KVS_FRAME_HDR_LEN];
+    size_t hdr_got;
+    kvs__frame_hdr_t h;
+    uint8_t *payload;
+    size_t payload_got;
+    kvs__wbuf_t out;
+    size_t out_sent;
+    uint32_t events; /* what epoll currently watches */
+} conn_t;
+
+struct kvs__master_server {
+    kvs__master_server_config_t cfg;
+    kvs__master_t *master;
+    int listen_fd;
+    int epoll_fd;
+    int stop_fd;
+    uint16_t port;
+    uint32_t nconns;
+    conn_t *conns;
+    kvs__wbuf_t scratch;
+    pthread_t thread;
+    bool thread_started;
+};
+
+int kvs__master_server_config_init(kvs__master_server_config_t *cfg)
+{
+    if (cfg == NULL)
+        return KVS_INVALID_PARAMS;
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->bind_host = "127.0.0.1";
+    cfg->port = 50051;
+    cfg->max_payload = KVS_FRAME_MAX_PAYLOAD;
+    cfg->max_conns = 4096;
+    cfg->tick_ms = 100;
+    return kvs__master_config_init(&cfg->master);
+}
+
+int kvs__master_server_create(const kvs__master_server_config_t *cfg,
+                              kvs__master_server_t **server_p)
+{
+    if (cfg == NULL || server_p == NULL || cfg->max_payload == 0 || cfg->max_conns == 0 ||
+        cfg->tick_ms == 0 || kvs__master_config_check(&cfg->master) != KVS_OK)
+        return KVS_INVALID_PARAMS;
+    kvs__master_server_t *s = kvs__calloc(1, sizeof(*s));
+    if (s == NULL)
+        return KVS_NO_MEMORY;
+    s->cfg = *cfg;
+    s->listen_fd = s->epoll_fd = s->stop_fd = -1;
+    kvs__wbuf_init(&s->scratch);
+    int rc = kvs__master_create(&cfg->master, &s->master);
+    if (rc != KVS_OK)
+        goto err;
+    s->listen_fd = kvs__tcp_listen(cfg->bind_host ? cfg->bind_host : "127.0.0.1", cfg->port, 512);
+    if (s->listen_fd < 0) {
+        rc = s->listen_fd;
+        goto err;
+    }
+    kvs__set_nonblock(s->listen_fd, true);
+    s->port = kvs__sock_port(s->listen_fd);
+    s->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    s->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (s->epoll_fd < 0 || s->stop_fd < 0) {
+        rc = KVS_IO_ERROR;
+        goto err;
+    }
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &s->listen_fd};
+    struct epoll_event sev = {.events = EPOLLIN, .data.ptr = &s->stop_fd};
+    if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->listen_fd, &ev) != 0 ||
+        epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->stop_fd, &sev) != 0) {
+        rc = KVS_IO_ERROR;
+        goto err;
+    }
+    *server_p = s;
+    return KVS_OK;
+err:
+    kvs__master_server_destroy(s);
+    return rc;
+}
+
+uint16_t kvs__master_server_port(const kvs__master_server_t *s)
+{
+    return s->port;
+}
+
+/* ---- connections ------------------------------------------------------------------------ */
+
+static void conn_close(kvs__master_server_t *s, conn_t *c)
+{
+    epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    kvs__free(c->payload);
+    kvs__wbuf_free(&c->out);
+    kvs__free(c);
+    s->nconns--;
+}
+
+static void conn_update_events(kvs__master_server_t *s, conn_t *c)
+{
+    size_t pending = c->out.len - c->out_sent;
+    uint32_t ev = 0;
+    if (!c->closing && pending < OUT_HIGH_WATER)
+        ev |= EPOLLIN;
+    if (pending > 0)
+        ev |= EPOLLOUT;
+    if (ev != c->events) {
+        struct epoll_event e = {.events = ev, .data.ptr = c};
+        epoll_ctl(s->epoll_fd, EPOLL_CTL_MOD, c->fd, &e);
+        c->events = ev;
+    }
+}
+
+/* Moves the frame in s->scratch to the connection's output. */
+static void conn_queue(conn_t *c, kvs__wbuf_t *frame)
+{
+    if (c->out_sent == c->out.len) {
+        kvs__wbuf_reset(&c->out);
+        c->out_sent = 0;
+    }
+    kvs__wbuf_put_bytes(&c->out, frame->data, frame->len);
+    if (c->out.failed)
+        c->closing = true;
+}
+
+static void send_error(kvs__master_server_t *s, conn_t *c, uint32_t req_id, int status,
+                       const char *msg, bool close_after)
+{
+    kvs__frame_begin(&s->scratch, KVS_MSG_ERROR | KVS_RSP_FLAG, req_id);
+    kvs__error_rsp_t e = {status, kvs__str_c(msg)};
+    kvs__error_rsp_encode(&s->scratch, &e);
+    if (kvs__frame_end(&s->scratch) == KVS_OK)
+        conn_queue(c, &s->scratch);
+    if (close_after)
+        c->closing = true;
+}
+
+/* Decodes and serves one request; the response (or an ERROR frame) goes to the output. */
+static void dispatch(kvs__master_server_t *s, conn_t *c)
+{
+    const uint8_t *p = c->payload;
+    size_t len = c->h.len;
+    unsigned type = c->h.type;
+    uint64_t now = kvs__now_ns();
+    kvs__arena_t arena;
+    kvs__arena_init(&arena);
+    kvs__wbuf_t *w = &s->scratch;
+    kvs__frame_begin(w, (uint16_t)(type | KVS_RSP_FLAG), c->h.req_id);
+    int rc = KVS_OK;
+    char msg[128];
+
+    if (type & KVS_RSP_FLAG || type == KVS_MSG_ERROR) {
+        send_error(s, c, c->h.req_id, KVS_PROTOCOL_ERROR, "responses are not requests", true);
+        goto out;
+    }
+    if (!c->hello_done && type != KVS_MSG_HELLO) {
+        send_error(s, c, c->h.req_id, KVS_PROTOCOL_ERROR, "HELLO must come first", true);
+        goto out;
+    }
+    switch (type) {
+    case KVS_MSG_HELLO: {
+        kvs__hello_req_t req;
+        if ((rc = kvs__hello_req_decode(p, len, &arena, &req)) != KVS_OK)
+            break;
+        kvs__hello_rsp_t rsp = {.status = KVS_OK,
+                                .lease_ms = s->cfg.master.lease_ms,
+                                .heartbeat_timeout_ms = s->cfg.master.heartbeat_timeout_ms};
+        if (req.version != KVS_PROTO_VERSION) {
+            snprintf(msg, sizeof(msg), "client speaks protocol %u, this master speaks %u",
+                     req.version, KVS_PROTO_VERSION);
+            send_error(s, c, c->h.req_id, KVS_INVALID_VERSION, msg, true);
+            goto out;
+        }
+        c->client_id = req.client_id ? req.client_id : kvs__master_new_client(s->master);
+        c->hello_done = true;
+        rsp.client_id = c->client_id;
+        kvs__hello_rsp_encode(w, &rsp);
+        break;
+    }
+    case KVS_MSG_MOUNT: {
+        kvs__mount_req_t req;
+        if ((rc = kvs__mount_req_decode(p, len, &arena, &req)) != KVS_OK)
+            break;
+        kvs__mount_rsp_t rsp = {0};
+        rsp.status = kvs__master_mount(s->master, now, &req, &rsp.segment_id);
+        kvs__mount_rsp_encode(w, &rsp);
+        break;
+    }
+    case KVS_MSG_UNMOUNT:
+    case KVS_MSG_HEARTBEAT: {
+        kvs__ids_req_t req;
+        if ((rc = kvs__ids_req_decode(p, len, &arena, &req)) != KVS_OK)
+            break;
+        kvs__status_list_rsp_t rsp = {0};
+        rsp.status = type == KVS_MSG_UNMOUNT ? kvs__master_unmount(s->master, req.a, req.b)
+                                             : kvs__master_heartbeat(s->master, now, req.a);
+        kvs__status_list_rsp_encode(w, &rsp);
+        break;
+    }
+    case KVS_MSG_PUT_START: {
+        kvs__put_start_req_t req;
+        kvs__placement_rsp_t rsp;
+        if ((rc = kvs__put_start_req_decode(p, len, &arena, &req)) != KVS_OK ||
+            (rc = kvs__master_put_start(s->master, now, &req, &arena, &rsp)) != KVS_OK)
+            break;
+        kvs__placement_rsp_encode(w, &rsp);
+        break;
+    }
+    case KVS_MSG_LOOKUP: {
+        kvs__keys_req_t req;
+        kvs__placement_rsp_t rsp;
+        if ((rc = kvs__keys_req_decode(p, len, &arena, &req)) != KVS_OK ||
+            (rc = kvs__master_lookup(s->master, now, &req, &arena, &rsp)) != KVS_OK)
+            break;
+        kvs__placement_rsp_encode(w, &rsp);
+        break;
+    }
+    case KVS_MSG_PUT_END:
+    case KVS_MSG_PUT_REVOKE:
+    case KVS_MSG_EXISTS:
+    case KVS_MSG_REMOVE: {
+        kvs__keys_req_t req;
+        kvs__status_list_rsp_t rsp;
+        if ((rc = kvs__keys_req_decode(p, len, &arena, &req)) != KVS_OK)
+            break;
+        if (type == KVS_MSG_PUT_END)
+            rc = kvs__master_put_end(s->master, now, &req, &arena, &rsp);
+        else if (type == KVS_MSG_PUT_REVOKE)
+            rc = kvs__master_put_revoke(s->master, now, &req, &arena, &rsp);
+        else if (type == KVS_MSG_EXISTS)
+            rc = kvs__master_exists(s->master, now, &req, &arena, &rsp);
+        else
+            rc = kvs__master_remove(s->master, now, &req, &arena, &rsp);
+        if (rc == KVS_OK)
+            kvs__status_list_rsp_encode(w, &rsp);
+        break;
+    }
+    case KVS_MSG_LIST: {
+        kvs__list_req_t req;
+        kvs__list_rsp_t rsp;
+        if ((rc = kvs__list_req_decode(p, len, &arena, &req)) != KVS_OK ||
+            (rc = kvs__master_list(s->master, &req, &arena, &rsp)) != KVS_OK)
+            break;
+        kvs__list_rsp_encode(w, &rsp);
+        break;
+    }
+    case KVS_MSG_STAT: {
+        kvs__stat_rsp_t rsp;
+        if (len != 0) {
+            rc = KVS_PROTOCOL_ERROR;
+            break;
+        }
+        if ((rc = kvs__master_stat(s->master, now, &arena, &rsp)) != KVS_OK)
+            break;
+        kvs__stat_rsp_encode(w, &rsp);
+        break;
+    }
+    default:
+        rc = KVS_PROTOCOL_ERROR;
+        break;
+    }
+    if (rc == KVS_OK)
+        rc = kvs__frame_end(w);
+    if (rc == KVS_OK) {
+        conn_queue(c, w);
+    } else {
+        snprintf(msg, sizeof(msg), "%s request %s", kvs__msg_name(type),
+                 rc == KVS_PROTOCOL_ERROR ? "is malformed" : "failed");
+        kvs_debug("client %llu: %s", (unsigned long long)c->client_id, msg);
+        send_error(s, c, c->h.req_id, rc == KVS_PROTOCOL_ERROR ? KVS_INVALID_PARAMS : rc, msg,
+                   false);
+    }
+out:
+    kvs__arena_free(&arena);
+}
+
+/* Reads what is available and serves each complete frame. Returns false to close now. */
+static bool conn_read(kvs__master_server_t *s, conn_t *c)
+{
+    while (!c->closing && c->out.len - c->out_sent < OUT_HIGH_WATER) {
+        uint8_t *dst;
+        size_t want;
+        if (c->hdr_got < KVS_FRAME_HDR_LEN) {
+            dst = c->hdr + c->hdr_got;
+            want = KVS_FRAME_HDR_LEN - c->hdr_got;
+        } else {
+            dst = c->payload + c->payload_got;
+            want = c->h.len - c->payload_got;
+        }
+        ssize_t n = want ? recv(c->fd, dst, want, 0) : 0;
+        if (want && n == 0)
+            return false;
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno == EAGAIN || errno == EWOULDBLOCK;
+        }
+        if (c->hdr_got < KVS_FRAME_HDR_LEN) {
+            c->hdr_got += (size_t)n;
+            if (c->hdr_got < KVS_FRAME_HDR_LEN)
+                continue;
+            int rc = kvs__frame_hdr_decode(c->hdr, sizeof(c->hdr), s->cfg.max_payload, &c->h);
+            if (rc != KVS_OK) {
+                /* The stream cannot be resynchronised: explain, then hang up. */
+                send_error(s, c, 0, rc,
+                           rc == KVS_INVALID_VERSION ? "unsupported protocol version"
+                                                     : "bad frame header (magic, type or size)",
+                           true);
+                return true;
+            }
+            kvs__free(c->payload);
+            c->payload = kvs__malloc(c->h.len ? c->h.len : 1);
+            c->payload_got = 0;
+            if (c->payload == NULL) {
+                send_error(s, c, c->h.req_id, KVS_NO_MEMORY, "out of memory", true);
+                return true;
+            }
+        } else {
+            c->payload_got += (size_t)n;
+        }
+        if (c->hdr_got == KVS_FRAME_HDR_LEN && c->payload_got == c->h.len) {
+            dispatch(s, c);
+            c->hdr_got = 0;
+            kvs__free(c->payload);
+            c->payload = NULL;
+        }
+    }
+    return true;
+}
+
+static bool conn_write(conn_t *c)
+{
+    while (c->out_sent < c->out.len) {
+        ssize_t n = send(c->fd, c->out.data + c->out_sent, c->out.len - c->out_sent,
+                         MSG_NOSIGNAL);
+        if (n > 0) {
+            c->out_sent += (size_t)n;
+        } else if (n < 0 && errno == EINTR) {
+            continue;
+        } else {
+            return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+        }
+    }
+    return true;
+}
+
+static void accept_all(kvs__master_server_t *s)
+{
+    for (;;) {
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return;
+        if (s->nconns >= s->cfg.max_conns) {
+            kvs_warn("refusing connection: %u connections open", s->nconns);
+            close(fd);
+            continue;
+        }
+        conn_t *c = kvs__calloc(1, sizeof(*c));
+        if (c == NULL) {
+            close(fd);
+            continue;
+        }
+        c->fd = fd;
+        c->events = EPOLLIN;
+        kvs__wbuf_init(&c->out);
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+        if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+            close(fd);
+            kvs__free(c);
+            continue;
+        }
+        c->next = s->conns;
+        if (s->conns)
+            s->conns->prev = c;
+        s->conns = c;
+        s->nconns++;
+    }
+}
+
+int kvs__master_server_run(kvs__master_server_t *s)
+{
+    if (s == NULL)
+        return KVS_INVALID_PARAMS;
+    kvs_info("master serving on port %u", (unsigned)s->port);
+    struct epoll_event evs[64];
+    uint64_t tick_ns = s->cfg.tick_ms * KVS_NS_PER_MS, next_tick = kvs__now_ns() + tick_ns;
+    for (;;) {
+        int n = epoll_wait(s->epoll_fd, evs, (int)KVS_ARRAY_SIZE(evs), (int)s->cfg.tick_ms);
+        if (n < 0 && errno != EINTR) {
+            kvs_error("epoll_wait: %s", strerror(errno));
+            return KVS_IO_ERROR;
+        }
+        for (int i = 0; i < n; i++) {
+            void *tag = evs[i].data.ptr;
+            if (tag == &s->stop_fd)
+                return KVS_OK;
+            if (tag == &s->listen_fd) {
+                accept_all(s);
+                continue;
+            }
+            conn_t *c = tag;
+            bool ok = true;
+            if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP))
+                ok = conn_read(s, c);
+            if (ok)
+                ok = conn_write(c);
+            if (!ok || (c->closing && c->out_sent == c->out.len))
+                conn_close(s, c);
+            else
+                conn_update_events(s, c);
+        }
+        uint64_t now = kvs__now_ns();
+        if (now >= next_tick) {
+            kvs__master_tick(s->master, now);
+            next_tick = now + tick_ns;
+        }
+    }
+}
+
+static void *server_thread(void *arg)
+{
+    kvs__master_server_run(arg);
+    return NULL;
+}
+
+int kvs__master_server_start(kvs__master_server_t *s)
+{
+    if (s == NULL || s->thread_started)
+        return KVS_INVALID_PARAMS;
+    if (pthread_create(&s->thread, NULL, server_thread, s) != 0)
+        return KVS_INTERNAL_ERROR;
+    s->thread_started = true;
+    return KVS_OK;
+}
+
+void kvs__master_server_stop(kvs__master_server_t *s)
+{
+    uint64_t one = 1;
+    if (s != NULL && s->stop_fd >= 0) {
+        ssize_t w = write(s->stop_fd, &one, sizeof(one));
+        KVS_UNUSED(w);
+    }
+}
+
+void kvs__master_server_destroy(kvs__master_server_t *s)
+{
+    if (s == NULL)
+        return;
+    if (s->thread_started) {
+        kvs__master_server_stop(s);
+        pthread_join(s->thread, NULL);
+    }
+    while (s->conns != NULL)
+        conn_close(s, s->conns);
+    if (s->listen_fd >= 0)
+        close(s->listen_fd);
+    if (s->stop_fd >= 0)
+        close(s->stop_fd);
+    if (s->epoll_fd >= 0)
+        close(s->epoll_fd);
+    kvs__wbuf_free(&s->scratch);
+    kvs__master_destroy(s->master);
+    kvs__free(s);
+}

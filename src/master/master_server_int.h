@@ -1,0 +1,36 @@
+/* The master's network service: one event-loop thread (epoll) that decodes frames, calls the
+ * state machine and writes responses. A peer that sends garbage loses its own connection and
+ * nothing else. */
+#ifndef KVS_MASTER_SERVER_INT_H
+#define KVS_MASTER_SERVER_INT_H
+
+#include "master_int.h"
+
+typedef struct {
+    const char *bind_host;   /* default "127.0.0.1" */
+    uint16_t port;           /* 0: any free port (see kvs__master_server_port) */
+    uint32_t max_payload;    /* largest request accepted (default 64 MiB) */
+    uint32_t max_conns;      /* connections beyond this are closed at accept (default 4096) */
+    uint64_t tick_ms;        /* how often time-driven work runs (default 100) */
+    kvs__master_config_t master;
+} kvs__master_server_config_t;
+
+/* Defaults and the master's environment variables. */
+int kvs__master_server_config_init(kvs__master_server_config_t *cfg);
+
+typedef struct kvs__master_server kvs__master_server_t;
+
+/* Binds and listens; nothing is served until run or start. */
+int kvs__master_server_create(const kvs__master_server_config_t *cfg,
+                              kvs__master_server_t **server_p);
+uint16_t kvs__master_server_port(const kvs__master_server_t *s);
+/* Serves on the calling thread until kvs__master_server_stop. */
+int kvs__master_server_run(kvs__master_server_t *s);
+/* Serves on a new thread (embedded master). */
+int kvs__master_server_start(kvs__master_server_t *s);
+/* Asks the loop to return. Async-signal-safe: only writes to an eventfd. */
+void kvs__master_server_stop(kvs__master_server_t *s);
+/* Stops (if started), joins, closes every connection and frees. NULL is a no-op. */
+void kvs__master_server_destroy(kvs__master_server_t *s);
+
+#endif

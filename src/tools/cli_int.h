@@ -1,0 +1,8 @@
+/* Subcommands of the kvstash command line that live in other files (benchmarks). */
+#ifndef KVS_CLI_INT_H
+#define KVS_CLI_INT_H
+
+/* `kvstash bench allocator [options]`: replays the allocator workload. Returns an exit code. */
+int kvs__bench_allocator_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,181 @@
+/* kvstash: the command line. Talks to the master for `ls` and `stat`, and runs benchmarks. */
+#define _GNU_SOURCE
+#include "cli_int.h"
+#include "proto/net_int.h"
+
+#include <kvstash/kvstash.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvstash [--master HOST:PORT] [--timeout-ms N] COMMAND [ARGS]\n"
+               "\n"
+               "Commands:\n"
+               "  ls [PREFIX] [--limit N]   list keys (complete and pending) with sizes\n"
+               "  stat                      master counters and mounted segments\n"
+               "  bench allocator [...]     allocator replay benchmark (--help for options)\n"
+               "\n"
+               "The master defaults to $KVS_MASTER, else 127.0.0.1:50051.\n");
+}
+
+typedef struct {
+    kvs__rpc_t *rpc;
+    kvs__wbuf_t req, rsp;
+    kvs__arena_t arena;
+} cli_t;
+
+static int cli_call(cli_t *c)
+{
+    int rc = kvs__frame_end(&c->req);
+    if (rc == KVS_OK)
+        rc = kvs__rpc_call(c->rpc, &c->req, &c->rsp);
+    if (rc != KVS_OK)
+        fprintf(stderr, "kvstash: request failed: %s (%d)\n", kvs_status_str(rc), rc);
+    return rc;
+}
+
+static int cmp_entries(const void *a, const void *b)
+{
+    const kvs__list_entry_t *x = a, *y = b;
+    uint32_t n = KVS_MIN(x->key.len, y->key.len);
+    int r = memcmp(x->key.ptr, y->key.ptr, n);
+    return r ? r : (x->key.len > y->key.len) - (x->key.len < y->key.len);
+}
+
+static int cmd_ls(cli_t *c, int argc, char **argv)
+{
+    kvs__list_req_t req = {kvs__str_c(""), 1000};
+    for (int i = 0; i < argc; i++) {
+        uint64_t v;
+        if (strcmp(argv[i], "--limit") == 0 && i + 1 < argc) {
+            if (kvs__parse_u64(argv[++i], KVS_MAX_BATCH, &v) != KVS_OK || v == 0) {
+                fprintf(stderr, "kvstash ls: --limit wants 1..%u\n", KVS_MAX_BATCH);
+                return 2;
+            }
+            req.limit = (uint32_t)v;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "kvstash ls: unknown option '%s'\n", argv[i]);
+            return 2;
+        } else {
+            req.prefix = kvs__str_c(argv[i]);
+        }
+    }
+    kvs__frame_begin(&c->req, KVS_MSG_LIST, 0);
+    kvs__list_req_encode(&c->req, &req);
+    if (cli_call(c) != KVS_OK)
+        return 1;
+    kvs__list_rsp_t rsp;
+    if (kvs__list_rsp_decode(c->rsp.data, c->rsp.len, &c->arena, &rsp) != KVS_OK) {
+        fprintf(stderr, "kvstash ls: malformed answer from the master\n");
+        return 1;
+    }
+    qsort(rsp.entries, rsp.n, sizeof(*rsp.entries), cmp_entries);
+    char sz[32];
+    for (uint32_t i = 0; i < rsp.n; i++) {
+        const kvs__list_entry_t *e = &rsp.entries[i];
+        printf("%-12s %-8s %u  %.*s\n", kvs__format_size(e->size, sz, sizeof(sz)),
+               e->state == 1 ? "complete" : "pending", e->nrep, (int)e->key.len, e->key.ptr);
+    }
+    if (rsp.truncated)
+        fprintf(stderr, "(listing stopped at %u keys; use --limit or a prefix)\n", rsp.n);
+    return 0;
+}
+
+static int cmd_stat(cli_t *c)
+{
+    kvs__frame_begin(&c->req, KVS_MSG_STAT, 0);
+    if (cli_call(c) != KVS_OK)
+        return 1;
+    kvs__stat_rsp_t rsp;
+    if (kvs__stat_rsp_decode(c->rsp.data, c->rsp.len, &c->arena, &rsp) != KVS_OK) {
+        fprintf(stderr, "kvstash stat: malformed answer from the master\n");
+        return 1;
+    }
+    char a[32], b[32];
+    for (uint32_t i = 0; i < rsp.ncounters; i++)
+        printf("%-20.*s %llu\n", (int)rsp.counters[i].name.len, rsp.counters[i].name.ptr,
+               (unsigned long long)rsp.counters[i].value);
+    printf("\n%u segment(s)\n", rsp.nseg);
+    for (uint32_t i = 0; i < rsp.nseg; i++) {
+        const kvs__seg_info_t *s = &rsp.segs[i];
+        printf("  #%llu %.*s on %.*s at %.*s: %s used of %s\n", (unsigned long long)s->id,
+               (int)s->name.len, s->name.ptr, (int)s->node.len, s->node.ptr,
+               (int)s->endpoint.len, s->endpoint.ptr, kvs__format_size(s->used, a, sizeof(a)),
+               kvs__format_size(s->size, b, sizeof(b)));
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *master = getenv("KVS_MASTER");
+    uint64_t timeout_ms = 5000;
+    int i = 1;
+    for (; i < argc && argv[i][0] == '-'; i++) {
+        if (strcmp(argv[i], "--master") == 0 && i + 1 < argc) {
+            master = argv[++i];
+        } else if (strcmp(argv[i], "--timeout-ms") == 0 && i + 1 < argc) {
+            if (kvs__parse_u64(argv[++i], 3600000, &timeout_ms) != KVS_OK || timeout_ms == 0) {
+                fprintf(stderr, "kvstash: --timeout-ms wants 1..3600000\n");
+                return 2;
+            }
+        } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--version") == 0) {
+            printf("kvstash %s\n", KVS_VERSION_STRING);
+            return 0;
+        } else {
+            fprintf(stderr, "kvstash: unknown option '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (i >= argc) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[i++];
+    if (strcmp(cmd, "bench") == 0) {
+        if (i < argc && strcmp(argv[i], "allocator") == 0)
+            return kvs__bench_allocator_main(argc - i, argv + i);
+        fprintf(stderr, "kvstash bench: unknown benchmark '%s' (known: allocator)\n",
+                i < argc ? argv[i] : "");
+        return 2;
+    }
+    if (strcmp(cmd, "ls") != 0 && strcmp(cmd, "stat") != 0) {
+        fprintf(stderr, "kvstash: unknown command '%s'\n", cmd);
+        usage(stderr);
+        return 2;
+    }
+    cli_t c = {0};
+    char *host;
+    uint16_t port;
+    if (kvs__parse_host_port(master ? master : "127.0.0.1:50051", "127.0.0.1", &host, &port) !=
+            KVS_OK ||
+        port == 0) {
+        fprintf(stderr, "kvstash: --master wants HOST:PORT, got '%s'\n", master);
+        return 2;
+    }
+    kvs__rpc_config_t rcfg = {.host = host, .port = port, .timeout_ms = timeout_ms};
+    int rc = kvs__rpc_open(&rcfg, &c.rpc);
+    if (rc != KVS_OK) {
+        fprintf(stderr, "kvstash: cannot reach the master at %s:%u: %s\n", host, (unsigned)port,
+                kvs_status_str(rc));
+        kvs__free(host);
+        return 1;
+    }
+    kvs__wbuf_init(&c.req);
+    kvs__wbuf_init(&c.rsp);
+    kvs__arena_init(&c.arena);
+    int ret = strcmp(cmd, "ls") == 0 ? cmd_ls(&c, argc - i, argv + i) : cmd_stat(&c);
+    kvs__arena_free(&c.arena);
+    kvs__wbuf_free(&c.req);
+    kvs__wbuf_free(&c.rsp);
+    kvs__rpc_close(c.rpc);
+    kvs__free(host);
+    return ret;
+}

@@ -1,0 +1,122 @@
+/* Test runner: forks per case, enforces a time limit, prints a summary line that CI reads. */
+#define _GNU_SOURCE
+#include "kvs_test.h"
+
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *current_case = "?";
+static uint64_t rng_state;
+
+uint64_t kvs_test_seed(void)
+{
+    const char *s = getenv("KVS_TEST_SEED");
+    return s && *s ? strtoull(s, NULL, 0) : 0x9e3779b97f4a7c15ull;
+}
+
+uint64_t kvs_test_rand(void)
+{
+    if (rng_state == 0)
+        rng_state = kvs_test_seed() | 1;
+    uint64_t x = rng_state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    rng_state = x;
+    return x * 0x2545f4914f6cdd1dull;
+}
+
+void kvs_test_fail(const char *file, int line, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "FAIL %s at %s:%d: ", current_case, file, line);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    fflush(stderr);
+    _exit(1);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int run_case(const kvs_test_case_t *c, unsigned timeout_s, bool nofork)
+{
+    current_case = c->name;
+    rng_state = 0;
+    if (nofork) {
+        c->fn();
+        return 0;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("fork");
+        return 1;
+    }
+    if (pid == 0) {
+        /* Its own process group, so a timed-out case takes its helper processes with it. */
+        setpgid(0, 0);
+        alarm(timeout_s);
+        c->fn();
+        fflush(stdout);
+        _exit(0);
+    }
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        ;
+    kill(-pid, SIGKILL); /* leftovers of the case */
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) {
+        fprintf(stderr, "FAIL %s: %s%s\n", c->name, strsignal(WTERMSIG(status)),
+                WTERMSIG(status) == SIGALRM ? " (time limit; KVS_TEST_TIMEOUT_S)" : "");
+    }
+    return 1;
+}
+
+int kvs_test_main(int argc, char **argv, const kvs_test_case_t *cases, size_t ncases)
+{
+    const char *t = getenv("KVS_TEST_TIMEOUT_S");
+    unsigned timeout_s = t && *t ? (unsigned)strtoul(t, NULL, 10) : 300;
+    const char *nf = getenv("KVS_TEST_NOFORK");
+    bool nofork = nf && *nf == '1';
+    if (argc > 1 && strcmp(argv[1], "--list") == 0) {
+        for (size_t i = 0; i < ncases; i++)
+            printf("%s\n", cases[i].name);
+        return 0;
+    }
+    unsigned passed = 0, failed = 0;
+    for (size_t i = 0; i < ncases; i++) {
+        bool selected = argc <= 1;
+        for (int a = 1; a < argc && !selected; a++)
+            selected = strcmp(argv[a], cases[i].name) == 0;
+        if (!selected)
+            continue;
+        double t0 = now_ms();
+        int rc = run_case(&cases[i], timeout_s, nofork);
+        printf("[%s] %s (%.0f ms)\n", rc == 0 ? " OK " : "FAIL", cases[i].name, now_ms() - t0);
+        fflush(stdout);
+        if (rc == 0)
+            passed++;
+        else
+            failed++;
+    }
+    if (passed + failed == 0) {
+        fprintf(stderr, "no test case matched\n");
+        return 2;
+    }
+    printf("%u passed, %u failed\n", passed, failed);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,156 @@
+/* Common layer: status table, sizes, environment, keys, allocation wrapper. */
+#define _GNU_SOURCE
+#include "kvs_test.h"
+#include "common/common_int.h"
+
+#include <stdlib.h>
+
+static void test_status_table(void)
+{
+    CHECK_EQ_INT(KVS_OK, 0);
+    CHECK_EQ_INT(KVS_NO_AVAILABLE_HANDLE, -200);
+    CHECK_EQ_INT(KVS_INVALID_PARAMS, -600);
+    CHECK_EQ_INT(KVS_REPLICA_IS_NOT_READY, -703);
+    CHECK_EQ_INT(KVS_OBJECT_NOT_FOUND, -704);
+    CHECK_EQ_INT(KVS_OBJECT_HAS_LEASE, -706);
+    CHECK_EQ_INT(KVS_LEASE_EXPIRED, -707);
+    CHECK_EQ_INT(KVS_TRANSFER_FAIL, -800);
+    CHECK_EQ_INT(KVS_RPC_FAIL, -900);
+    CHECK_EQ_STR(kvs_status_name(-704), "OBJECT_NOT_FOUND");
+    CHECK_EQ_STR(kvs_status_str(-704), "object not found");
+    CHECK_EQ_STR(kvs_status_str(12345), "unknown status");
+    CHECK_EQ_STR(kvs_status_name(12345), "UNKNOWN");
+}
+
+static void test_parse_size(void)
+{
+    static const struct {
+        const char *text;
+        uint64_t bytes;
+    } ok[] = {
+        {"0", 0},
+        {"65536", 65536},
+        {"4GiB", 4ull << 30},
+        {"4 GiB", 4ull << 30},
+        {"4g", 4ull << 30},
+        {"512MB", 512000000ull},
+        {"16MB", 16000000ull},
+        {"1.5KiB", 1536},
+        {"1.5 gib", 3ull << 29},
+        {"12MiB", 12ull << 20},
+        {"2T", 2ull << 40},
+        {"7b", 7},
+        {" 8 KiB ", 8192},
+    };
+    for (size_t i = 0; i < KVS_ARRAY_SIZE(ok); i++) {
+        uint64_t v = 1234;
+        CHECK_STATUS(kvs__parse_size(ok[i].text, &v), KVS_OK);
+        CHECK_EQ_U64(v, ok[i].bytes);
+    }
+    static const char *const bad[] = {"", "GiB", "-1", "10%", "1.", "4 GiBs", "4 XB",
+                                      "99999999999999999999", "20000000000T", "1e9", NULL};
+    for (size_t i = 0; bad[i] != NULL; i++) {
+        uint64_t v = 77;
+        CHECK_STATUS(kvs__parse_size(bad[i], &v), KVS_INVALID_PARAMS);
+        CHECK_EQ_U64(v, 77); /* untouched on failure */
+    }
+    CHECK_STATUS(kvs__parse_size(NULL, NULL), KVS_INVALID_PARAMS);
+    char buf[32];
+    CHECK_EQ_STR(kvs__format_size(3ull << 29, buf, sizeof(buf)), "1.50 GiB");
+    CHECK_EQ_STR(kvs__format_size(100, buf, sizeof(buf)), "100 B");
+}
+
+static void test_env(void)
+{
+    uint64_t v = 5;
+    unsetenv("KVS_TEST_ENV");
+    CHECK_STATUS(kvs__env_size("KVS_TEST_ENV", &v), KVS_OK);
+    CHECK_EQ_U64(v, 5);
+    setenv("KVS_TEST_ENV", "256MiB", 1);
+    CHECK_STATUS(kvs__env_size("KVS_TEST_ENV", &v), KVS_OK);
+    CHECK_EQ_U64(v, 256ull << 20);
+    setenv("KVS_TEST_ENV", "lots", 1);
+    CHECK_STATUS(kvs__env_size("KVS_TEST_ENV", &v), KVS_INVALID_PARAMS);
+    CHECK_EQ_U64(v, 256ull << 20);
+    setenv("KVS_TEST_ENV", "70", 1);
+    CHECK_STATUS(kvs__env_u64("KVS_TEST_ENV", 50, &v), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__env_u64("KVS_TEST_ENV", 100, &v), KVS_OK);
+    CHECK_EQ_U64(v, 70);
+    bool b = false;
+    setenv("KVS_TEST_ENV", "yes", 1);
+    CHECK_STATUS(kvs__env_bool("KVS_TEST_ENV", &b), KVS_OK);
+    CHECK(b);
+    setenv("KVS_TEST_ENV", "0", 1);
+    CHECK_STATUS(kvs__env_bool("KVS_TEST_ENV", &b), KVS_OK);
+    CHECK(!b);
+    setenv("KVS_TEST_ENV", "maybe", 1);
+    CHECK_STATUS(kvs__env_bool("KVS_TEST_ENV", &b), KVS_INVALID_PARAMS);
+}
+
+static void test_keys_and_hosts(void)
+{
+    CHECK_STATUS(kvs__key_check("a", 1), KVS_OK);
+    CHECK_STATUS(kvs__key_check("", 0), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__key_check(NULL, 3), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__key_check("a\0b", 3), KVS_INVALID_PARAMS);
+    char big[KVS_MAX_KEY_LEN + 1];
+    memset(big, 'k', sizeof(big));
+    CHECK_STATUS(kvs__key_check(big, KVS_MAX_KEY_LEN), KVS_OK);
+    CHECK_STATUS(kvs__key_check(big, KVS_MAX_KEY_LEN + 1), KVS_INVALID_PARAMS);
+
+    char *host;
+    uint16_t port;
+    CHECK_STATUS(kvs__parse_host_port("10.0.0.1:7000", "x", &host, &port), KVS_OK);
+    CHECK_EQ_STR(host, "10.0.0.1");
+    CHECK_EQ_INT(port, 7000);
+    kvs__free(host);
+    CHECK_STATUS(kvs__parse_host_port(":9", "127.0.0.1", &host, &port), KVS_OK);
+    CHECK_EQ_STR(host, "127.0.0.1");
+    CHECK_EQ_INT(port, 9);
+    kvs__free(host);
+    CHECK_STATUS(kvs__parse_host_port("h:70000", "x", &host, &port), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__parse_host_port("h:", "x", &host, &port), KVS_INVALID_PARAMS);
+    CHECK(kvs__hash64("a", 1) != kvs__hash64("b", 1));
+}
+
+static void test_alloc_counting_and_injection(void)
+{
+    size_t bytes0 = kvs__alloc_live_bytes(), count0 = kvs__alloc_live_count();
+    char *p = kvs__malloc(100);
+    CHECK(p != NULL);
+    CHECK_EQ_U64(kvs__alloc_live_bytes(), bytes0 + 100);
+    CHECK_EQ_U64(kvs__alloc_live_count(), count0 + 1);
+    p = kvs__realloc(p, 300);
+    CHECK(p != NULL);
+    CHECK_EQ_U64(kvs__alloc_live_bytes(), bytes0 + 300);
+    kvs__free(p);
+    CHECK_EQ_U64(kvs__alloc_live_bytes(), bytes0);
+    CHECK_EQ_U64(kvs__alloc_live_count(), count0);
+    kvs__free(NULL);
+
+    kvs__alloc_inject_failure(1, false); /* the second allocation fails, once */
+    void *a = kvs__malloc(8), *b = kvs__malloc(8), *c = kvs__malloc(8);
+    CHECK(a != NULL);
+    CHECK(b == NULL);
+    CHECK(c != NULL);
+    kvs__alloc_inject_failure(0, true);
+    CHECK(kvs__malloc(1) == NULL);
+    CHECK(kvs__strdup("x") == NULL);
+    kvs__alloc_inject_failure(-1, false);
+    CHECK(kvs__calloc(SIZE_MAX / 2, 4) == NULL); /* overflow refused */
+    kvs__free(a);
+    kvs__free(c);
+    CHECK_EQ_U64(kvs__alloc_live_count(), count0);
+}
+
+int main(int argc, char **argv)
+{
+    static const kvs_test_case_t cases[] = {
+        KVS_TEST_CASE(test_status_table),
+        KVS_TEST_CASE(test_parse_size),
+        KVS_TEST_CASE(test_env),
+        KVS_TEST_CASE(test_keys_and_hosts),
+        KVS_TEST_CASE(test_alloc_counting_and_injection),
+    };
+    return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
+}

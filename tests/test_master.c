@@ -1,0 +1,501 @@
+/* Master state machine, driven with an explicit clock: two-phase puts, leases, removal,
+ * eviction order, liveness, placement, discards, unmount and bad input. */
+#define _GNU_SOURCE
+#include "kvs_test.h"
+#include "master/master_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define MS KVS_NS_PER_MS
+#define KIB 1024ull
+
+typedef struct {
+    kvs__master_t *m;
+    kvs__arena_t arena;
+    uint64_t now;
+    uint64_t client;
+} fx_t;
+
+static void fx_init(fx_t *f, uint64_t lease_ms)
+{
+    kvs__master_config_t cfg;
+    unsetenv("KVS_MASTER_LEASE_MS");
+    CHECK_STATUS(kvs__master_config_init(&cfg), KVS_OK);
+    cfg.lease_ms = lease_ms;
+    cfg.heartbeat_timeout_ms = 1000;
+    cfg.put_discard_ms = 2000;
+    CHECK_STATUS(kvs__master_create(&cfg, &f->m), KVS_OK);
+    kvs__arena_init(&f->arena);
+    f->now = 1000 * MS;
+    f->client = kvs__master_new_client(f->m);
+    CHECK(f->client != 0);
+}
+
+static void fx_fini(fx_t *f)
+{
+    kvs__arena_free(&f->arena);
+    kvs__master_destroy(f->m);
+}
+
+static uint64_t mount(fx_t *f, uint64_t client, const char *name, const char *node,
+                      uint64_t size)
+{
+    kvs__mount_req_t req = {client, kvs__str_c(name), kvs__str_c(node), kvs__str_c("h:1"), size};
+    uint64_t id = 0;
+    CHECK_STATUS(kvs__master_mount(f->m, f->now, &req, &id), KVS_OK);
+    return id;
+}
+
+/* Starts a put of one key; returns its status and the placement. */
+static int put_start_ex(fx_t *f, const char *key, uint64_t size, uint32_t replicas,
+                        const char *node, const char *preferred, uint32_t flags,
+                        kvs__obj_desc_t *d_p)
+{
+    kvs__put_item_t it = {kvs__str_c(key), size};
+    kvs__put_start_req_t req = {kvs__str_c(node), replicas, kvs__str_c(preferred), flags, 1, &it};
+    kvs__placement_rsp_t rsp;
+    CHECK_STATUS(kvs__master_put_start(f->m, f->now, &req, &f->arena, &rsp), KVS_OK);
+    CHECK_EQ_INT(rsp.n, 1);
+    if (d_p)
+        *d_p = rsp.objs[0];
+    return rsp.objs[0].status;
+}
+
+static int put_start(fx_t *f, const char *key, uint64_t size)
+{
+    return put_start_ex(f, key, size, 1, "n", "", 0, NULL);
+}
+
+typedef int (*keys_fn)(kvs__master_t *, uint64_t, const kvs__keys_req_t *, kvs__arena_t *,
+                       kvs__status_list_rsp_t *);
+
+static int key_op(fx_t *f, keys_fn fn, const char *key, uint32_t flags)
+{
+    kvs__str_t k = kvs__str_c(key);
+    kvs__keys_req_t req = {flags, 1, &k};
+    kvs__status_list_rsp_t rsp;
+    CHECK_STATUS(fn(f->m, f->now, &req, &f->arena, &rsp), KVS_OK);
+    CHECK_EQ_INT(rsp.n, 1);
+    return rsp.results[0];
+}
+
+#define END(f, k) key_op((f), kvs__master_put_end, (k), 0)
+#define REVOKE(f, k) key_op((f), kvs__master_put_revoke, (k), 0)
+#define EXISTS(f, k) key_op((f), kvs__master_exists, (k), 0)
+#define REMOVE(f, k, fl) key_op((f), kvs__master_remove, (k), (fl))
+
+static int lookup(fx_t *f, const char *key, kvs__obj_desc_t *d_p)
+{
+    kvs__str_t k = kvs__str_c(key);
+    kvs__keys_req_t req = {0, 1, &k};
+    kvs__placement_rsp_t rsp;
+    CHECK_STATUS(kvs__master_lookup(f->m, f->now, &req, &f->arena, &rsp), KVS_OK);
+    if (d_p)
+        *d_p = rsp.objs[0];
+    if (rsp.objs[0].status == KVS_OK) {
+        /* Every replica's segment is described in the response. */
+        for (uint32_t j = 0; j < rsp.objs[0].nrep; j++) {
+            bool found = false;
+            for (uint32_t s = 0; s < rsp.nseg; s++)
+                found |= rsp.segs[s].id == rsp.objs[0].reps[j].segment_id;
+            CHECK(found);
+        }
+    }
+    return rsp.objs[0].status;
+}
+
+static uint64_t counter(fx_t *f, const char *name)
+{
+    uint64_t v = kvs__master_counter(f->m, name);
+    CHECK(v != UINT64_MAX);
+    return v;
+}
+
+static void test_two_phase_put(void)
+{
+    fx_t f;
+    fx_init(&f, 10000);
+    mount(&f, f.client, "s1", "n", 1 << 20);
+    kvs__obj_desc_t d;
+    CHECK_STATUS(put_start_ex(&f, "k", 1000, 1, "n", "", 0, &d), KVS_OK);
+    CHECK_EQ_INT(d.nrep, 1);
+    CHECK_EQ_U64(d.size, 1000);
+    CHECK_STATUS(lookup(&f, "k", NULL), KVS_REPLICA_IS_NOT_READY);
+    CHECK_EQ_INT(EXISTS(&f, "k"), 0);
+    CHECK_STATUS(put_start(&f, "k", 1000), KVS_OBJECT_ALREADY_EXISTS);
+    CHECK_EQ_U64(counter(&f, "objects_pending"), 1);
+    CHECK_STATUS(END(&f, "k"), KVS_OK);
+    CHECK_STATUS(END(&f, "k"), KVS_INVALID_WRITE);
+    CHECK_EQ_INT(EXISTS(&f, "k"), 1);
+    kvs__obj_desc_t l;
+    CHECK_STATUS(lookup(&f, "k", &l), KVS_OK);
+    CHECK_EQ_U64(l.size, 1000);
+    CHECK_EQ_INT(l.nrep, 1);
+    CHECK_EQ_U64(l.reps[0].offset, d.reps[0].offset);
+    CHECK_EQ_U64(l.lease_ms, 10000);
+    CHECK_STATUS(END(&f, "missing"), KVS_OBJECT_NOT_FOUND);
+    CHECK_STATUS(lookup(&f, "missing", NULL), KVS_OBJECT_NOT_FOUND);
+    CHECK_EQ_INT(EXISTS(&f, "missing"), 0);
+    CHECK_EQ_U64(counter(&f, "objects"), 1);
+    fx_fini(&f);
+}
+
+static void test_revoke_frees_space(void)
+{
+    fx_t f;
+    fx_init(&f, 10000);
+    mount(&f, f.client, "s1", "n", 1 << 20);
+    CHECK_STATUS(put_start(&f, "k", 1 << 20), KVS_OK);
+    CHECK_EQ_U64(counter(&f, "used_bytes"), 1 << 20);
+    CHECK_STATUS(put_start(&f, "k2", 1), KVS_NO_AVAILABLE_HANDLE);
+    CHECK_STATUS(REVOKE(&f, "k"), KVS_OK);
+    CHECK_EQ_U64(counter(&f, "used_bytes"), 0);
+    CHECK_STATUS(lookup(&f, "k", NULL), KVS_OBJECT_NOT_FOUND);
+    CHECK_STATUS(REVOKE(&f, "k"), KVS_OBJECT_NOT_FOUND);
+    CHECK_STATUS(put_start(&f, "k2", 1), KVS_OK);
+    CHECK_STATUS(END(&f, "k2"), KVS_OK);
+    CHECK_STATUS(REVOKE(&f, "k2"), KVS_INVALID_WRITE); /* complete objects are removed */
+    fx_fini(&f);
+}
+
+static void test_leases_block_remove(void)
+{
+    fx_t f;
+    fx_init(&f, 500);
+    mount(&f, f.client, "s1", "n", 1 << 20);
+    CHECK_STATUS(put_start(&f, "k", 10), KVS_OK);
+    CHECK_STATUS(REMOVE(&f, "k", 0), KVS_REPLICA_IS_NOT_READY); /* pending */
+    CHECK_STATUS(END(&f, "k"), KVS_OK);
+    CHECK_STATUS(REMOVE(&f, "k", 0), KVS_OK); /* never looked up: no lease */
+    CHECK_STATUS(put_start(&f, "k", 10), KVS_OK);
+    CHECK_STATUS(END(&f, "k"), KVS_OK);
+    CHECK_STATUS(lookup(&f, "k", NULL), KVS_OK);
+    f.now += 499 * MS;
+    CHECK_STATUS(REMOVE(&f, "k", 0), KVS_OBJECT_HAS_LEASE);
+    kvs__obj_desc_t d;
+    CHECK_STATUS(lookup(&f, "k", &d), KVS_OK); /* extends to now + 500 ms */
+    CHECK_EQ_U64(d.lease_ms, 500);
+    f.now += 499 * MS;
+    CHECK_STATUS(REMOVE(&f, "k", 0), KVS_OBJECT_HAS_LEASE);
+    f.now += 1 * MS;
+    CHECK_STATUS(REMOVE(&f, "k", 0), KVS_OK);
+    /* Forced removal ignores leases and pending state. */
+    CHECK_STATUS(put_start(&f, "p", 10), KVS_OK);
+    CHECK_STATUS(REMOVE(&f, "p", KVS_KEYS_FLAG_FORCE), KVS_OK);
+    CHECK_STATUS(put_start(&f, "q", 10), KVS_OK);
+    CHECK_STATUS(END(&f, "q"), KVS_OK);
+    CHECK_STATUS(lookup(&f, "q", NULL), KVS_OK);
+    CHECK_STATUS(REMOVE(&f, "q", KVS_KEYS_FLAG_FORCE), KVS_OK);
+    CHECK_STATUS(REMOVE(&f, "q", 0), KVS_OBJECT_NOT_FOUND);
+    CHECK_EQ_U64(counter(&f, "used_bytes"), 0);
+    fx_fini(&f);
+}
+
+static void test_bad_input(void)
+{
+    fx_t f;
+    fx_init(&f, 1000);
+    mount(&f, f.client, "s1", "n", 1 << 20);
+    /* Bad keys fail alone; good keys of the same batch proceed. */
+    kvs__put_item_t items[4] = {
+        {{"", 0}, 10}, {{"a\0b", 3}, 10}, {kvs__str_c("good"), 10}, {kvs__str_c("zero"), 0}};
+    kvs__put_start_req_t req = {kvs__str_c("n"), 1, kvs__str_c(""), 0, 4, items};
+    kvs__placement_rsp_t rsp;
+    CHECK_STATUS(kvs__master_put_start(f.m, f.now, &req, &f.arena, &rsp), KVS_OK);
+    CHECK_STATUS(rsp.objs[0].status, KVS_INVALID_PARAMS);
+    CHECK_STATUS(rsp.objs[1].status, KVS_INVALID_PARAMS);
+    CHECK_STATUS(rsp.objs[2].status, KVS_OK);
+    CHECK_STATUS(rsp.objs[3].status, KVS_INVALID_PARAMS);
+    req.replica_num = 0;
+    items[2].key = kvs__str_c("other");
+    CHECK_STATUS(kvs__master_put_start(f.m, f.now, &req, &f.arena, &rsp), KVS_OK);
+    CHECK_STATUS(rsp.status, KVS_INVALID_PARAMS);
+    CHECK_STATUS(rsp.objs[2].status, KVS_INVALID_PARAMS);
+    CHECK_STATUS(lookup(&f, "other", NULL), KVS_OBJECT_NOT_FOUND);
+    CHECK_EQ_INT(EXISTS(&f, ""), KVS_INVALID_PARAMS);
+    CHECK_STATUS(REMOVE(&f, "", 0), KVS_INVALID_PARAMS);
+    /* Mount validation. */
+    kvs__mount_req_t mr = {f.client, kvs__str_c("s1"), kvs__str_c("n"), kvs__str_c("e"), 4096};
+    uint64_t id;
+    CHECK_STATUS(kvs__master_mount(f.m, f.now, &mr, &id), KVS_SEGMENT_ALREADY_EXISTS);
+    mr.name = kvs__str_c("s2");
+    mr.size = 10;
+    CHECK_STATUS(kvs__master_mount(f.m, f.now, &mr, &id), KVS_INVALID_PARAMS);
+    mr.size = 4096;
+    mr.client_id = 0;
+    CHECK_STATUS(kvs__master_mount(f.m, f.now, &mr, &id), KVS_INVALID_PARAMS);
+    mr.client_id = f.client;
+    mr.endpoint = kvs__str_c("");
+    CHECK_STATUS(kvs__master_mount(f.m, f.now, &mr, &id), KVS_INVALID_PARAMS);
+    CHECK_EQ_U64(counter(&f, "segments"), 1);
+    CHECK_STATUS(kvs__master_unmount(f.m, f.client + 1, 1), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__master_unmount(f.m, f.client, 999), KVS_SEGMENT_NOT_FOUND);
+    fx_fini(&f);
+}
+
+static void test_no_space(void)
+{
+    fx_t f;
+    fx_init(&f, 60000);
+    CHECK_STATUS(put_start(&f, "k", 10), KVS_NO_AVAILABLE_HANDLE); /* no segments */
+    mount(&f, f.client, "s1", "n", 256 * KIB);
+    CHECK_STATUS(put_start(&f, "big", 257 * KIB), KVS_NO_AVAILABLE_HANDLE);
+    /* Fill with leased objects: nothing may be evicted. */
+    char key[16];
+    for (int i = 0; i < 4; i++) {
+        snprintf(key, sizeof(key), "k%d", i);
+        CHECK_STATUS(put_start(&f, key, 64 * KIB), KVS_OK);
+        CHECK_STATUS(END(&f, key), KVS_OK);
+        CHECK_STATUS(lookup(&f, key, NULL), KVS_OK);
+    }
+    CHECK_STATUS(put_start(&f, "more", 64 * KIB), KVS_NO_AVAILABLE_HANDLE);
+    for (int i = 0; i < 4; i++) {
+        snprintf(key, sizeof(key), "k%d", i);
+        CHECK_STATUS(lookup(&f, key, NULL), KVS_OK); /* all still there */
+    }
+    CHECK_EQ_U64(counter(&f, "evictions"), 0);
+    /* Once the leases run out, the same put evicts the least recently used object to make
+     * room, and then one more because the segment is full past its 90% watermark. */
+    f.now += 60001 * MS;
+    CHECK_STATUS(put_start(&f, "more", 64 * KIB), KVS_OK);
+    CHECK_EQ_U64(counter(&f, "evictions"), 2);
+    CHECK_EQ_INT(EXISTS(&f, "k0"), 0);
+    CHECK_EQ_INT(EXISTS(&f, "k1"), 0);
+    CHECK_EQ_INT(EXISTS(&f, "k2"), 1);
+    CHECK_EQ_INT(EXISTS(&f, "k3"), 1);
+    fx_fini(&f);
+}
+
+static void test_eviction_order_at_watermark(void)
+{
+    fx_t f;
+    fx_init(&f, 100);
+    mount(&f, f.client, "s1", "n", 1024 * KIB); /* 16 blocks of 64 KiB */
+    char key[16];
+    for (int i = 0; i < 14; i++) {
+        snprintf(key, sizeof(key), "k%d", i);
+        CHECK_STATUS(put_start(&f, key, 64 * KIB), KVS_OK);
+        CHECK_STATUS(END(&f, key), KVS_OK);
+        f.now += MS;
+    }
+    CHECK_EQ_U64(counter(&f, "evictions"), 0); /* 87.5% < 90% */
+    CHECK_STATUS(lookup(&f, "k0", NULL), KVS_OK); /* k0 becomes most recently used */
+    f.now += 200 * MS;                            /* and its lease expires */
+    /* 15/16 = 93.75% > 90%: about 5% (one object) goes, the least recently used: k1. */
+    CHECK_STATUS(put_start(&f, "k14", 64 * KIB), KVS_OK);
+    CHECK_EQ_U64(counter(&f, "evictions"), 1);
+    CHECK_STATUS(lookup(&f, "k1", NULL), KVS_OBJECT_NOT_FOUND);
+    CHECK_STATUS(lookup(&f, "k0", NULL), KVS_OK);
+    CHECK_STATUS(lookup(&f, "k14", NULL), KVS_REPLICA_IS_NOT_READY); /* pending: kept */
+    /* A lookup makes k2 the most recently used, so k3 is now the oldest and goes next. */
+    f.now += 200 * MS;
+    CHECK_STATUS(lookup(&f, "k2", NULL), KVS_OK);
+    CHECK_STATUS(END(&f, "k14"), KVS_OK);
+    f.now += 200 * MS;
+    CHECK_STATUS(put_start(&f, "k15", 64 * KIB), KVS_OK);
+    CHECK_STATUS(lookup(&f, "k3", NULL), KVS_OBJECT_NOT_FOUND);
+    CHECK_STATUS(lookup(&f, "k2", NULL), KVS_OK);
+    CHECK_STATUS(lookup(&f, "k4", NULL), KVS_OK);
+    CHECK_EQ_U64(counter(&f, "evictions"), 2);
+    fx_fini(&f);
+}
+
+static void test_eviction_skips_leased(void)
+{
+    fx_t f;
+    fx_init(&f, 10000);
+    mount(&f, f.client, "s1", "n", 256 * KIB); /* 4 blocks of 64 KiB */
+    CHECK_STATUS(put_start(&f, "k0", 64 * KIB), KVS_OK);
+    CHECK_STATUS(END(&f, "k0"), KVS_OK);
+    CHECK_STATUS(lookup(&f, "k0", NULL), KVS_OK); /* leased for 10 s */
+    CHECK_STATUS(put_start(&f, "k1", 64 * KIB), KVS_OK);
+    CHECK_STATUS(END(&f, "k1"), KVS_OK);
+    CHECK_STATUS(put_start(&f, "k2", 64 * KIB), KVS_OK);
+    CHECK_STATUS(END(&f, "k2"), KVS_OK);
+    /* LRU order, oldest first: k0 (leased), k1, k2. Filling to 100% evicts one: k1. */
+    CHECK_STATUS(put_start(&f, "k3", 64 * KIB), KVS_OK);
+    CHECK_EQ_U64(counter(&f, "evictions"), 1);
+    CHECK_EQ_INT(EXISTS(&f, "k0"), 1);
+    CHECK_EQ_INT(EXISTS(&f, "k1"), 0);
+    CHECK_EQ_INT(EXISTS(&f, "k2"), 1);
+    fx_fini(&f);
+}
+
+static void test_liveness(void)
+{
+    fx_t f;
+    fx_init(&f, 100);
+    uint64_t other = kvs__master_new_client(f.m);
+    mount(&f, f.client, "s1", "n1", 1 << 20);
+    mount(&f, other, "s2", "n2", 1 << 20);
+    CHECK_STATUS(put_start_ex(&f, "k", 100, 2, "n1", "", 0, NULL), KVS_OK);
+    CHECK_STATUS(END(&f, "k"), KVS_OK);
+    CHECK_STATUS(put_start_ex(&f, "only1", 100, 1, "n1", "s1", 0, NULL), KVS_OK);
+    CHECK_STATUS(END(&f, "only1"), KVS_OK);
+    uint64_t t0 = f.now;
+    f.now = t0 + 900 * MS;
+    CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, other), KVS_OK);
+    f.now = t0 + 999 * MS;
+    kvs__master_tick(f.m, f.now);
+    CHECK_EQ_U64(counter(&f, "segments"), 2);
+    f.now = t0 + 1000 * MS; /* s1's owner silent for the whole time-out */
+    kvs__master_tick(f.m, f.now);
+    CHECK_EQ_U64(counter(&f, "segments"), 1);
+    CHECK_EQ_U64(counter(&f, "segments_expired"), 1);
+    CHECK_STATUS(lookup(&f, "only1", NULL), KVS_OBJECT_NOT_FOUND);
+    kvs__obj_desc_t d;
+    CHECK_STATUS(lookup(&f, "k", &d), KVS_OK); /* its other replica survives */
+    CHECK_EQ_INT(d.nrep, 1);
+    CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, f.client), KVS_SEGMENT_NOT_FOUND);
+    CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, 0), KVS_INVALID_PARAMS);
+    f.now = t0 + 1900 * MS;
+    kvs__master_tick(f.m, f.now);
+    CHECK_EQ_U64(counter(&f, "segments"), 0);
+    CHECK_STATUS(lookup(&f, "k", NULL), KVS_OBJECT_NOT_FOUND);
+    CHECK_EQ_U64(counter(&f, "objects"), 0);
+    fx_fini(&f);
+}
+
+static void test_put_discard(void)
+{
+    fx_t f;
+    fx_init(&f, 100);
+    mount(&f, f.client, "s1", "n", 1 << 20);
+    CHECK_STATUS(put_start(&f, "old", 1000), KVS_OK);
+    f.now += 1000 * MS;
+    CHECK_STATUS(put_start(&f, "young", 1000), KVS_OK);
+    f.now += 1000 * MS; /* "old" has waited 2 s */
+    CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, f.client), KVS_OK);
+    kvs__master_tick(f.m, f.now);
+    CHECK_EQ_U64(counter(&f, "puts_discarded"), 1);
+    CHECK_STATUS(END(&f, "old"), KVS_OBJECT_NOT_FOUND);
+    CHECK_STATUS(END(&f, "young"), KVS_OK);
+    CHECK_EQ_U64(counter(&f, "used_bytes"), 1024);
+    fx_fini(&f);
+}
+
+static void test_placement(void)
+{
+    fx_t f;
+    fx_init(&f, 100);
+    uint64_t a1 = mount(&f, f.client, "a1", "nodeA", 1 << 20);
+    uint64_t a2 = mount(&f, f.client, "a2", "nodeA", 1 << 20);
+    uint64_t b1 = mount(&f, f.client, "b1", "nodeB", 1 << 20);
+    /* Default: spread, each key to the segment with most free space. */
+    kvs__obj_desc_t d[3];
+    CHECK_STATUS(put_start_ex(&f, "s0", 4096, 1, "nodeB", "", 0, &d[0]), KVS_OK);
+    CHECK_STATUS(put_start_ex(&f, "s1", 4096, 1, "nodeB", "", 0, &d[1]), KVS_OK);
+    CHECK_STATUS(put_start_ex(&f, "s2", 4096, 1, "nodeB", "", 0, &d[2]), KVS_OK);
+    CHECK(d[0].reps[0].segment_id != d[1].reps[0].segment_id);
+    CHECK(d[0].reps[0].segment_id != d[2].reps[0].segment_id);
+    CHECK(d[1].reps[0].segment_id != d[2].reps[0].segment_id);
+    /* Same node: a batch from nodeB lands on b1, all of it. */
+    kvs__put_item_t items[5];
+    char keys[5][8];
+    for (int i = 0; i < 5; i++) {
+        snprintf(keys[i], sizeof(keys[i]), "b%d", i);
+        items[i] = (kvs__put_item_t){kvs__str_c(keys[i]), 8192};
+    }
+    kvs__put_start_req_t req = {kvs__str_c("nodeB"), 1, kvs__str_c(""), KVS_PUT_FLAG_SAME_NODE,
+                                5, items};
+    kvs__placement_rsp_t rsp;
+    CHECK_STATUS(kvs__master_put_start(f.m, f.now, &req, &f.arena, &rsp), KVS_OK);
+    for (int i = 0; i < 5; i++) {
+        CHECK_STATUS(rsp.objs[i].status, KVS_OK);
+        CHECK_EQ_U64(rsp.objs[i].reps[0].segment_id, b1);
+    }
+    CHECK_EQ_INT(rsp.nseg, 1);
+    /* Same node from nodeA: co-located on one of A's segments. */
+    for (int i = 0; i < 5; i++)
+        keys[i][0] = 'a';
+    req.node = kvs__str_c("nodeA");
+    CHECK_STATUS(kvs__master_put_start(f.m, f.now, &req, &f.arena, &rsp), KVS_OK);
+    uint64_t first = rsp.objs[0].reps[0].segment_id;
+    CHECK(first == a1 || first == a2);
+    for (int i = 1; i < 5; i++)
+        CHECK_EQ_U64(rsp.objs[i].reps[0].segment_id, first);
+    /* Preferred segment first; replicas on distinct segments; no more than exist. */
+    kvs__obj_desc_t p;
+    CHECK_STATUS(put_start_ex(&f, "pref", 4096, 1, "nodeA", "b1", 0, &p), KVS_OK);
+    CHECK_EQ_U64(p.reps[0].segment_id, b1);
+    CHECK_STATUS(put_start_ex(&f, "r2", 4096, 2, "nodeA", "", 0, &p), KVS_OK);
+    CHECK_EQ_INT(p.nrep, 2);
+    CHECK(p.reps[0].segment_id != p.reps[1].segment_id);
+    CHECK_STATUS(put_start_ex(&f, "r9", 4096, 9, "nodeA", "", 0, &p), KVS_OK);
+    CHECK_EQ_INT(p.nrep, 3);
+    fx_fini(&f);
+}
+
+static void test_unmount_and_list(void)
+{
+    fx_t f;
+    fx_init(&f, 100);
+    uint64_t s1 = mount(&f, f.client, "s1", "n", 1 << 20);
+    mount(&f, f.client, "s2", "n", 1 << 20);
+    CHECK_STATUS(put_start_ex(&f, "on1", 10, 1, "n", "s1", 0, NULL), KVS_OK);
+    CHECK_STATUS(put_start_ex(&f, "both", 10, 2, "n", "", 0, NULL), KVS_OK);
+    CHECK_STATUS(put_start_ex(&f, "on2", 10, 1, "n", "s2", 0, NULL), KVS_OK);
+    CHECK_STATUS(END(&f, "on1"), KVS_OK);
+    CHECK_STATUS(END(&f, "both"), KVS_OK);
+    kvs__list_req_t lr = {kvs__str_c("o"), 0};
+    kvs__list_rsp_t ls;
+    CHECK_STATUS(kvs__master_list(f.m, &lr, &f.arena, &ls), KVS_OK);
+    CHECK_EQ_INT(ls.n, 2);
+    CHECK(!ls.truncated);
+    lr = (kvs__list_req_t){kvs__str_c(""), 2};
+    CHECK_STATUS(kvs__master_list(f.m, &lr, &f.arena, &ls), KVS_OK);
+    CHECK_EQ_INT(ls.n, 2);
+    CHECK(ls.truncated);
+    CHECK_STATUS(kvs__master_unmount(f.m, f.client, s1), KVS_OK);
+    CHECK_STATUS(lookup(&f, "on1", NULL), KVS_OBJECT_NOT_FOUND);
+    kvs__obj_desc_t d;
+    CHECK_STATUS(lookup(&f, "both", &d), KVS_OK);
+    CHECK_EQ_INT(d.nrep, 1);
+    CHECK_STATUS(END(&f, "on2"), KVS_OK);
+    CHECK_EQ_U64(counter(&f, "segments_unmounted"), 1);
+    CHECK_EQ_U64(counter(&f, "objects"), 2);
+    fx_fini(&f);
+}
+
+static void test_alloc_failure_leaves_store_unchanged(void)
+{
+    fx_t f;
+    fx_init(&f, 100);
+    mount(&f, f.client, "s1", "n", 1 << 20);
+    CHECK_STATUS(put_start(&f, "a", 10), KVS_OK);
+    uint64_t used = counter(&f, "used_bytes"), objs = counter(&f, "objects_pending");
+    for (long k = 0; k < 6; k++) {
+        kvs__alloc_inject_failure(k, true);
+        int rc = put_start(&f, "b", 10);
+        kvs__alloc_inject_failure(-1, false);
+        if (rc == KVS_OK) {
+            CHECK_STATUS(REVOKE(&f, "b"), KVS_OK);
+            continue;
+        }
+        CHECK_STATUS(rc, KVS_NO_MEMORY);
+        CHECK_EQ_U64(counter(&f, "used_bytes"), used);
+        CHECK_EQ_U64(counter(&f, "objects_pending"), objs);
+        CHECK_STATUS(lookup(&f, "b", NULL), KVS_OBJECT_NOT_FOUND);
+    }
+    fx_fini(&f);
+}
+
+int main(int argc, char **argv)
+{
+    static const kvs_test_case_t cases[] = {
+        KVS_TEST_CASE(test_two_phase_put),
+        KVS_TEST_CASE(test_revoke_frees_space),
+        KVS_TEST_CASE(test_leases_block_remove),
+        KVS_TEST_CASE(test_bad_input),
+        KVS_TEST_CASE(test_no_space),
+        KVS_TEST_CASE(test_eviction_order_at_watermark),
+        KVS_TEST_CASE(test_eviction_skips_leased),
+        KVS_TEST_CASE(test_liveness),
+        KVS_TEST_CASE(test_put_discard),
+        KVS_TEST_CASE(test_placement),
+        KVS_TEST_CASE(test_unmount_and_list),
+        KVS_TEST_CASE(test_alloc_failure_leaves_store_unchanged),
+    };
+    return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
+}

@@ -1,0 +1,438 @@
+/* Integration: a real kvstash-server process on loopback, fed valid requests, garbage,
+ * truncated, oversized and out-of-order frames. It must answer what it can, drop only the
+ * offending connection, and keep serving everyone else. */
+#define _GNU_SOURCE
+#include "kvs_test.h"
+#include "proto/net_int.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef struct {
+    pid_t pid;
+    uint16_t port;
+    char port_file[64];
+} server_t;
+
+static void server_start(server_t *s, const char *const *extra)
+{
+    snprintf(s->port_file, sizeof(s->port_file), "/tmp/kvs-test-port-%d", (int)getpid());
+    unlink(s->port_file);
+    const char *argv[32] = {KVS_SERVER_PATH, "--master-only", "--port", "0", "--port-file",
+                            s->port_file, "--log-level", "error"};
+    int n = 8;
+    for (int i = 0; extra && extra[i] && n < 31; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    s->pid = fork();
+    CHECK(s->pid >= 0);
+    if (s->pid == 0) {
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    for (int i = 0; i < 500; i++) {
+        FILE *f = fopen(s->port_file, "r");
+        unsigned port = 0;
+        if (f != NULL) {
+            int got = fscanf(f, "%u", &port);
+            fclose(f);
+            if (got == 1 && port > 0) {
+                s->port = (uint16_t)port;
+                return;
+            }
+        }
+        int st;
+        CHECK_EQ_INT(waitpid(s->pid, &st, WNOHANG), 0); /* still starting, not dead */
+        usleep(10000);
+    }
+    kvs_test_fail(__FILE__, __LINE__, "server did not start");
+}
+
+static void server_check_alive(server_t *s)
+{
+    int st;
+    CHECK_EQ_INT(waitpid(s->pid, &st, WNOHANG), 0);
+}
+
+static void server_stop(server_t *s)
+{
+    CHECK_EQ_INT(kill(s->pid, SIGTERM), 0);
+    int st = 0;
+    for (int i = 0; i < 500; i++) {
+        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
+            CHECK(WIFEXITED(st));
+            CHECK_EQ_INT(WEXITSTATUS(st), 0);
+            unlink(s->port_file);
+            return;
+        }
+        usleep(10000);
+    }
+    kill(s->pid, SIGKILL);
+    kvs_test_fail(__FILE__, __LINE__, "server ignored SIGTERM");
+}
+
+static kvs__rpc_t *client(server_t *s)
+{
+    kvs__rpc_config_t cfg = {.host = "127.0.0.1", .port = s->port, .node = "testnode",
+                             .timeout_ms = 3000};
+    kvs__rpc_t *rpc = NULL;
+    CHECK_STATUS(kvs__rpc_open(&cfg, &rpc), KVS_OK);
+    CHECK(kvs__rpc_hello(rpc)->client_id != 0);
+    return rpc;
+}
+
+/* Counter from STAT through a fresh decode. */
+static uint64_t stat_counter(kvs__rpc_t *rpc, const char *name)
+{
+    kvs__wbuf_t req, rsp;
+    kvs__wbuf_init(&req);
+    kvs__wbuf_init(&rsp);
+    kvs__frame_begin(&req, KVS_MSG_STAT, 0);
+    CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
+    CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
+    kvs__arena_t a;
+    kvs__arena_init(&a);
+    kvs__stat_rsp_t st;
+    CHECK_STATUS(kvs__stat_rsp_decode(rsp.data, rsp.len, &a, &st), KVS_OK);
+    uint64_t v = UINT64_MAX;
+    for (uint32_t i = 0; i < st.ncounters; i++) {
+        if (kvs__str_eq(st.counters[i].name, kvs__str_c(name)))
+            v = st.counters[i].value;
+    }
+    CHECK(v != UINT64_MAX);
+    kvs__arena_free(&a);
+    kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
+    return v;
+}
+
+static void mount_and_put(kvs__rpc_t *rpc, const char *seg, const char *key)
+{
+    kvs__wbuf_t req, rsp;
+    kvs__wbuf_init(&req);
+    kvs__wbuf_init(&rsp);
+    kvs__arena_t a;
+    kvs__arena_init(&a);
+    kvs__frame_begin(&req, KVS_MSG_MOUNT, 0);
+    kvs__mount_req_t m = {kvs__rpc_hello(rpc)->client_id, kvs__str_c(seg), kvs__str_c("testnode"),
+                          kvs__str_c("127.0.0.1:1"), 1 << 20};
+    kvs__mount_req_encode(&req, &m);
+    CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
+    CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
+    kvs__mount_rsp_t mr;
+    CHECK_STATUS(kvs__mount_rsp_decode(rsp.data, rsp.len, &a, &mr), KVS_OK);
+    CHECK_STATUS(mr.status, KVS_OK);
+
+    kvs__put_item_t it = {kvs__str_c(key), 5000};
+    kvs__put_start_req_t ps = {kvs__str_c("testnode"), 1, kvs__str_c(""), 0, 1, &it};
+    kvs__frame_begin(&req, KVS_MSG_PUT_START, 0);
+    kvs__put_start_req_encode(&req, &ps);
+    CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
+    CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
+    kvs__placement_rsp_t pr;
+    CHECK_STATUS(kvs__placement_rsp_decode(rsp.data, rsp.len, &a, &pr), KVS_OK);
+    CHECK_STATUS(pr.objs[0].status, KVS_OK);
+    CHECK_EQ_U64(pr.segs[0].id, mr.segment_id);
+
+    kvs__str_t k = kvs__str_c(key);
+    kvs__keys_req_t kr = {0, 1, &k};
+    kvs__frame_begin(&req, KVS_MSG_PUT_END, 0);
+    kvs__keys_req_encode(&req, &kr);
+    CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
+    CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
+    kvs__status_list_rsp_t sr;
+    CHECK_STATUS(kvs__status_list_rsp_decode(rsp.data, rsp.len, &a, &sr), KVS_OK);
+    CHECK_STATUS(sr.results[0], KVS_OK);
+
+    kvs__frame_begin(&req, KVS_MSG_LOOKUP, 0);
+    kvs__keys_req_encode(&req, &kr);
+    CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
+    CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
+    CHECK_STATUS(kvs__placement_rsp_decode(rsp.data, rsp.len, &a, &pr), KVS_OK);
+    CHECK_STATUS(pr.objs[0].status, KVS_OK);
+    CHECK_EQ_U64(pr.objs[0].size, 5000);
+    kvs__arena_free(&a);
+    kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
+}
+
+/* Raw connection helpers for sending bad bytes. */
+static int raw_connect(server_t *s)
+{
+    int fd = kvs__tcp_connect("127.0.0.1", s->port, kvs__now_ns() + 3 * KVS_NS_PER_S);
+    CHECK(fd >= 0);
+    return fd;
+}
+
+static void raw_send(int fd, const void *p, size_t n)
+{
+    CHECK_STATUS(kvs__send_all(fd, p, n, kvs__now_ns() + 3 * KVS_NS_PER_S), KVS_OK);
+}
+
+static void raw_frame(int fd, uint16_t type, const void *payload, uint32_t len)
+{
+    kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION, type, 1, len};
+    uint8_t hb[KVS_FRAME_HDR_LEN];
+    kvs__frame_hdr_encode(&h, hb);
+    raw_send(fd, hb, sizeof(hb));
+    if (len)
+        raw_send(fd, payload, len);
+}
+
+/* Reads one response frame; returns its type and the status its payload starts with. */
+static uint16_t raw_response(int fd, int32_t *status_p)
+{
+    uint8_t hb[KVS_FRAME_HDR_LEN];
+    uint64_t dl = kvs__now_ns() + 3 * KVS_NS_PER_S;
+    CHECK_STATUS(kvs__recv_all(fd, hb, sizeof(hb), dl), KVS_OK);
+    kvs__frame_hdr_t h;
+    CHECK_STATUS(kvs__frame_hdr_decode(hb, sizeof(hb), KVS_FRAME_MAX_PAYLOAD, &h), KVS_OK);
+    uint8_t *p = malloc(h.len + 1);
+    CHECK_STATUS(kvs__recv_all(fd, p, h.len, dl), KVS_OK);
+    CHECK(h.len >= 4);
+    kvs__rbuf_t r;
+    kvs__rbuf_init(&r, p, h.len);
+    *status_p = kvs__rbuf_i32(&r);
+    free(p);
+    return h.type;
+}
+
+/* True when the server closed the connection (EOF before the deadline). */
+static bool raw_closed(int fd)
+{
+    uint8_t b[256];
+    for (;;) {
+        int rc = kvs__recv_all(fd, b, 1, kvs__now_ns() + 3 * KVS_NS_PER_S);
+        if (rc == KVS_IO_ERROR)
+            return true;
+        if (rc == KVS_TIMED_OUT)
+            return false;
+    }
+}
+
+static void say_hello(int fd)
+{
+    kvs__wbuf_t w;
+    kvs__wbuf_init(&w);
+    kvs__hello_req_t h = {KVS_PROTO_VERSION, kvs__str_c("raw"), 0};
+    kvs__hello_req_encode(&w, &h);
+    raw_frame(fd, KVS_MSG_HELLO, w.data, (uint32_t)w.len);
+    int32_t st;
+    CHECK_EQ_INT(raw_response(fd, &st), KVS_MSG_HELLO | KVS_RSP_FLAG);
+    CHECK_STATUS(st, KVS_OK);
+    kvs__wbuf_free(&w);
+}
+
+static void test_serves_valid_requests(void)
+{
+    server_t s;
+    server_start(&s, NULL);
+    kvs__rpc_t *rpc = client(&s);
+    mount_and_put(rpc, "seg1", "hello");
+    CHECK_EQ_U64(stat_counter(rpc, "objects"), 1);
+    CHECK_EQ_U64(stat_counter(rpc, "segments"), 1);
+    kvs__rpc_close(rpc);
+    server_stop(&s);
+}
+
+static void test_malformed_frames_drop_only_their_connection(void)
+{
+    server_t s;
+    server_start(&s, NULL);
+    kvs__rpc_t *good = client(&s);
+    mount_and_put(good, "seg1", "before");
+
+    /* Bad magic: an ERROR frame, then the connection closes. */
+    int fd = raw_connect(&s);
+    raw_send(fd, "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27);
+    int32_t st;
+    CHECK_EQ_INT(raw_response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
+    CHECK_STATUS(st, KVS_PROTOCOL_ERROR);
+    CHECK(raw_closed(fd));
+    close(fd);
+
+    /* Another protocol version. */
+    fd = raw_connect(&s);
+    kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, 9, KVS_MSG_HELLO, 1, 0};
+    uint8_t hb[KVS_FRAME_HDR_LEN];
+    kvs__frame_hdr_encode(&h, hb);
+    raw_send(fd, hb, sizeof(hb));
+    CHECK_EQ_INT(raw_response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
+    CHECK_STATUS(st, KVS_INVALID_VERSION);
+    CHECK(raw_closed(fd));
+    close(fd);
+
+    /* Oversized: a header announcing 1 GiB. */
+    fd = raw_connect(&s);
+    h = (kvs__frame_hdr_t){KVS_PROTO_MAGIC, KVS_PROTO_VERSION, KVS_MSG_LOOKUP, 1, 1u << 30};
+    kvs__frame_hdr_encode(&h, hb);
+    raw_send(fd, hb, sizeof(hb));
+    CHECK_EQ_INT(raw_response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
+    CHECK_STATUS(st, KVS_PROTOCOL_ERROR);
+    CHECK(raw_closed(fd));
+    close(fd);
+
+    /* Requests before HELLO. */
+    fd = raw_connect(&s);
+    raw_frame(fd, KVS_MSG_STAT, NULL, 0);
+    CHECK_EQ_INT(raw_response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
+    CHECK(raw_closed(fd));
+    close(fd);
+
+    /* A response sent as a request. */
+    fd = raw_connect(&s);
+    say_hello(fd);
+    raw_frame(fd, KVS_MSG_STAT | KVS_RSP_FLAG, "\0\0\0\0", 4);
+    CHECK_EQ_INT(raw_response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
+    CHECK(raw_closed(fd));
+    close(fd);
+
+    /* Truncated: half a header, and a header with half its payload, then hang up. */
+    fd = raw_connect(&s);
+    raw_send(fd, hb, 7);
+    close(fd);
+    fd = raw_connect(&s);
+    say_hello(fd);
+    h = (kvs__frame_hdr_t){KVS_PROTO_MAGIC, KVS_PROTO_VERSION, KVS_MSG_LOOKUP, 1, 100};
+    kvs__frame_hdr_encode(&h, hb);
+    raw_send(fd, hb, sizeof(hb));
+    raw_send(fd, "0123456789", 10);
+    close(fd);
+
+    /* A well-framed request with a malformed payload gets an error and keeps its connection. */
+    fd = raw_connect(&s);
+    say_hello(fd);
+    uint8_t junk[12] = {0, 0, 0, 0, 0xff, 0xff, 0xff, 0x7f, 1, 2, 3, 4};
+    raw_frame(fd, KVS_MSG_LOOKUP, junk, sizeof(junk));
+    CHECK_EQ_INT(raw_response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
+    CHECK_STATUS(st, KVS_INVALID_PARAMS);
+    raw_frame(fd, KVS_MSG_STAT, NULL, 0);
+    CHECK_EQ_INT(raw_response(fd, &st), KVS_MSG_STAT | KVS_RSP_FLAG);
+    CHECK_STATUS(st, KVS_OK);
+    close(fd);
+
+    server_check_alive(&s);
+    /* The well-behaved client never noticed. */
+    mount_and_put(good, "seg2", "after");
+    CHECK_EQ_U64(stat_counter(good, "objects"), 2);
+    kvs__rpc_close(good);
+    server_stop(&s);
+}
+
+static void test_random_frames_do_not_hurt(void)
+{
+    server_t s;
+    server_start(&s, NULL);
+    uint8_t payload[512];
+    for (int round = 0; round < 200; round++) {
+        int fd = raw_connect(&s);
+        if (round % 2)
+            say_hello(fd);
+        for (int k = 0; k < 5; k++) {
+            uint32_t len = (uint32_t)(kvs_test_rand() % sizeof(payload));
+            for (uint32_t i = 0; i < len; i++)
+                payload[i] = (uint8_t)kvs_test_rand();
+            uint16_t type = (uint16_t)(1 + kvs_test_rand() % (KVS_MSG_MAX_ - 1));
+            /* The server may hang up on any of these; later sends then fail, which is fine. */
+            kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION, type, 1, len};
+            uint8_t hb[KVS_FRAME_HDR_LEN];
+            kvs__frame_hdr_encode(&h, hb);
+            uint64_t dl = kvs__now_ns() + KVS_NS_PER_S;
+            if (kvs__send_all(fd, hb, sizeof(hb), dl) != KVS_OK ||
+                kvs__send_all(fd, payload, len, dl) != KVS_OK)
+                break;
+        }
+        close(fd);
+    }
+    /* Many idle connections at once, then gone. */
+    int fds[100];
+    for (int i = 0; i < 100; i++)
+        fds[i] = raw_connect(&s);
+    for (int i = 0; i < 100; i++)
+        close(fds[i]);
+    server_check_alive(&s);
+    kvs__rpc_t *rpc = client(&s);
+    mount_and_put(rpc, "seg", "k");
+    kvs__rpc_close(rpc);
+    server_stop(&s);
+}
+
+static void test_liveness_over_the_network(void)
+{
+    server_t s;
+    const char *extra[] = {"--heartbeat-timeout-ms", "300", NULL};
+    server_start(&s, extra);
+    kvs__rpc_t *rpc = client(&s);
+    mount_and_put(rpc, "seg", "k");
+    CHECK_EQ_U64(stat_counter(rpc, "segments"), 1);
+    /* Heartbeats keep it. */
+    for (int i = 0; i < 6; i++) {
+        usleep(100000);
+        kvs__wbuf_t req, rsp;
+        kvs__wbuf_init(&req);
+        kvs__wbuf_init(&rsp);
+        kvs__frame_begin(&req, KVS_MSG_HEARTBEAT, 0);
+        kvs__ids_req_t hb = {kvs__rpc_hello(rpc)->client_id, 0};
+        kvs__ids_req_encode(&req, &hb);
+        CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
+        CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
+        kvs__wbuf_free(&req);
+        kvs__wbuf_free(&rsp);
+    }
+    CHECK_EQ_U64(stat_counter(rpc, "segments"), 1);
+    /* Silence drops it, and its object with it. */
+    usleep(700000);
+    CHECK_EQ_U64(stat_counter(rpc, "segments"), 0);
+    CHECK_EQ_U64(stat_counter(rpc, "objects"), 0);
+    CHECK_EQ_U64(stat_counter(rpc, "segments_expired"), 1);
+    kvs__rpc_close(rpc);
+    server_stop(&s);
+}
+
+static int run_cli(const char *args)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "%s %s >/dev/null 2>&1", KVS_CLI_PATH, args);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_cli(void)
+{
+    server_t s;
+    server_start(&s, NULL);
+    kvs__rpc_t *rpc = client(&s);
+    mount_and_put(rpc, "seg", "cli-key");
+    char args[128];
+    snprintf(args, sizeof(args), "--master 127.0.0.1:%u stat", (unsigned)s.port);
+    CHECK_EQ_INT(run_cli(args), 0);
+    snprintf(args, sizeof(args), "--master 127.0.0.1:%u ls cli-", (unsigned)s.port);
+    CHECK_EQ_INT(run_cli(args), 0);
+    CHECK(run_cli("--master 127.0.0.1:1 --timeout-ms 500 stat") != 0); /* nobody there */
+    CHECK_EQ_INT(run_cli("frobnicate"), 2);
+    CHECK_EQ_INT(run_cli("--master nonsense stat"), 2);
+    kvs__rpc_close(rpc);
+    server_stop(&s);
+    /* The server refuses bad options with a usage error. */
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "%s --master-only --port 70000 2>/dev/null", KVS_SERVER_PATH);
+    int st = system(cmd);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    static const kvs_test_case_t cases[] = {
+        KVS_TEST_CASE(test_serves_valid_requests),
+        KVS_TEST_CASE(test_malformed_frames_drop_only_their_connection),
+        KVS_TEST_CASE(test_random_frames_do_not_hurt),
+        KVS_TEST_CASE(test_liveness_over_the_network),
+        KVS_TEST_CASE(test_cli),
+    };
+    return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
+}
