@@ -68,7 +68,7 @@ static void bench_usage(FILE *f)
 int kvs__bench_allocator_main(int argc, char **argv)
 {
     uint64_t capacity = 4ull << 30, ops = 1000000, min_sz = 4096, max_sz = 16u << 20, seed = 1;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -94,7 +94,6 @@ int kvs__bench_allocator_main(int argc, char **argv)
             bench_usage(stderr);
             return 2;
         }
-        i++;
     }
     if (min_sz == 0 || min_sz > max_sz || max_sz > capacity || ops == 0) {
         fprintf(stderr, "kvstash bench allocator: need 0 < min <= max <= capacity, ops > 0\n");

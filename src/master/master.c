@@ -41,9 +41,14 @@ typedef struct {
     uint32_t handle;
 } mrep_t;
 
+/* Intrusive list link; it is an object's first member, so a link is also its object. */
+typedef struct link {
+    struct link *prev, *next;
+} link_t;
+
 typedef struct obj {
+    link_t link; /* LRU list when complete, pending list when pending */
     struct obj *hnext;
-    struct obj *prev, *next; /* LRU list when complete, pending list when pending */
     uint64_t hash;
     uint64_t size;
     uint64_t lease_until_ns;
@@ -61,8 +66,8 @@ struct kvs__master {
     size_t nbuckets; /* power of two */
     size_t nobjs;
     size_t npending;
-    obj_t lru;     /* sentinel; lru.next is the most recently used */
-    obj_t pending; /* sentinel; pending.next is the oldest put */
+    link_t lru;     /* sentinel; lru.next is the most recently used */
+    link_t pending; /* sentinel; pending.next is the oldest put */
     seg_t **segs;
     uint32_t nseg, cap_seg;
     uint64_t next_seg_id;
@@ -121,29 +126,36 @@ int kvs__master_config_check(const kvs__master_config_t *cfg)
 
 /* ---- lists and hash table --------------------------------------------------------------- */
 
-static void list_init(obj_t *head)
+static void list_init(link_t *head)
 {
     head->prev = head->next = head;
 }
 
 static void list_unlink(obj_t *o)
 {
-    o->prev->next = o->next;
-    o->next->prev = o->prev;
-    o->prev = o->next = o;
+    link_t *l = &o->link;
+    l->prev->next = l->next;
+    l->next->prev = l->prev;
+    l->prev = l->next = l;
 }
 
-static void list_push_front(obj_t *head, obj_t *o)
+static void list_push_front(link_t *head, obj_t *o)
 {
-    o->next = head->next;
-    o->prev = head;
-    head->next->prev = o;
-    head->next = o;
+    link_t *l = &o->link;
+    l->next = head->next;
+    l->prev = head;
+    head->next->prev = l;
+    head->next = l;
 }
 
-static void list_push_back(obj_t *head, obj_t *o)
+static void list_push_back(link_t *head, obj_t *o)
 {
     list_push_front(head->prev, o);
+}
+
+static obj_t *link_obj(link_t *l)
+{
+    return (obj_t *)(void *)l;
 }
 
 static obj_t *obj_find(kvs__master_t *m, kvs__str_t key, uint64_t hash)
@@ -408,9 +420,10 @@ static bool obj_on_seg(const obj_t *o, const seg_t *s)
 static uint64_t evict_from(kvs__master_t *m, uint64_t now_ns, seg_t *s, uint64_t need)
 {
     uint64_t freed = 0;
-    obj_t *o = m->lru.prev;
-    while (o != &m->lru && freed < need) {
-        obj_t *prev = o->prev;
+    link_t *l = m->lru.prev;
+    while (l != &m->lru && freed < need) {
+        link_t *prev = l->prev;
+        obj_t *o = link_obj(l);
         if (o->lease_until_ns <= now_ns && obj_on_seg(o, s)) {
             uint64_t before = kvs__seg_alloc_used(s->alloc);
             m->c.evictions++;
@@ -420,7 +433,7 @@ static uint64_t evict_from(kvs__master_t *m, uint64_t now_ns, seg_t *s, uint64_t
             obj_destroy(m, o);
             freed += before - kvs__seg_alloc_used(s->alloc);
         }
-        o = prev;
+        l = prev;
     }
     return freed;
 }
@@ -860,8 +873,9 @@ uint64_t kvs__master_counter(kvs__master_t *m, const char *name)
 void kvs__master_tick(kvs__master_t *m, uint64_t now_ns)
 {
     uint64_t discard_ns = m->cfg.put_discard_ms * KVS_NS_PER_MS;
-    while (m->pending.next != &m->pending && m->pending.next->started_ns + discard_ns <= now_ns) {
-        obj_t *o = m->pending.next;
+    while (m->pending.next != &m->pending &&
+           link_obj(m->pending.next)->started_ns + discard_ns <= now_ns) {
+        obj_t *o = link_obj(m->pending.next);
         kvs_warn("discarding put of '%.*s': not ended within %llu ms", (int)o->key_len, o->key,
                  (unsigned long long)m->cfg.put_discard_ms);
         obj_destroy(m, o);

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the build and test dependencies from Debian's packages when any is missing.
+# cmake, a C compiler and make build kvstash; clang and libclang-rt-14-dev build and run the
+# libFuzzer targets. CUDA (nvcc) is optional and never installed here.
+set -euo pipefail
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v cc >/dev/null || need+=(gcc)
+command -v make >/dev/null || need+=(make)
+command -v clang >/dev/null || need+=(clang)
+dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
+command -v python3 >/dev/null || need+=(python3)
+if ((${#need[@]})); then
+    echo "deps: installing ${need[*]}"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${need[@]}"
+fi

@@ -1,0 +1,69 @@
+/* Transport interface: how bytes move between local memory and owners' segments.
+ *
+ * Every transport fills a kvs_transport_ops_t with designated initializers and embeds
+ * kvs_transport_t as the first member of its own struct (UCX uct, Redis ConnectionType). A
+ * batch of requests is submitted at once and completed with one wait that has a deadline; a
+ * wait that reaches its deadline cancels what is left and returns only after nothing can
+ * write into the batch's local memory any more. Capabilities are reported, not guessed. */
+#ifndef KVS_TRANSPORT_INT_H
+#define KVS_TRANSPORT_INT_H
+
+#include "../proto/proto_int.h"
+
+#include <sys/uio.h>
+
+typedef enum {
+    KVS_XFER_READ = 0,  /* remote segment -> local fragments */
+    KVS_XFER_WRITE = 1, /* local fragments -> remote segment */
+} kvs_xfer_op_t;
+
+/* Capability bits. */
+#define KVS_TRANSPORT_CAP_SAME_HOST 0x1u /* only reaches owners on this host */
+#define KVS_TRANSPORT_CAP_GPU_DEST 0x2u  /* local fragments may be device memory */
+#define KVS_TRANSPORT_CAP_ZERO_COPY 0x4u /* bytes go straight between socket/segment and
+                                          * local memory, no intermediate buffer */
+
+typedef struct kvs_transport kvs_transport_t;
+typedef struct kvs_endpoint kvs_endpoint_t;
+
+/* One request of a batch. `iov` (borrowed, valid until the wait returns) lists the local
+ * fragments in order; their lengths add up to `length`. */
+typedef struct {
+    kvs_xfer_op_t op;
+    kvs_endpoint_t *ep;
+    uint64_t segment_id;
+    uint64_t offset; /* in the remote segment */
+    uint64_t length;
+    const struct iovec *iov;
+    uint32_t iovcnt;
+    int status; /* out: OK, TIMED_OUT, TRANSFER_FAIL, or the owner's refusal */
+} kvs_xfer_req_t;
+
+typedef struct kvs_batch kvs_batch_t;
+
+typedef struct {
+    const char *name;
+    uint32_t caps;
+    /* Opens (or reuses) the endpoint for an owner at "host:port". */
+    int (*ep_open)(kvs_transport_t *t, const char *endpoint, kvs_endpoint_t **ep_p);
+    /* Registers local memory once; transports that need no registration accept anything. */
+    int (*mem_reg)(kvs_transport_t *t, void *addr, size_t len);
+    int (*mem_dereg)(kvs_transport_t *t, void *addr, size_t len);
+    /* Starts every request of the batch; the requests array is borrowed until the wait. */
+    int (*submit)(kvs_transport_t *t, kvs_xfer_req_t *reqs, uint32_t n, kvs_batch_t **batch_p);
+    /* Waits for every request or the deadline (kvs__now_ns clock). At the deadline the rest
+     * are cancelled and get TIMED_OUT; when it returns, no transfer of the batch can still
+     * touch local memory. Frees the batch. Returns OK if all requests succeeded, else the
+     * first failure. */
+    int (*wait)(kvs_transport_t *t, kvs_batch_t *batch, uint64_t deadline_ns);
+    void (*destroy)(kvs_transport_t *t);
+} kvs_transport_ops_t;
+
+struct kvs_transport {
+    const kvs_transport_ops_t *ops;
+};
+
+/* Sum of iov lengths, or UINT64_MAX on overflow. */
+uint64_t kvs__iov_total(const struct iovec *iov, uint32_t iovcnt);
+
+#endif
