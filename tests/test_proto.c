@@ -53,6 +53,9 @@ static void encode_sample(const char *name, kvs__wbuf_t *w)
         kvs__counter_t c[2] = {{kvs__str_c("objects"), 3}, {kvs__str_c("used_bytes"), 1 << 20}};
         kvs__stat_rsp_t m = {0, 2, c, 2, segs};
         kvs__stat_rsp_encode(w, &m);
+    } else if (!strcmp(name, "data_req")) {
+        kvs__data_req_t m = {3, 12345, 1 << 20};
+        kvs__data_req_encode(w, &m);
     } else if (!strcmp(name, "error_rsp")) {
         kvs__error_rsp_t m = {-600, kvs__str_c("bad")};
         kvs__error_rsp_encode(w, &m);

@@ -4,6 +4,8 @@
 #include "../proto/net_int.h"
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -382,6 +384,8 @@ static void accept_all(kvs__master_server_t *s)
             close(fd);
             continue;
         }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         conn_t *c = kvs__calloc(1, sizeof(*c));
         if (c == NULL) {
             close(fd);

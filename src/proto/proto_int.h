@@ -35,7 +35,9 @@ typedef enum {
     KVS_MSG_LIST = 11,
     KVS_MSG_STAT = 12,
     KVS_MSG_ERROR = 13, /* response only: a request the peer could not even decode */
-    KVS_MSG_MAX_ = 14,
+    KVS_MSG_DATA_READ = 14,  /* owner data plane: data_req; response: i32 status + bytes */
+    KVS_MSG_DATA_WRITE = 15, /* owner data plane: data_req + bytes; response: i32 status */
+    KVS_MSG_MAX_ = 16,
 } kvs_msg_type_t;
 
 const char *kvs__msg_name(unsigned type);
@@ -255,6 +257,18 @@ typedef struct {
     kvs__str_t message;
 } kvs__error_rsp_t;
 
+/* The fixed part of a data request. A WRITE frame's payload is this (KVS_DATA_REQ_LEN bytes)
+ * followed by exactly `length` bytes; a READ response's is an i32 status followed by `length`
+ * bytes when the status is OK. */
+#define KVS_DATA_REQ_LEN 24u
+/* Largest data chunk in one frame; transports split longer transfers. */
+#define KVS_DATA_MAX_CHUNK (16u << 20)
+typedef struct {
+    uint64_t segment_id;
+    uint64_t offset;
+    uint64_t length;
+} kvs__data_req_t;
+
 #define KVS_DECLARE_CODEC_(name)                                                            \
     void kvs__##name##_encode(kvs__wbuf_t *w, const kvs__##name##_t *m);                    \
     int kvs__##name##_decode(const void *p, size_t len, kvs__arena_t *a, kvs__##name##_t *m_p);
@@ -272,6 +286,7 @@ KVS_DECLARE_CODEC_(list_req)
 KVS_DECLARE_CODEC_(list_rsp)
 KVS_DECLARE_CODEC_(stat_rsp)
 KVS_DECLARE_CODEC_(error_rsp)
+KVS_DECLARE_CODEC_(data_req)
 
 /* For tests and fuzzers: every decoder behind one signature that decodes, re-encodes and
  * returns the re-encoded payload in `w` on success. */

@@ -10,7 +10,8 @@ static const char *const msg_names[KVS_MSG_MAX_] = {
     [KVS_MSG_PUT_REVOKE] = "PUT_REVOKE", [KVS_MSG_LOOKUP] = "LOOKUP",
     [KVS_MSG_EXISTS] = "EXISTS",       [KVS_MSG_REMOVE] = "REMOVE",
     [KVS_MSG_LIST] = "LIST",           [KVS_MSG_STAT] = "STAT",
-    [KVS_MSG_ERROR] = "ERROR",
+    [KVS_MSG_ERROR] = "ERROR",         [KVS_MSG_DATA_READ] = "DATA_READ",
+    [KVS_MSG_DATA_WRITE] = "DATA_WRITE",
 };
 
 const char *kvs__msg_name(unsigned type)
@@ -674,6 +675,24 @@ int kvs__error_rsp_decode(const void *p, size_t len, kvs__arena_t *a, kvs__error
     return rbuf_finish(&r);
 }
 
+void kvs__data_req_encode(kvs__wbuf_t *w, const kvs__data_req_t *m)
+{
+    kvs__wbuf_put_u64(w, m->segment_id);
+    kvs__wbuf_put_u64(w, m->offset);
+    kvs__wbuf_put_u64(w, m->length);
+}
+
+int kvs__data_req_decode(const void *p, size_t len, kvs__arena_t *a, kvs__data_req_t *m)
+{
+    KVS_UNUSED(a);
+    kvs__rbuf_t r;
+    kvs__rbuf_init(&r, p, len);
+    m->segment_id = kvs__rbuf_u64(&r);
+    m->offset = kvs__rbuf_u64(&r);
+    m->length = kvs__rbuf_u64(&r);
+    return rbuf_finish(&r);
+}
+
 /* ---- decoder table for tests and fuzzers ------------------------------------------------ */
 
 #define ROUNDTRIP_(name)                                                                    \
@@ -699,6 +718,7 @@ ROUNDTRIP_(list_req)
 ROUNDTRIP_(list_rsp)
 ROUNDTRIP_(stat_rsp)
 ROUNDTRIP_(error_rsp)
+ROUNDTRIP_(data_req)
 
 const kvs__codec_entry_t kvs__codecs[] = {
     {"hello_req", roundtrip_hello_req},
@@ -714,5 +734,6 @@ const kvs__codec_entry_t kvs__codecs[] = {
     {"list_rsp", roundtrip_list_rsp},
     {"stat_rsp", roundtrip_stat_rsp},
     {"error_rsp", roundtrip_error_rsp},
+    {"data_req", roundtrip_data_req},
 };
 const size_t kvs__codecs_count = KVS_ARRAY_SIZE(kvs__codecs);

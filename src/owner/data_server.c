@@ -1,0 +1,377 @@
+/* The owner's data server: a thread per connection moving bytes straight between the socket
+ * and segment memory. Every request is bounds-checked against a served segment before any
+ * byte moves; a peer that breaks the protocol loses its own connection only. */
+#define _GNU_SOURCE
+#include "owner_int.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+typedef struct {
+    uint64_t id;
+    char *base;
+    uint64_t size;
+} served_t;
+
+typedef struct dconn {
+    struct dconn *next;
+    int fd;
+    pthread_t thread;
+    kvs__data_server_t *srv;
+    atomic_bool done;
+} dconn_t;
+
+struct kvs__data_server {
+    kvs__data_server_config_t cfg;
+    int listen_fd;
+    uint16_t port;
+    pthread_t accept_thread;
+    bool accept_started;
+    atomic_bool stopping;
+    pthread_rwlock_t seg_lock; /* readers: requests in progress; writer: add/remove */
+    served_t *segs;
+    uint32_t nseg;
+    pthread_mutex_t conn_lock;
+    dconn_t *conns;
+    uint32_t nconns;
+    atomic_uint_least64_t refused;
+};
+
+void kvs__data_server_config_init(kvs__data_server_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->bind_host = "127.0.0.1";
+    cfg->max_conns = 1024;
+    cfg->io_timeout_ms = 5000;
+}
+
+/* Sends a response frame made of a header and an i32 status, plus `extra` more payload bytes
+ * announced in the header (a READ's data, sent by the caller right after). */
+static int send_status(int fd, uint16_t type, uint32_t req_id, int32_t status, uint64_t extra,
+                       uint64_t deadline)
+{
+    uint8_t buf[KVS_FRAME_HDR_LEN + 4];
+    kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION, (uint16_t)(type | KVS_RSP_FLAG),
+                          req_id, (uint32_t)(4 + extra)};
+    kvs__frame_hdr_encode(&h, buf);
+    uint32_t s = (uint32_t)status;
+    for (int i = 0; i < 4; i++)
+        buf[KVS_FRAME_HDR_LEN + i] = (uint8_t)(s >> (8 * i));
+    return kvs__send_all(fd, buf, sizeof(buf), deadline);
+}
+
+static void send_error(int fd, uint32_t req_id, int status, const char *msg, uint64_t deadline)
+{
+    kvs__wbuf_t w;
+    kvs__wbuf_init(&w);
+    kvs__frame_begin(&w, KVS_MSG_ERROR | KVS_RSP_FLAG, req_id);
+    kvs__error_rsp_t e = {status, kvs__str_c(msg)};
+    kvs__error_rsp_encode(&w, &e);
+    if (kvs__frame_end(&w) == KVS_OK)
+        kvs__send_all(fd, w.data, w.len, deadline);
+    kvs__wbuf_free(&w);
+}
+
+/* Finds the segment and checks [offset, offset + length) lies inside it. Read lock held. */
+static int check_range(kvs__data_server_t *s, const kvs__data_req_t *r, char **addr_p)
+{
+    for (uint32_t i = 0; i < s->nseg; i++) {
+        if (s->segs[i].id != r->segment_id)
+            continue;
+        if (r->length == 0 || r->length > KVS_DATA_MAX_CHUNK || r->offset > s->segs[i].size ||
+            r->length > s->segs[i].size - r->offset)
+            return KVS_INVALID_PARAMS;
+        *addr_p = s->segs[i].base + r->offset;
+        return KVS_OK;
+    }
+    return KVS_SEGMENT_NOT_FOUND;
+}
+
+/* Serves one connection. Returns when the peer leaves, errs, or the server stops. */
+static void serve(kvs__data_server_t *s, int fd)
+{
+    uint64_t io_ns = s->cfg.io_timeout_ms * KVS_NS_PER_MS;
+    bool hello = false;
+    uint8_t hb[KVS_FRAME_HDR_LEN], pb[256];
+    for (;;) {
+        /* Idle peers may wait for ever; destroy shuts the socket down to wake us. */
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, -1) < 0 && errno != EINTR)
+            return;
+        if (atomic_load(&s->stopping))
+            return;
+        uint64_t deadline = kvs__now_ns() + io_ns;
+        if (kvs__recv_all(fd, hb, sizeof(hb), deadline) != KVS_OK)
+            return;
+        kvs__frame_hdr_t h;
+        int rc = kvs__frame_hdr_decode(hb, sizeof(hb), KVS_DATA_REQ_LEN + KVS_DATA_MAX_CHUNK, &h);
+        if (rc != KVS_OK) {
+            atomic_fetch_add(&s->refused, 1);
+            send_error(fd, 0, rc, rc == KVS_INVALID_VERSION ? "unsupported protocol version"
+                                                            : "bad frame header", deadline);
+            return;
+        }
+        if (h.type == KVS_MSG_HELLO && !hello && h.len <= sizeof(pb)) {
+            kvs__hello_req_t req;
+            if (kvs__recv_all(fd, pb, h.len, deadline) != KVS_OK)
+                return;
+            if (kvs__hello_req_decode(pb, h.len, NULL, &req) != KVS_OK ||
+                req.version != KVS_PROTO_VERSION) {
+                atomic_fetch_add(&s->refused, 1);
+                send_error(fd, h.req_id, KVS_INVALID_VERSION, "bad HELLO", deadline);
+                return;
+            }
+            kvs__wbuf_t w;
+            kvs__wbuf_init(&w);
+            kvs__frame_begin(&w, KVS_MSG_HELLO | KVS_RSP_FLAG, h.req_id);
+            kvs__hello_rsp_t rsp = {0};
+            kvs__hello_rsp_encode(&w, &rsp);
+            rc = kvs__frame_end(&w);
+            if (rc == KVS_OK)
+                rc = kvs__send_all(fd, w.data, w.len, deadline);
+            kvs__wbuf_free(&w);
+            if (rc != KVS_OK)
+                return;
+            hello = true;
+            continue;
+        }
+        bool is_read = h.type == KVS_MSG_DATA_READ, is_write = h.type == KVS_MSG_DATA_WRITE;
+        if (!hello || (!is_read && !is_write) || h.len < KVS_DATA_REQ_LEN ||
+            (is_read && h.len != KVS_DATA_REQ_LEN)) {
+            atomic_fetch_add(&s->refused, 1);
+            send_error(fd, h.req_id, KVS_PROTOCOL_ERROR,
+                       hello ? "expected DATA_READ or DATA_WRITE" : "HELLO must come first",
+                       deadline);
+            return;
+        }
+        kvs__data_req_t r;
+        if (kvs__recv_all(fd, pb, KVS_DATA_REQ_LEN, deadline) != KVS_OK)
+            return;
+        kvs__data_req_decode(pb, KVS_DATA_REQ_LEN, NULL, &r); /* fixed size: cannot fail */
+        if (is_write && r.length != h.len - KVS_DATA_REQ_LEN) {
+            atomic_fetch_add(&s->refused, 1);
+            send_error(fd, h.req_id, KVS_PROTOCOL_ERROR, "WRITE length disagrees with frame",
+                       deadline);
+            return;
+        }
+        if (s->cfg.inject_delay_us)
+            usleep((useconds_t)s->cfg.inject_delay_us);
+        pthread_rwlock_rdlock(&s->seg_lock);
+        char *addr = NULL;
+        rc = check_range(s, &r, &addr);
+        if (rc != KVS_OK) {
+            pthread_rwlock_unlock(&s->seg_lock);
+            atomic_fetch_add(&s->refused, 1);
+            if (is_read) {
+                if (send_status(fd, KVS_MSG_DATA_READ, h.req_id, rc, 0, deadline) != KVS_OK)
+                    return;
+                continue;
+            }
+            /* Drain the announced bytes (never into the segment) so the stream stays in
+             * step, then refuse; the peer keeps its connection. */
+            char sink[16384];
+            uint64_t left = r.length;
+            deadline = kvs__now_ns() + io_ns + r.length / 256;
+            while (left > 0) {
+                size_t n = (size_t)KVS_MIN(left, (uint64_t)sizeof(sink));
+                if (kvs__recv_all(fd, sink, n, deadline) != KVS_OK)
+                    return;
+                left -= n;
+            }
+            if (send_status(fd, KVS_MSG_DATA_WRITE, h.req_id, rc, 0, deadline) != KVS_OK)
+                return;
+            continue;
+        }
+        deadline = kvs__now_ns() + io_ns + r.length / 256; /* at least ~256 MB/s */
+        if (is_read) {
+            rc = send_status(fd, KVS_MSG_DATA_READ, h.req_id, KVS_OK, r.length, deadline);
+            if (rc == KVS_OK)
+                rc = kvs__send_all(fd, addr, r.length, deadline);
+        } else {
+            rc = kvs__recv_all(fd, addr, r.length, deadline);
+            if (rc == KVS_OK)
+                rc = send_status(fd, KVS_MSG_DATA_WRITE, h.req_id, KVS_OK, 0, deadline);
+        }
+        pthread_rwlock_unlock(&s->seg_lock);
+        if (rc != KVS_OK)
+            return;
+    }
+}
+
+static void *conn_thread(void *arg)
+{
+    dconn_t *c = arg;
+    serve(c->srv, c->fd);
+    /* The fd stays open until the reaper or destroy joins us, so it is never reused while
+     * someone may still shut it down. */
+    atomic_store(&c->done, true);
+    return NULL;
+}
+
+/* Joins finished connection threads. conn_lock held. */
+static void reap_locked(kvs__data_server_t *s)
+{
+    dconn_t **pp = &s->conns;
+    while (*pp != NULL) {
+        dconn_t *c = *pp;
+        if (atomic_load(&c->done)) {
+            pthread_join(c->thread, NULL);
+            close(c->fd);
+            *pp = c->next;
+            kvs__free(c);
+            s->nconns--;
+        } else {
+            pp = &c->next;
+        }
+    }
+}
+
+static void *accept_thread(void *arg)
+{
+    kvs__data_server_t *s = arg;
+    while (!atomic_load(&s->stopping)) {
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (atomic_load(&s->stopping))
+                break;
+            usleep(10000); /* EMFILE and friends: back off rather than spin */
+            continue;
+        }
+        kvs__set_nonblock(fd, true);
+        /* Responses go out as a small header then the data: without this, Nagle and delayed
+         * acknowledgements stall every small read by tens of milliseconds. */
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        pthread_mutex_lock(&s->conn_lock);
+        reap_locked(s);
+        dconn_t *c = s->nconns < s->cfg.max_conns ? kvs__calloc(1, sizeof(*c)) : NULL;
+        if (c != NULL) {
+            c->fd = fd;
+            c->srv = s;
+            if (pthread_create(&c->thread, NULL, conn_thread, c) == 0) {
+                c->next = s->conns;
+                s->conns = c;
+                s->nconns++;
+                c = NULL;
+                fd = -1;
+            } else {
+                kvs__free(c);
+            }
+        }
+        pthread_mutex_unlock(&s->conn_lock);
+        if (fd >= 0) {
+            kvs_warn("data server: refusing a connection (%u open)", s->nconns);
+            close(fd);
+        }
+    }
+    return NULL;
+}
+
+int kvs__data_server_create(const kvs__data_server_config_t *cfg, kvs__data_server_t **srv_p)
+{
+    if (cfg == NULL || srv_p == NULL || cfg->max_conns == 0 || cfg->io_timeout_ms == 0)
+        return KVS_INVALID_PARAMS;
+    kvs__data_server_t *s = kvs__calloc(1, sizeof(*s));
+    if (s == NULL)
+        return KVS_NO_MEMORY;
+    s->cfg = *cfg;
+    pthread_rwlock_init(&s->seg_lock, NULL);
+    pthread_mutex_init(&s->conn_lock, NULL);
+    s->listen_fd = kvs__tcp_listen(cfg->bind_host ? cfg->bind_host : "127.0.0.1", cfg->port,
+                                   512);
+    if (s->listen_fd < 0) {
+        int rc = s->listen_fd;
+        s->listen_fd = -1;
+        kvs__data_server_destroy(s);
+        return rc;
+    }
+    s->port = kvs__sock_port(s->listen_fd);
+    if (pthread_create(&s->accept_thread, NULL, accept_thread, s) != 0) {
+        kvs__data_server_destroy(s);
+        return KVS_INTERNAL_ERROR;
+    }
+    s->accept_started = true;
+    *srv_p = s;
+    return KVS_OK;
+}
+
+uint16_t kvs__data_server_port(const kvs__data_server_t *s)
+{
+    return s->port;
+}
+
+uint64_t kvs__data_server_refused(const kvs__data_server_t *s)
+{
+    return atomic_load(&s->refused);
+}
+
+int kvs__data_server_add(kvs__data_server_t *s, uint64_t segment_id, void *base, uint64_t size)
+{
+    if (s == NULL || base == NULL || size == 0)
+        return KVS_INVALID_PARAMS;
+    pthread_rwlock_wrlock(&s->seg_lock);
+    int rc = KVS_OK;
+    for (uint32_t i = 0; i < s->nseg; i++) {
+        if (s->segs[i].id == segment_id)
+            rc = KVS_SEGMENT_ALREADY_EXISTS;
+    }
+    served_t *segs = rc == KVS_OK ? kvs__realloc(s->segs, (s->nseg + 1) * sizeof(*segs)) : NULL;
+    if (rc == KVS_OK && segs == NULL)
+        rc = KVS_NO_MEMORY;
+    if (rc == KVS_OK) {
+        s->segs = segs;
+        s->segs[s->nseg++] = (served_t){segment_id, base, size};
+    }
+    pthread_rwlock_unlock(&s->seg_lock);
+    return rc;
+}
+
+int kvs__data_server_remove(kvs__data_server_t *s, uint64_t segment_id)
+{
+    if (s == NULL)
+        return KVS_INVALID_PARAMS;
+    pthread_rwlock_wrlock(&s->seg_lock);
+    int rc = KVS_SEGMENT_NOT_FOUND;
+    for (uint32_t i = 0; i < s->nseg; i++) {
+        if (s->segs[i].id == segment_id) {
+            s->segs[i] = s->segs[--s->nseg];
+            rc = KVS_OK;
+            break;
+        }
+    }
+    pthread_rwlock_unlock(&s->seg_lock);
+    return rc;
+}
+
+void kvs__data_server_destroy(kvs__data_server_t *s)
+{
+    if (s == NULL)
+        return;
+    atomic_store(&s->stopping, true);
+    if (s->listen_fd >= 0)
+        shutdown(s->listen_fd, SHUT_RDWR);
+    if (s->accept_started)
+        pthread_join(s->accept_thread, NULL);
+    if (s->listen_fd >= 0)
+        close(s->listen_fd);
+    pthread_mutex_lock(&s->conn_lock);
+    for (dconn_t *c = s->conns; c != NULL; c = c->next)
+        shutdown(c->fd, SHUT_RDWR);
+    for (dconn_t *c = s->conns; c != NULL; c = c->next)
+        atomic_store(&c->done, true); /* joined below whether finished or not */
+    reap_locked(s);
+    pthread_mutex_unlock(&s->conn_lock);
+    pthread_rwlock_destroy(&s->seg_lock);
+    pthread_mutex_destroy(&s->conn_lock);
+    kvs__free(s->segs);
+    kvs__free(s);
+}

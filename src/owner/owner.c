@@ -1,0 +1,210 @@
+/* An owner: a segment, its data server, its mount at the master and the heartbeat that keeps
+ * it there. */
+#define _GNU_SOURCE
+#include "owner_int.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+struct kvs__owner {
+    kvs__owner_config_t cfg;
+    char name[KVS_MAX_NAME_LEN + 1];
+    char endpoint[KVS_MAX_NAME_LEN + 1];
+    kvs__segment_mem_t mem;
+    kvs__data_server_t *data;
+    kvs__rpc_t *rpc;
+    uint64_t segment_id;
+    pthread_t hb_thread;
+    bool hb_started;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool stopping;
+};
+
+/* One request/response with the master; the response payload is left in `rsp`. */
+static int owner_call(kvs__owner_t *o, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
+{
+    int rc = kvs__frame_end(req);
+    return rc == KVS_OK ? kvs__rpc_call(o->rpc, req, rsp) : rc;
+}
+
+static int owner_mount(kvs__owner_t *o)
+{
+    kvs__wbuf_t req, rsp;
+    kvs__wbuf_init(&req);
+    kvs__wbuf_init(&rsp);
+    kvs__frame_begin(&req, KVS_MSG_MOUNT, 0);
+    kvs__mount_req_t m = {kvs__rpc_hello(o->rpc)->client_id, kvs__str_c(o->name),
+                          kvs__str_c(kvs__rpc_node(o->rpc)), kvs__str_c(o->endpoint),
+                          o->mem.size};
+    kvs__mount_req_encode(&req, &m);
+    int rc = owner_call(o, &req, &rsp);
+    kvs__mount_rsp_t mr;
+    if (rc == KVS_OK)
+        rc = kvs__mount_rsp_decode(rsp.data, rsp.len, NULL, &mr);
+    if (rc == KVS_OK)
+        rc = mr.status;
+    if (rc == KVS_OK) {
+        /* A fresh mount starts empty at the master; serve it under its new id. */
+        if (o->segment_id != 0)
+            kvs__data_server_remove(o->data, o->segment_id);
+        rc = kvs__data_server_add(o->data, mr.segment_id, o->mem.base, o->mem.size);
+        if (rc == KVS_OK)
+            o->segment_id = mr.segment_id;
+    }
+    kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
+    if (rc == KVS_OK)
+        kvs_info("segment '%s' (%llu bytes) mounted as %llu, served at %s", o->name,
+                 (unsigned long long)o->mem.size, (unsigned long long)o->segment_id,
+                 o->endpoint);
+    else
+        kvs_error("cannot mount segment '%s': %s", o->name, kvs_status_str(rc));
+    return rc;
+}
+
+static int owner_heartbeat(kvs__owner_t *o)
+{
+    kvs__wbuf_t req, rsp;
+    kvs__wbuf_init(&req);
+    kvs__wbuf_init(&rsp);
+    kvs__frame_begin(&req, KVS_MSG_HEARTBEAT, 0);
+    kvs__ids_req_t hb = {kvs__rpc_hello(o->rpc)->client_id, 0};
+    kvs__ids_req_encode(&req, &hb);
+    int rc = owner_call(o, &req, &rsp);
+    kvs__arena_t a;
+    kvs__arena_init(&a);
+    kvs__status_list_rsp_t sr;
+    if (rc == KVS_OK)
+        rc = kvs__status_list_rsp_decode(rsp.data, rsp.len, &a, &sr);
+    if (rc == KVS_OK)
+        rc = sr.status;
+    kvs__arena_free(&a);
+    kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
+    return rc;
+}
+
+static void *heartbeat_thread(void *arg)
+{
+    kvs__owner_t *o = arg;
+    uint64_t period_ms = kvs__rpc_hello(o->rpc)->heartbeat_timeout_ms / 3;
+    if (period_ms == 0)
+        period_ms = 1;
+    pthread_mutex_lock(&o->lock);
+    while (!o->stopping) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + period_ms * KVS_NS_PER_MS;
+        ts.tv_sec += (time_t)(ns / KVS_NS_PER_S);
+        ts.tv_nsec = (long)(ns % KVS_NS_PER_S);
+        pthread_cond_timedwait(&o->cond, &o->lock, &ts);
+        if (o->stopping)
+            break;
+        pthread_mutex_unlock(&o->lock);
+        int rc = owner_heartbeat(o);
+        if (rc == KVS_SEGMENT_NOT_FOUND) {
+            kvs_warn("the master dropped segment %llu; mounting again",
+                     (unsigned long long)o->segment_id);
+            owner_mount(o);
+        } else if (rc != KVS_OK) {
+            kvs_warn("heartbeat failed: %s", kvs_status_str(rc));
+        }
+        pthread_mutex_lock(&o->lock);
+    }
+    pthread_mutex_unlock(&o->lock);
+    return NULL;
+}
+
+int kvs__owner_create(const kvs__owner_config_t *cfg, kvs__owner_t **owner_p)
+{
+    if (cfg == NULL || owner_p == NULL || cfg->master_host == NULL || cfg->master_port == 0 ||
+        cfg->segment_size < 4096 || cfg->rpc_timeout_ms == 0)
+        return KVS_INVALID_PARAMS;
+    kvs__owner_t *o = kvs__calloc(1, sizeof(*o));
+    if (o == NULL)
+        return KVS_NO_MEMORY;
+    o->cfg = *cfg;
+    pthread_mutex_init(&o->lock, NULL);
+    pthread_cond_init(&o->cond, NULL);
+    o->mem.fd = -1;
+    int rc = kvs__segment_mem_create("kvstash-segment", cfg->segment_size, &o->mem);
+    if (rc != KVS_OK)
+        goto err;
+    rc = kvs__data_server_create(&cfg->data, &o->data);
+    if (rc != KVS_OK)
+        goto err;
+    kvs__rpc_config_t rcfg = {.host = cfg->master_host, .port = cfg->master_port,
+                              .timeout_ms = cfg->rpc_timeout_ms};
+    rc = kvs__rpc_open(&rcfg, &o->rpc);
+    if (rc != KVS_OK)
+        goto err;
+    const char *adv = cfg->advertise_host ? cfg->advertise_host
+                      : cfg->data.bind_host ? cfg->data.bind_host
+                                            : "127.0.0.1";
+    snprintf(o->endpoint, sizeof(o->endpoint), "%s:%u", adv,
+             (unsigned)kvs__data_server_port(o->data));
+    if (cfg->segment_name != NULL)
+        snprintf(o->name, sizeof(o->name), "%s", cfg->segment_name);
+    else
+        snprintf(o->name, sizeof(o->name), "%s:%u", kvs__rpc_node(o->rpc),
+                 (unsigned)kvs__data_server_port(o->data));
+    rc = owner_mount(o);
+    if (rc != KVS_OK)
+        goto err;
+    if (pthread_create(&o->hb_thread, NULL, heartbeat_thread, o) != 0) {
+        rc = KVS_INTERNAL_ERROR;
+        goto err;
+    }
+    o->hb_started = true;
+    *owner_p = o;
+    return KVS_OK;
+err:
+    kvs__owner_destroy(o);
+    return rc;
+}
+
+uint64_t kvs__owner_segment_id(const kvs__owner_t *o)
+{
+    return o->segment_id;
+}
+
+uint16_t kvs__owner_data_port(const kvs__owner_t *o)
+{
+    return kvs__data_server_port(o->data);
+}
+
+void kvs__owner_destroy(kvs__owner_t *o)
+{
+    if (o == NULL)
+        return;
+    if (o->hb_started) {
+        pthread_mutex_lock(&o->lock);
+        o->stopping = true;
+        pthread_cond_signal(&o->cond);
+        pthread_mutex_unlock(&o->lock);
+        pthread_join(o->hb_thread, NULL);
+    }
+    if (o->rpc != NULL && o->segment_id != 0) {
+        kvs__wbuf_t req, rsp;
+        kvs__wbuf_init(&req);
+        kvs__wbuf_init(&rsp);
+        kvs__frame_begin(&req, KVS_MSG_UNMOUNT, 0);
+        kvs__ids_req_t u = {kvs__rpc_hello(o->rpc)->client_id, o->segment_id};
+        kvs__ids_req_encode(&req, &u);
+        if (owner_call(o, &req, &rsp) != KVS_OK)
+            kvs_warn("could not unmount segment %llu", (unsigned long long)o->segment_id);
+        kvs__wbuf_free(&req);
+        kvs__wbuf_free(&rsp);
+    }
+    /* The data server goes before the memory it serves. */
+    kvs__data_server_destroy(o->data);
+    kvs__rpc_close(o->rpc);
+    kvs__segment_mem_destroy(&o->mem);
+    pthread_mutex_destroy(&o->lock);
+    pthread_cond_destroy(&o->cond);
+    kvs__free(o);
+}

@@ -1,0 +1,71 @@
+/* Owner side: memfd-backed segments, the data server that serves reads and writes into them
+ * over tcp, and the owner that mounts its segment with the master and keeps it alive. */
+#ifndef KVS_OWNER_INT_H
+#define KVS_OWNER_INT_H
+
+#include "../proto/net_int.h"
+
+/* ---- segment memory ------------------------------------------------------------------- */
+
+typedef struct {
+    int fd;       /* memfd; shared with same-host readers later (shm transport) */
+    void *base;   /* MAP_SHARED mapping of the whole segment */
+    uint64_t size;
+} kvs__segment_mem_t;
+
+/* Creates a memfd of `size` bytes and maps it read-write. Returns NO_MEMORY, IO_ERROR or
+ * INVALID_PARAMS (size 0) on failure. */
+int kvs__segment_mem_create(const char *name, uint64_t size, kvs__segment_mem_t *mem_p);
+void kvs__segment_mem_destroy(kvs__segment_mem_t *mem);
+
+/* ---- data server ---------------------------------------------------------------------- */
+
+typedef struct {
+    const char *bind_host; /* default 127.0.0.1 */
+    uint16_t port;         /* 0: any free port */
+    uint32_t max_conns;    /* default 1024 */
+    uint64_t io_timeout_ms; /* a frame once begun must complete within this (default 5000) */
+    uint64_t inject_delay_us; /* tests: stall this long before answering each data request */
+} kvs__data_server_config_t;
+
+void kvs__data_server_config_init(kvs__data_server_config_t *cfg);
+
+typedef struct kvs__data_server kvs__data_server_t;
+
+/* Listens and starts the accept thread; one thread serves each connection. */
+int kvs__data_server_create(const kvs__data_server_config_t *cfg, kvs__data_server_t **srv_p);
+uint16_t kvs__data_server_port(const kvs__data_server_t *srv);
+/* Serves [base, base + size) as segment `segment_id`. Every request is checked against it. */
+int kvs__data_server_add(kvs__data_server_t *srv, uint64_t segment_id, void *base,
+                         uint64_t size);
+/* Stops serving a segment; waits for requests that are using it. */
+int kvs__data_server_remove(kvs__data_server_t *srv, uint64_t segment_id);
+/* Requests served and refused so far. */
+uint64_t kvs__data_server_refused(const kvs__data_server_t *srv);
+/* Closes every connection, joins every thread, frees. NULL is a no-op. */
+void kvs__data_server_destroy(kvs__data_server_t *srv);
+
+/* ---- owner ---------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *master_host;
+    uint16_t master_port;
+    const char *segment_name; /* default "<hostname>:<data port>" */
+    uint64_t segment_size;
+    const char *advertise_host; /* host readers use to reach the data port (default bind) */
+    uint64_t rpc_timeout_ms;
+    kvs__data_server_config_t data;
+} kvs__owner_config_t;
+
+typedef struct kvs__owner kvs__owner_t;
+
+/* Creates the segment, starts the data server, mounts with the master and starts the
+ * heartbeat thread (every third of the master's heartbeat time-out; remounts when the master
+ * has dropped the segment, which then starts empty). */
+int kvs__owner_create(const kvs__owner_config_t *cfg, kvs__owner_t **owner_p);
+uint64_t kvs__owner_segment_id(const kvs__owner_t *o);
+uint16_t kvs__owner_data_port(const kvs__owner_t *o);
+/* Unmounts, stops the threads, unmaps. NULL is a no-op. */
+void kvs__owner_destroy(kvs__owner_t *o);
+
+#endif

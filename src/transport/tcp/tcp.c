@@ -1,0 +1,655 @@
+/* tcp transport. Each endpoint (owner) has a fixed set of connections, each served by one
+ * worker thread with a queue of chunks. A worker sends up to `window` requests, then reads
+ * the responses in order straight into (or writes them from) the caller's fragments.
+ *
+ * Cancellation: a wait that reaches its deadline marks the batch cancelled, removes its queued
+ * chunks and shuts down the sockets that carry its in-flight chunks, then waits for the
+ * workers to let go of them. A shut-down socket can deliver nothing more, so once the wait
+ * returns no byte of that batch can land in the caller's memory. Chunks of other batches that
+ * shared such a socket are retried once on a fresh connection. */
+#define _GNU_SOURCE
+#include "tcp_int.h"
+#include "../../proto/net_int.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_WINDOW 64u
+#define IOV_BATCH 64
+
+typedef struct tcp_conn tcp_conn_t;
+
+typedef struct chunk {
+    struct chunk *next;
+    kvs_batch_t *b;
+    tcp_conn_t *conn;
+    uint32_t req;
+    uint32_t retries;
+    uint64_t off; /* within the request */
+    uint64_t len;
+} chunk_t;
+
+struct tcp_conn {
+    kvs_endpoint_t *ep;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int fd; /* -1 while disconnected; closed only under lock */
+    chunk_t *head, *tail;
+    chunk_t *inflight[MAX_WINDOW];
+    uint32_t ninflight;
+    uint32_t next_req_id;
+    bool stop;
+    bool started;
+};
+
+struct kvs_endpoint {
+    struct kvs_endpoint *next;
+    struct tcp_transport *t;
+    char *name;
+    char *host;
+    uint16_t port;
+    tcp_conn_t *conns;
+    uint32_t nconns;
+    atomic_uint rr;
+};
+
+struct kvs_batch {
+    kvs_xfer_req_t *reqs;
+    uint32_t n;
+    chunk_t *chunks;
+    uint64_t nchunks;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    uint64_t outstanding;
+    bool cancelled;
+};
+
+typedef struct tcp_transport {
+    kvs_transport_t base;
+    kvs__tcp_config_t cfg;
+    pthread_mutex_t lock;
+    kvs_endpoint_t *eps;
+} tcp_transport_t;
+
+int kvs__tcp_config_init(kvs__tcp_config_t *cfg)
+{
+    if (cfg == NULL)
+        return KVS_INVALID_PARAMS;
+    *cfg = (kvs__tcp_config_t){.conns_per_peer = 4, .chunk_bytes = 2u << 20, .window = 8,
+                               .io_timeout_ms = 5000};
+    uint64_t conns = cfg->conns_per_peer, window = cfg->window;
+    int rc = KVS_OK;
+    if (kvs__env_u64("KVS_TCP_CONNECTIONS", 64, &conns) != KVS_OK ||
+        kvs__env_size("KVS_TCP_CHUNK_BYTES", &cfg->chunk_bytes) != KVS_OK ||
+        kvs__env_u64("KVS_TCP_WINDOW", MAX_WINDOW, &window) != KVS_OK ||
+        kvs__env_u64("KVS_TCP_IO_TIMEOUT_MS", 3600000, &cfg->io_timeout_ms) != KVS_OK)
+        rc = KVS_INVALID_PARAMS;
+    cfg->conns_per_peer = (uint32_t)conns;
+    cfg->window = (uint32_t)window;
+    return rc;
+}
+
+static int config_check(const kvs__tcp_config_t *cfg)
+{
+    if (cfg == NULL || cfg->conns_per_peer == 0 || cfg->conns_per_peer > 64 ||
+        cfg->chunk_bytes < 4096 || cfg->chunk_bytes > KVS_DATA_MAX_CHUNK || cfg->window == 0 ||
+        cfg->window > MAX_WINDOW || cfg->io_timeout_ms == 0)
+        return KVS_INVALID_PARAMS;
+    return KVS_OK;
+}
+
+/* ---- socket I/O over a slice of a request's fragments ------------------------------------ */
+
+/* Moves `len` bytes between the socket and the fragments starting `off` bytes into them. */
+static int xfer_iov(int fd, bool to_memory, const struct iovec *iov, uint32_t cnt, uint64_t off,
+                    uint64_t len)
+{
+    uint32_t i = 0;
+    while (i < cnt && off >= iov[i].iov_len) {
+        off -= iov[i].iov_len;
+        i++;
+    }
+    while (len > 0) {
+        struct iovec v[IOV_BATCH];
+        int k = 0;
+        uint64_t o = off, rem = len;
+        for (uint32_t j = i; k < IOV_BATCH && j < cnt && rem > 0; j++, k++) {
+            size_t l = (size_t)KVS_MIN((uint64_t)iov[j].iov_len - o, rem);
+            v[k].iov_base = (char *)iov[j].iov_base + o;
+            v[k].iov_len = l;
+            rem -= l;
+            o = 0;
+        }
+        if (k == 0)
+            return KVS_INVALID_PARAMS; /* fragments shorter than the request */
+        struct msghdr mh = {.msg_iov = v, .msg_iovlen = (size_t)k};
+        ssize_t n = to_memory ? recvmsg(fd, &mh, 0) : sendmsg(fd, &mh, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno == EAGAIN || errno == EWOULDBLOCK ? KVS_TIMED_OUT : KVS_IO_ERROR;
+        }
+        if (n == 0)
+            return KVS_IO_ERROR;
+        len -= (uint64_t)n;
+        uint64_t adv = (uint64_t)n;
+        while (adv > 0) {
+            uint64_t left = iov[i].iov_len - off;
+            if (adv >= left) {
+                adv -= left;
+                off = 0;
+                i++;
+            } else {
+                off += adv;
+                adv = 0;
+            }
+        }
+    }
+    return KVS_OK;
+}
+
+static int io_all(int fd, bool to_memory, void *buf, size_t len)
+{
+    struct iovec v = {buf, len};
+    return xfer_iov(fd, to_memory, &v, 1, 0, len);
+}
+
+/* ---- connections -------------------------------------------------------------------------- */
+
+static int conn_open(tcp_conn_t *c)
+{
+    tcp_transport_t *t = c->ep->t;
+    uint64_t deadline = kvs__now_ns() + t->cfg.io_timeout_ms * KVS_NS_PER_MS;
+    int fd = kvs__tcp_connect(c->ep->host, c->ep->port, deadline);
+    if (fd < 0)
+        return fd;
+    kvs__set_nonblock(fd, false);
+    struct timeval tv = {.tv_sec = (time_t)(t->cfg.io_timeout_ms / 1000),
+                         .tv_usec = (suseconds_t)(t->cfg.io_timeout_ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    kvs__wbuf_t w;
+    kvs__wbuf_init(&w);
+    kvs__frame_begin(&w, KVS_MSG_HELLO, 0);
+    kvs__hello_req_t h = {KVS_PROTO_VERSION, kvs__str_c("tcp"), 0};
+    kvs__hello_req_encode(&w, &h);
+    int rc = kvs__frame_end(&w);
+    if (rc == KVS_OK)
+        rc = io_all(fd, false, w.data, w.len);
+    uint8_t hb[KVS_FRAME_HDR_LEN], pb[64];
+    kvs__frame_hdr_t rh;
+    if (rc == KVS_OK)
+        rc = io_all(fd, true, hb, sizeof(hb));
+    if (rc == KVS_OK)
+        rc = kvs__frame_hdr_decode(hb, sizeof(hb), sizeof(pb), &rh);
+    if (rc == KVS_OK)
+        rc = io_all(fd, true, pb, rh.len);
+    kvs__hello_rsp_t hr;
+    if (rc == KVS_OK && (rh.type != (KVS_MSG_HELLO | KVS_RSP_FLAG) ||
+                         kvs__hello_rsp_decode(pb, rh.len, NULL, &hr) != KVS_OK ||
+                         hr.status != KVS_OK))
+        rc = KVS_PROTOCOL_ERROR;
+    kvs__wbuf_free(&w);
+    if (rc != KVS_OK) {
+        kvs_warn("tcp: handshake with %s failed: %s", c->ep->name, kvs_status_str(rc));
+        close(fd);
+        return rc;
+    }
+    pthread_mutex_lock(&c->lock);
+    c->fd = fd;
+    pthread_mutex_unlock(&c->lock);
+    return KVS_OK;
+}
+
+static void conn_close(tcp_conn_t *c)
+{
+    pthread_mutex_lock(&c->lock);
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    pthread_mutex_unlock(&c->lock);
+}
+
+static void chunk_complete(chunk_t *ch, int status)
+{
+    kvs_batch_t *b = ch->b;
+    pthread_mutex_lock(&b->lock);
+    if (status != KVS_OK && b->reqs[ch->req].status == KVS_OK)
+        b->reqs[ch->req].status = status;
+    if (--b->outstanding == 0)
+        pthread_cond_broadcast(&b->cond);
+    pthread_mutex_unlock(&b->lock);
+}
+
+/* Puts chunks back at the front of the queue, in order. */
+static void requeue_front(tcp_conn_t *c, chunk_t **chs, uint32_t n)
+{
+    pthread_mutex_lock(&c->lock);
+    for (uint32_t i = n; i-- > 0;) {
+        chs[i]->next = c->head;
+        c->head = chs[i];
+        if (c->tail == NULL)
+            c->tail = chs[i];
+    }
+    pthread_cond_signal(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+}
+
+static bool batch_cancelled(kvs_batch_t *b)
+{
+    pthread_mutex_lock(&b->lock);
+    bool c = b->cancelled;
+    pthread_mutex_unlock(&b->lock);
+    return c;
+}
+
+/* After an I/O error: fail or retry chunks [from, n) of the window. */
+static void window_fail(tcp_conn_t *c, chunk_t **win, uint32_t from, uint32_t n, int err)
+{
+    chunk_t *retry[MAX_WINDOW];
+    uint32_t nretry = 0;
+    for (uint32_t i = from; i < n; i++) {
+        chunk_t *ch = win[i];
+        if (batch_cancelled(ch->b))
+            chunk_complete(ch, KVS_TIMED_OUT);
+        else if (ch->retries++ < 1 && err != KVS_INVALID_PARAMS)
+            retry[nretry++] = ch;
+        else
+            chunk_complete(ch, err == KVS_TIMED_OUT ? KVS_TIMED_OUT : KVS_TRANSFER_FAIL);
+    }
+    if (nretry)
+        requeue_front(c, retry, nretry);
+}
+
+static int send_request(tcp_conn_t *c, chunk_t *ch, uint32_t req_id)
+{
+    const kvs_xfer_req_t *r = &ch->b->reqs[ch->req];
+    bool write = r->op == KVS_XFER_WRITE;
+    uint8_t buf[KVS_FRAME_HDR_LEN + KVS_DATA_REQ_LEN];
+    kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION,
+                          write ? KVS_MSG_DATA_WRITE : KVS_MSG_DATA_READ, req_id,
+                          (uint32_t)(KVS_DATA_REQ_LEN + (write ? ch->len : 0))};
+    kvs__frame_hdr_encode(&h, buf);
+    kvs__wbuf_t w = {.data = buf + KVS_FRAME_HDR_LEN, .cap = KVS_DATA_REQ_LEN};
+    kvs__data_req_t d = {r->segment_id, r->offset + ch->off, ch->len};
+    kvs__data_req_encode(&w, &d);
+    int rc = io_all(c->fd, false, buf, sizeof(buf));
+    if (rc == KVS_OK && write)
+        rc = xfer_iov(c->fd, false, r->iov, r->iovcnt, ch->off, ch->len);
+    return rc;
+}
+
+/* Reads one response. Returns the chunk's status in *status_p, or an I/O error. */
+static int recv_response(tcp_conn_t *c, chunk_t *ch, uint32_t req_id, int *status_p)
+{
+    const kvs_xfer_req_t *r = &ch->b->reqs[ch->req];
+    bool write = r->op == KVS_XFER_WRITE;
+    uint8_t buf[KVS_FRAME_HDR_LEN + 4];
+    int rc = io_all(c->fd, true, buf, sizeof(buf));
+    if (rc != KVS_OK)
+        return rc;
+    kvs__frame_hdr_t h;
+    rc = kvs__frame_hdr_decode(buf, sizeof(buf), KVS_DATA_MAX_CHUNK + 4, &h);
+    if (rc != KVS_OK)
+        return KVS_PROTOCOL_ERROR;
+    kvs__rbuf_t rb;
+    kvs__rbuf_init(&rb, buf + KVS_FRAME_HDR_LEN, 4);
+    int32_t status = kvs__rbuf_i32(&rb);
+    if (h.type == (KVS_MSG_ERROR | KVS_RSP_FLAG)) {
+        kvs_warn("tcp: %s refused a request: %s", c->ep->name, kvs_status_name(status));
+        return KVS_PROTOCOL_ERROR; /* it hangs up after an ERROR frame */
+    }
+    uint16_t want = (uint16_t)((write ? KVS_MSG_DATA_WRITE : KVS_MSG_DATA_READ) | KVS_RSP_FLAG);
+    if (h.type != want || h.req_id != req_id || h.len < 4)
+        return KVS_PROTOCOL_ERROR;
+    if (status == KVS_OK && !write) {
+        if (h.len != 4 + ch->len)
+            return KVS_PROTOCOL_ERROR;
+        rc = xfer_iov(c->fd, true, r->iov, r->iovcnt, ch->off, ch->len);
+        if (rc != KVS_OK)
+            return rc;
+    } else if (h.len != 4) {
+        return KVS_PROTOCOL_ERROR;
+    }
+    *status_p = status;
+    return KVS_OK;
+}
+
+static void process_window(tcp_conn_t *c, chunk_t **win, uint32_t n)
+{
+    if (c->fd < 0) {
+        int rc = conn_open(c);
+        if (rc != KVS_OK) {
+            for (uint32_t i = 0; i < n; i++)
+                chunk_complete(win[i], batch_cancelled(win[i]->b) ? KVS_TIMED_OUT
+                                                                  : KVS_TRANSFER_FAIL);
+            return;
+        }
+    }
+    uint32_t base_id = c->next_req_id;
+    c->next_req_id += n;
+    uint32_t sent = 0;
+    int rc = KVS_OK;
+    for (; sent < n && rc == KVS_OK; sent++)
+        rc = send_request(c, win[sent], base_id + sent);
+    uint32_t done = 0;
+    /* Responses to what was sent arrive in order, even after a send failed half way. */
+    uint32_t readable = rc == KVS_OK ? sent : sent - 1;
+    for (; done < readable; done++) {
+        int status;
+        int io = recv_response(c, win[done], base_id + done, &status);
+        if (io != KVS_OK) {
+            rc = io;
+            break;
+        }
+        chunk_complete(win[done], status);
+    }
+    if (done < n) {
+        conn_close(c);
+        window_fail(c, win, done, n, rc == KVS_OK ? KVS_IO_ERROR : rc);
+    }
+}
+
+static void *conn_thread(void *arg)
+{
+    tcp_conn_t *c = arg;
+    uint32_t window = c->ep->t->cfg.window;
+    for (;;) {
+        chunk_t *win[MAX_WINDOW];
+        uint32_t n = 0;
+        pthread_mutex_lock(&c->lock);
+        while (!c->stop && c->head == NULL)
+            pthread_cond_wait(&c->cond, &c->lock);
+        if (c->stop && c->head == NULL) {
+            pthread_mutex_unlock(&c->lock);
+            break;
+        }
+        while (c->head != NULL && n < window) {
+            chunk_t *ch = c->head;
+            c->head = ch->next;
+            if (c->head == NULL)
+                c->tail = NULL;
+            win[n] = ch;
+            c->inflight[n++] = ch;
+        }
+        c->ninflight = n;
+        pthread_mutex_unlock(&c->lock);
+        process_window(c, win, n);
+        pthread_mutex_lock(&c->lock);
+        c->ninflight = 0;
+        pthread_cond_broadcast(&c->cond);
+        pthread_mutex_unlock(&c->lock);
+    }
+    return NULL;
+}
+
+/* ---- endpoints ---------------------------------------------------------------------------- */
+
+static void ep_destroy(kvs_endpoint_t *ep)
+{
+    for (uint32_t i = 0; i < ep->nconns; i++) {
+        tcp_conn_t *c = &ep->conns[i];
+        if (!c->started)
+            continue;
+        pthread_mutex_lock(&c->lock);
+        c->stop = true;
+        if (c->fd >= 0)
+            shutdown(c->fd, SHUT_RDWR);
+        pthread_cond_signal(&c->cond);
+        pthread_mutex_unlock(&c->lock);
+        pthread_join(c->thread, NULL);
+        if (c->fd >= 0)
+            close(c->fd);
+        pthread_mutex_destroy(&c->lock);
+        pthread_cond_destroy(&c->cond);
+    }
+    kvs__free(ep->conns);
+    kvs__free(ep->name);
+    kvs__free(ep->host);
+    kvs__free(ep);
+}
+
+static int tcp_ep_open(kvs_transport_t *base, const char *endpoint, kvs_endpoint_t **ep_p)
+{
+    tcp_transport_t *t = (tcp_transport_t *)base;
+    if (t == NULL || endpoint == NULL || ep_p == NULL)
+        return KVS_INVALID_PARAMS;
+    pthread_mutex_lock(&t->lock);
+    for (kvs_endpoint_t *e = t->eps; e != NULL; e = e->next) {
+        if (strcmp(e->name, endpoint) == 0) {
+            *ep_p = e;
+            pthread_mutex_unlock(&t->lock);
+            return KVS_OK;
+        }
+    }
+    int rc = KVS_NO_MEMORY;
+    kvs_endpoint_t *ep = kvs__calloc(1, sizeof(*ep));
+    if (ep == NULL)
+        goto out;
+    ep->t = t;
+    ep->name = kvs__strdup(endpoint);
+    ep->conns = kvs__calloc(t->cfg.conns_per_peer, sizeof(*ep->conns));
+    if (ep->name == NULL || ep->conns == NULL)
+        goto err;
+    rc = kvs__parse_host_port(endpoint, "127.0.0.1", &ep->host, &ep->port);
+    if (rc != KVS_OK || ep->port == 0) {
+        rc = KVS_INVALID_PARAMS;
+        goto err;
+    }
+    ep->nconns = t->cfg.conns_per_peer;
+    for (uint32_t i = 0; i < ep->nconns; i++) {
+        tcp_conn_t *c = &ep->conns[i];
+        c->ep = ep;
+        c->fd = -1;
+        pthread_mutex_init(&c->lock, NULL);
+        pthread_cond_init(&c->cond, NULL);
+        if (pthread_create(&c->thread, NULL, conn_thread, c) != 0) {
+            pthread_mutex_destroy(&c->lock);
+            pthread_cond_destroy(&c->cond);
+            rc = KVS_INTERNAL_ERROR;
+            goto err;
+        }
+        c->started = true;
+    }
+    ep->next = t->eps;
+    t->eps = ep;
+    *ep_p = ep;
+    rc = KVS_OK;
+    goto out;
+err:
+    ep_destroy(ep);
+out:
+    pthread_mutex_unlock(&t->lock);
+    return rc;
+}
+
+/* ---- batches ------------------------------------------------------------------------------ */
+
+static int tcp_mem_reg(kvs_transport_t *t, void *addr, size_t len)
+{
+    return t && addr && len ? KVS_OK : KVS_INVALID_PARAMS;
+}
+
+static void batch_free(kvs_batch_t *b)
+{
+    pthread_mutex_destroy(&b->lock);
+    pthread_cond_destroy(&b->cond);
+    kvs__free(b->chunks);
+    kvs__free(b);
+}
+
+static int tcp_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n,
+                      kvs_batch_t **batch_p)
+{
+    tcp_transport_t *t = (tcp_transport_t *)base;
+    if (t == NULL || (reqs == NULL && n > 0) || batch_p == NULL)
+        return KVS_INVALID_PARAMS;
+    uint64_t nchunks = 0, cb = t->cfg.chunk_bytes;
+    for (uint32_t i = 0; i < n; i++) {
+        kvs_xfer_req_t *r = &reqs[i];
+        bool ok = r->ep != NULL && r->ep->t == t && r->length > 0 &&
+                  (r->op == KVS_XFER_READ || r->op == KVS_XFER_WRITE) &&
+                  (r->iov != NULL || r->iovcnt == 0) &&
+                  kvs__iov_total(r->iov, r->iovcnt) == r->length &&
+                  r->offset <= UINT64_MAX - r->length;
+        r->status = ok ? KVS_OK : KVS_INVALID_PARAMS;
+        if (ok)
+            nchunks += (r->length + cb - 1) / cb;
+    }
+    kvs_batch_t *b = kvs__calloc(1, sizeof(*b));
+    chunk_t *chunks = nchunks ? kvs__calloc(nchunks, sizeof(*chunks)) : NULL;
+    if (b == NULL || (nchunks && chunks == NULL)) {
+        kvs__free(b);
+        kvs__free(chunks);
+        return KVS_NO_MEMORY;
+    }
+    b->reqs = reqs;
+    b->n = n;
+    b->chunks = chunks;
+    b->nchunks = nchunks;
+    b->outstanding = nchunks;
+    pthread_mutex_init(&b->lock, NULL);
+    pthread_cond_init(&b->cond, NULL);
+    uint64_t k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        kvs_xfer_req_t *r = &reqs[i];
+        if (r->status != KVS_OK)
+            continue;
+        for (uint64_t off = 0; off < r->length; off += cb) {
+            chunk_t *ch = &chunks[k++];
+            ch->b = b;
+            ch->req = i;
+            ch->off = off;
+            ch->len = KVS_MIN(cb, r->length - off);
+            kvs_endpoint_t *ep = r->ep;
+            ch->conn = &ep->conns[atomic_fetch_add(&ep->rr, 1) % ep->nconns];
+        }
+    }
+    /* Enqueue per connection in one go each, after every chunk is built. */
+    for (k = 0; k < nchunks; k++) {
+        tcp_conn_t *c = chunks[k].conn;
+        pthread_mutex_lock(&c->lock);
+        chunks[k].next = NULL;
+        if (c->tail)
+            c->tail->next = &chunks[k];
+        else
+            c->head = &chunks[k];
+        c->tail = &chunks[k];
+        pthread_cond_signal(&c->cond);
+        pthread_mutex_unlock(&c->lock);
+    }
+    *batch_p = b;
+    return KVS_OK;
+}
+
+/* Cancels what is left of a batch on one connection. */
+static void conn_cancel(tcp_conn_t *c, kvs_batch_t *b)
+{
+    pthread_mutex_lock(&c->lock);
+    chunk_t **pp = &c->head, *last = NULL;
+    while (*pp != NULL) {
+        chunk_t *ch = *pp;
+        if (ch->b == b) {
+            *pp = ch->next;
+            chunk_complete(ch, KVS_TIMED_OUT);
+        } else {
+            last = ch;
+            pp = &ch->next;
+        }
+    }
+    c->tail = last;
+    for (uint32_t i = 0; i < c->ninflight; i++) {
+        if (c->inflight[i]->b == b && c->fd >= 0) {
+            shutdown(c->fd, SHUT_RDWR);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+static int tcp_wait(kvs_transport_t *base, kvs_batch_t *b, uint64_t deadline_ns)
+{
+    if (base == NULL || b == NULL)
+        return KVS_INVALID_PARAMS;
+    pthread_mutex_lock(&b->lock);
+    while (b->outstanding > 0) {
+        uint64_t now = kvs__now_ns();
+        if (now >= deadline_ns)
+            break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + KVS_MIN(deadline_ns - now, 1000 * KVS_NS_PER_MS);
+        ts.tv_sec += (time_t)(ns / KVS_NS_PER_S);
+        ts.tv_nsec = (long)(ns % KVS_NS_PER_S);
+        pthread_cond_timedwait(&b->cond, &b->lock, &ts);
+    }
+    if (b->outstanding > 0) {
+        b->cancelled = true;
+        pthread_mutex_unlock(&b->lock);
+        for (uint64_t k = 0; k < b->nchunks; k++) {
+            tcp_conn_t *c = b->chunks[k].conn;
+            bool seen = false; /* cancel each connection once */
+            for (uint64_t j = 0; j < k && !seen; j++)
+                seen = b->chunks[j].conn == c;
+            if (!seen)
+                conn_cancel(c, b);
+        }
+        pthread_mutex_lock(&b->lock);
+        /* The workers let go quickly: their sockets are shut down. */
+        while (b->outstanding > 0)
+            pthread_cond_wait(&b->cond, &b->lock);
+    }
+    pthread_mutex_unlock(&b->lock);
+    int rc = KVS_OK;
+    for (uint32_t i = 0; i < b->n && rc == KVS_OK; i++)
+        rc = b->reqs[i].status;
+    batch_free(b);
+    return rc;
+}
+
+static void tcp_destroy(kvs_transport_t *base)
+{
+    tcp_transport_t *t = (tcp_transport_t *)base;
+    if (t == NULL)
+        return;
+    while (t->eps != NULL) {
+        kvs_endpoint_t *e = t->eps;
+        t->eps = e->next;
+        ep_destroy(e);
+    }
+    pthread_mutex_destroy(&t->lock);
+    kvs__free(t);
+}
+
+static const kvs_transport_ops_t tcp_ops = {
+    .name = "tcp",
+    .caps = KVS_TRANSPORT_CAP_ZERO_COPY,
+    .ep_open = tcp_ep_open,
+    .mem_reg = tcp_mem_reg,
+    .mem_dereg = tcp_mem_reg,
+    .submit = tcp_submit,
+    .wait = tcp_wait,
+    .destroy = tcp_destroy,
+};
+
+int kvs__tcp_transport_create(const kvs__tcp_config_t *cfg, kvs_transport_t **t_p)
+{
+    if (t_p == NULL || config_check(cfg) != KVS_OK)
+        return KVS_INVALID_PARAMS;
+    tcp_transport_t *t = kvs__calloc(1, sizeof(*t));
+    if (t == NULL)
+        return KVS_NO_MEMORY;
+    t->base.ops = &tcp_ops;
+    t->cfg = *cfg;
+    pthread_mutex_init(&t->lock, NULL);
+    *t_p = &t->base;
+    return KVS_OK;
+}
