@@ -209,6 +209,7 @@ static void *conn_thread(void *arg)
 {
     dconn_t *c = arg;
     serve(c->srv, c->fd);
+    shutdown(c->fd, SHUT_RDWR); /* the peer sees the end now */
     /* The fd stays open until the reaper or destroy joins us, so it is never reused while
      * someone may still shut it down. */
     atomic_store(&c->done, true);

@@ -4,5 +4,7 @@
 
 /* `kvstash bench allocator [options]`: replays the allocator workload. Returns an exit code. */
 int kvs__bench_allocator_main(int argc, char **argv);
+/* `kvstash bench transport [options]`: loopback transport throughput against plain sockets. */
+int kvs__bench_transport_main(int argc, char **argv);
 
 #endif

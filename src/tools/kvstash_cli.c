@@ -17,6 +17,7 @@ static void usage(FILE *f)
                "  ls [PREFIX] [--limit N]   list keys (complete and pending) with sizes\n"
                "  stat                      master counters and mounted segments\n"
                "  bench allocator [...]     allocator replay benchmark (--help for options)\n"
+               "  bench transport [...]     loopback tcp transport vs plain sockets\n"
                "\n"
                "The master defaults to $KVS_MASTER, else 127.0.0.1:50051.\n");
 }
@@ -142,7 +143,9 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "bench") == 0) {
         if (i < argc && strcmp(argv[i], "allocator") == 0)
             return kvs__bench_allocator_main(argc - i, argv + i);
-        fprintf(stderr, "kvstash bench: unknown benchmark '%s' (known: allocator)\n",
+        if (i < argc && strcmp(argv[i], "transport") == 0)
+            return kvs__bench_transport_main(argc - i, argv + i);
+        fprintf(stderr, "kvstash bench: unknown benchmark '%s' (known: allocator, transport)\n",
                 i < argc ? argv[i] : "");
         return 2;
     }

@@ -1,7 +1,10 @@
-/* kvstash-server: the standalone store process. Today it runs the metadata master
- * (--master-only); owner segments join it with the owner module. */
+/* kvstash-server: the standalone store process. By default an owner with its segment and an
+ * embedded master; --master-only and --owner-only split the two. */
 #define _GNU_SOURCE
 #include "master/master_server_int.h"
+#include "owner/owner_int.h"
+
+#include <pthread.h>
 
 #include <kvstash/kvstash.h>
 
@@ -11,25 +14,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-static kvs__master_server_t *g_server;
-
-static void on_signal(int sig)
-{
-    KVS_UNUSED(sig);
-    kvs__master_server_stop(g_server);
-}
-
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: kvstash-server --master-only [options]\n"
+            "usage: kvstash-server [--master-only | --owner-only] [options]\n"
             "\n"
-            "Runs the kvstash metadata master.\n"
+            "Runs a kvstash store: by default an owner serving one memory segment together\n"
+            "with an embedded metadata master.\n"
             "\n"
-            "  --master-only              run only the metadata master (required for now)\n"
+            "  --master-only              run only the metadata master\n"
+            "  --owner-only               run only an owner; it joins the master of --master\n"
+            "  --master HOST:PORT         master an owner joins (default 127.0.0.1:50051)\n"
+            "  --segment-size SIZE        owner segment size, e.g. 4GiB (default 1GiB)\n"
+            "  --segment-name NAME        owner segment name (default HOST:DATAPORT)\n"
+            "  --data-port N              owner data port (default 0: any free port)\n"
             "  --bind HOST                address to listen on (default 127.0.0.1)\n"
             "  --port N                   master RPC port (default 50051; 0 picks a free one)\n"
-            "  --port-file PATH           write the bound port to PATH once listening\n"
+            "  --port-file PATH           write the master port (owner-only: the data port)\n"
             "  --lease-ms N               read lease per lookup (default 10000)\n"
             "  --heartbeat-timeout-ms N   drop an owner silent this long (default 10000)\n"
             "  --put-discard-ms N         revoke puts not ended this long (default 30000)\n"
@@ -69,9 +70,15 @@ static int parse_ratio(const char *opt, const char *v, double *out)
 int main(int argc, char **argv)
 {
     enum { O_MASTER_ONLY = 256, O_BIND, O_PORT, O_PORT_FILE, O_LEASE, O_HB, O_DISCARD, O_HWM,
-           O_EVICT, O_LOG, O_VERSION };
+           O_EVICT, O_LOG, O_VERSION, O_OWNER_ONLY, O_MASTER, O_SEG_SIZE, O_SEG_NAME,
+           O_DATA_PORT };
     static const struct option opts[] = {
         {"master-only", no_argument, NULL, O_MASTER_ONLY},
+        {"owner-only", no_argument, NULL, O_OWNER_ONLY},
+        {"master", required_argument, NULL, O_MASTER},
+        {"segment-size", required_argument, NULL, O_SEG_SIZE},
+        {"segment-name", required_argument, NULL, O_SEG_NAME},
+        {"data-port", required_argument, NULL, O_DATA_PORT},
         {"bind", required_argument, NULL, O_BIND},
         {"port", required_argument, NULL, O_PORT},
         {"port-file", required_argument, NULL, O_PORT_FILE},
@@ -90,14 +97,38 @@ int main(int argc, char **argv)
     kvs__master_server_config_t cfg;
     if (kvs__master_server_config_init(&cfg) != KVS_OK)
         return 2;
-    bool master_only = false;
-    const char *port_file = NULL;
+    bool master_only = false, owner_only = false;
+    const char *port_file = NULL, *master_addr = NULL, *seg_name = NULL;
+    uint64_t seg_size = 1ull << 30, data_port = 0;
     uint64_t v;
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case O_MASTER_ONLY:
             master_only = true;
+            break;
+        case O_OWNER_ONLY:
+            owner_only = true;
+            break;
+        case O_MASTER:
+            master_addr = optarg;
+            break;
+        case O_SEG_SIZE:
+            if (kvs__parse_size(optarg, &seg_size) != KVS_OK || seg_size < 4096) {
+                fprintf(stderr, "kvstash-server: --segment-size wants a size of at least 4KiB "
+                                "(e.g. 4GiB), got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case O_SEG_NAME:
+            seg_name = optarg;
+            break;
+        case O_DATA_PORT:
+            if (kvs__parse_u64(optarg, 65535, &data_port) != KVS_OK) {
+                fprintf(stderr, "kvstash-server: --data-port wants 0..65535, got '%s'\n",
+                        optarg);
+                return 2;
+            }
             break;
         case O_BIND:
             cfg.bind_host = optarg;
@@ -160,43 +191,94 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (!master_only) {
-        fprintf(stderr, "kvstash-server: this build serves the metadata master only; start it "
-                        "with --master-only (owner segments are not part of this build yet)\n");
+    if (master_only && owner_only) {
+        fprintf(stderr, "kvstash-server: --master-only and --owner-only exclude each other\n");
         return 2;
     }
-    if (cfg.master.heartbeat_timeout_ms == 0 || cfg.master.put_discard_ms == 0) {
-        fprintf(stderr, "kvstash-server: time-outs must be positive\n");
+    if (master_addr != NULL && !owner_only) {
+        fprintf(stderr, "kvstash-server: --master only applies with --owner-only\n");
         return 2;
     }
-    int rc = kvs__master_server_create(&cfg, &g_server);
-    if (rc != KVS_OK) {
-        fprintf(stderr, "kvstash-server: cannot start the master on %s:%u: %s\n",
-                cfg.bind_host, (unsigned)cfg.port, kvs_status_str(rc));
-        return 1;
-    }
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    /* Signals are taken synchronously by the main thread; every other thread blocks them. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
-    uint16_t port = kvs__master_server_port(g_server);
+
+    kvs__master_server_t *master = NULL;
+    kvs__owner_t *owner = NULL;
+    int rc = KVS_OK, exit_code = 1;
+    uint16_t shown_port = 0;
+    if (!owner_only) {
+        rc = kvs__master_server_create(&cfg, &master);
+        if (rc != KVS_OK) {
+            fprintf(stderr, "kvstash-server: cannot start the master on %s:%u: %s\n",
+                    cfg.bind_host, (unsigned)cfg.port, kvs_status_str(rc));
+            goto out;
+        }
+        rc = kvs__master_server_start(master);
+        if (rc != KVS_OK)
+            goto out;
+        shown_port = kvs__master_server_port(master);
+        fprintf(stderr, "kvstash-server %s: master listening on %s:%u\n", KVS_VERSION_STRING,
+                cfg.bind_host, (unsigned)shown_port);
+    }
+    if (!master_only) {
+        kvs__owner_config_t oc = {.segment_size = seg_size, .segment_name = seg_name,
+                                  .rpc_timeout_ms = 5000};
+        kvs__data_server_config_init(&oc.data);
+        oc.data.bind_host = cfg.bind_host;
+        oc.data.port = (uint16_t)data_port;
+        char *host = NULL;
+        uint16_t mport = 0;
+        if (owner_only) {
+            if (kvs__parse_host_port(master_addr ? master_addr : "127.0.0.1:50051",
+                                     "127.0.0.1", &host, &mport) != KVS_OK || mport == 0) {
+                fprintf(stderr, "kvstash-server: --master wants HOST:PORT, got '%s'\n",
+                        master_addr);
+                exit_code = 2;
+                goto out;
+            }
+        } else {
+            host = kvs__strdup("127.0.0.1");
+            mport = shown_port;
+        }
+        oc.master_host = host;
+        oc.master_port = mport;
+        rc = kvs__owner_create(&oc, &owner);
+        if (rc != KVS_OK) {
+            fprintf(stderr, "kvstash-server: cannot start the owner (segment %llu bytes, "
+                            "master %s:%u): %s\n",
+                    (unsigned long long)seg_size, host, (unsigned)mport, kvs_status_str(rc));
+            kvs__free(host);
+            goto out;
+        }
+        kvs__free(host);
+        char sz[32];
+        fprintf(stderr, "kvstash-server: owner serving a %s segment on data port %u\n",
+                kvs__format_size(seg_size, sz, sizeof(sz)), (unsigned)kvs__owner_data_port(owner));
+        if (owner_only)
+            shown_port = kvs__owner_data_port(owner);
+    }
     if (port_file != NULL) {
         /* Written to a temporary name and renamed, so a reader never sees a partial file. */
         char tmp[4096];
         snprintf(tmp, sizeof(tmp), "%s.tmp", port_file);
         FILE *f = fopen(tmp, "w");
-        if (f == NULL || fprintf(f, "%u\n", (unsigned)port) < 0 || fclose(f) != 0 ||
+        if (f == NULL || fprintf(f, "%u\n", (unsigned)shown_port) < 0 || fclose(f) != 0 ||
             rename(tmp, port_file) != 0) {
             fprintf(stderr, "kvstash-server: cannot write %s\n", port_file);
-            kvs__master_server_destroy(g_server);
-            return 1;
+            goto out;
         }
     }
-    fprintf(stderr, "kvstash-server %s: master listening on %s:%u\n", KVS_VERSION_STRING,
-            cfg.bind_host, (unsigned)port);
-    rc = kvs__master_server_run(g_server);
-    kvs__master_server_destroy(g_server);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    exit_code = 0;
+out:
+    kvs__owner_destroy(owner);
+    kvs__master_server_destroy(master);
     fprintf(stderr, "kvstash-server: stopped\n");
-    return rc == KVS_OK ? 0 : 1;
+    return exit_code;
 }

@@ -1,0 +1,248 @@
+/* Owner data port: malformed, truncated and oversized frames and out-of-bounds offsets are
+ * refused without crashing and without touching the segment; the owner keeps serving others.
+ * Also the owner's life with a master: mount, heartbeat, remount, unmount. */
+#define _GNU_SOURCE
+#include "kvs_test.h"
+#include "master/master_server_int.h"
+#include "owner_fixture.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+
+static int dial(owner_fixture_t *f)
+{
+    int fd = kvs__tcp_connect("127.0.0.1", f->port, kvs__now_ns() + 3 * KVS_NS_PER_S);
+    CHECK(fd >= 0);
+    return fd;
+}
+
+static void send_frame(int fd, uint16_t type, uint32_t len, const void *payload, size_t n)
+{
+    kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION, type, 9, len};
+    uint8_t hb[KVS_FRAME_HDR_LEN];
+    kvs__frame_hdr_encode(&h, hb);
+    uint64_t dl = kvs__now_ns() + 3 * KVS_NS_PER_S;
+    CHECK_STATUS(kvs__send_all(fd, hb, sizeof(hb), dl), KVS_OK);
+    if (n)
+        CHECK_STATUS(kvs__send_all(fd, payload, n, dl), KVS_OK);
+}
+
+static void hello(int fd)
+{
+    kvs__wbuf_t w;
+    kvs__wbuf_init(&w);
+    kvs__hello_req_t h = {KVS_PROTO_VERSION, kvs__str_c("t"), 0};
+    kvs__hello_req_encode(&w, &h);
+    send_frame(fd, KVS_MSG_HELLO, (uint32_t)w.len, w.data, w.len);
+    kvs__wbuf_free(&w);
+    uint8_t hb[KVS_FRAME_HDR_LEN], pb[64];
+    uint64_t dl = kvs__now_ns() + 3 * KVS_NS_PER_S;
+    CHECK_STATUS(kvs__recv_all(fd, hb, sizeof(hb), dl), KVS_OK);
+    kvs__frame_hdr_t rh;
+    CHECK_STATUS(kvs__frame_hdr_decode(hb, sizeof(hb), sizeof(pb), &rh), KVS_OK);
+    CHECK_EQ_INT(rh.type, KVS_MSG_HELLO | KVS_RSP_FLAG);
+    CHECK_STATUS(kvs__recv_all(fd, pb, rh.len, dl), KVS_OK);
+}
+
+/* Reads a response header and its leading status; skips any data. Returns the type. */
+static int response(int fd, int32_t *status_p)
+{
+    uint8_t hb[KVS_FRAME_HDR_LEN + 4];
+    uint64_t dl = kvs__now_ns() + 3 * KVS_NS_PER_S;
+    CHECK_STATUS(kvs__recv_all(fd, hb, sizeof(hb), dl), KVS_OK);
+    kvs__frame_hdr_t h;
+    CHECK_STATUS(kvs__frame_hdr_decode(hb, KVS_FRAME_HDR_LEN, KVS_FRAME_MAX_PAYLOAD, &h), KVS_OK);
+    kvs__rbuf_t r;
+    kvs__rbuf_init(&r, hb + KVS_FRAME_HDR_LEN, 4);
+    *status_p = kvs__rbuf_i32(&r);
+    char sink[4096];
+    for (uint32_t left = h.len - 4; left > 0;) {
+        uint32_t n = KVS_MIN(left, (uint32_t)sizeof(sink));
+        CHECK_STATUS(kvs__recv_all(fd, sink, n, dl), KVS_OK);
+        left -= n;
+    }
+    return h.type;
+}
+
+static bool closed_by_peer(int fd)
+{
+    char b;
+    for (;;) {
+        int rc = kvs__recv_all(fd, &b, 1, kvs__now_ns() + 3 * KVS_NS_PER_S);
+        if (rc != KVS_OK)
+            return rc == KVS_IO_ERROR;
+    }
+}
+
+static void data_req(uint8_t out[KVS_DATA_REQ_LEN], uint64_t seg, uint64_t off, uint64_t len)
+{
+    kvs__wbuf_t w = {.data = out, .cap = KVS_DATA_REQ_LEN};
+    kvs__data_req_t d = {seg, off, len};
+    kvs__data_req_encode(&w, &d);
+}
+
+static void test_bad_frames_and_offsets(void)
+{
+    owner_fixture_t f;
+    uint64_t size = 1u << 20;
+    owner_fixture_start(&f, size, 0);
+    memset(f.mem.base, 0x3C, size);
+    int32_t st;
+    uint8_t dr[KVS_DATA_REQ_LEN];
+
+    int fd = dial(&f); /* garbage */
+    CHECK_STATUS(kvs__send_all(fd, "SSH-2.0-OpenSSH\r\n\r\n", 19, kvs__now_ns() + KVS_NS_PER_S),
+                 KVS_OK);
+    CHECK_EQ_INT(response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
+    CHECK(closed_by_peer(fd));
+    close(fd);
+
+    fd = dial(&f); /* data before HELLO */
+    data_req(dr, FIX_SEGMENT_ID, 0, 16);
+    send_frame(fd, KVS_MSG_DATA_READ, KVS_DATA_REQ_LEN, dr, sizeof(dr));
+    CHECK_EQ_INT(response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
+    CHECK(closed_by_peer(fd));
+    close(fd);
+
+    fd = dial(&f); /* oversized frame */
+    hello(fd);
+    send_frame(fd, KVS_MSG_DATA_WRITE, 0x7fffffffu, NULL, 0);
+    CHECK_EQ_INT(response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
+    CHECK(closed_by_peer(fd));
+    close(fd);
+
+    fd = dial(&f); /* READ with trailing bytes; WRITE whose length disagrees with its frame */
+    hello(fd);
+    send_frame(fd, KVS_MSG_DATA_READ, KVS_DATA_REQ_LEN + 1, dr, sizeof(dr));
+    CHECK_EQ_INT(response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
+    close(fd);
+    fd = dial(&f);
+    hello(fd);
+    data_req(dr, FIX_SEGMENT_ID, 0, 1000);
+    send_frame(fd, KVS_MSG_DATA_WRITE, KVS_DATA_REQ_LEN + 10, dr, sizeof(dr));
+    CHECK_EQ_INT(response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
+    CHECK(closed_by_peer(fd));
+    close(fd);
+
+    fd = dial(&f); /* out-of-bounds reads are refused and the connection stays */
+    hello(fd);
+    static const uint64_t bad[][3] = {
+        {FIX_SEGMENT_ID, 1u << 20, 1},          {FIX_SEGMENT_ID, (1u << 20) - 1, 2},
+        {FIX_SEGMENT_ID, UINT64_MAX, 2},         {FIX_SEGMENT_ID, 0, 0},
+        {FIX_SEGMENT_ID, 0, UINT64_MAX},         {FIX_SEGMENT_ID + 1, 0, 10},
+        {FIX_SEGMENT_ID, 8, KVS_DATA_MAX_CHUNK + 1},
+    };
+    for (size_t i = 0; i < KVS_ARRAY_SIZE(bad); i++) {
+        data_req(dr, bad[i][0], bad[i][1], bad[i][2]);
+        send_frame(fd, KVS_MSG_DATA_READ, KVS_DATA_REQ_LEN, dr, sizeof(dr));
+        CHECK_EQ_INT(response(fd, &st), KVS_MSG_DATA_READ | KVS_RSP_FLAG);
+        CHECK(st == KVS_INVALID_PARAMS || st == KVS_SEGMENT_NOT_FOUND);
+    }
+    /* An out-of-bounds write: its bytes are drained, never stored. */
+    uint8_t payload[KVS_DATA_REQ_LEN + 64];
+    data_req(payload, FIX_SEGMENT_ID, size - 32, 64);
+    memset(payload + KVS_DATA_REQ_LEN, 0xEE, 64);
+    send_frame(fd, KVS_MSG_DATA_WRITE, sizeof(payload), payload, sizeof(payload));
+    CHECK_EQ_INT(response(fd, &st), KVS_MSG_DATA_WRITE | KVS_RSP_FLAG);
+    CHECK_STATUS(st, KVS_INVALID_PARAMS);
+    /* A good read on the same connection. */
+    data_req(dr, FIX_SEGMENT_ID, size - 16, 16);
+    send_frame(fd, KVS_MSG_DATA_READ, KVS_DATA_REQ_LEN, dr, sizeof(dr));
+    CHECK_EQ_INT(response(fd, &st), KVS_MSG_DATA_READ | KVS_RSP_FLAG);
+    CHECK_STATUS(st, KVS_OK);
+    close(fd);
+
+    fd = dial(&f); /* truncated: a header promising a write, half the bytes, hang up */
+    hello(fd);
+    data_req(payload, FIX_SEGMENT_ID, 0, 64);
+    send_frame(fd, KVS_MSG_DATA_WRITE, sizeof(payload), payload, KVS_DATA_REQ_LEN + 10);
+    close(fd);
+
+    for (uint64_t i = 0; i < size - 0; i++) {
+        if (i < 10) /* the truncated write may have stored its first bytes: allowed */
+            continue;
+        CHECK_EQ_INT(((unsigned char *)f.mem.base)[i], 0x3C);
+    }
+    /* Still serving. */
+    int st2;
+    CHECK_EQ_INT(waitpid(f.pid, &st2, WNOHANG), 0);
+    fd = dial(&f);
+    hello(fd);
+    data_req(dr, FIX_SEGMENT_ID, 100, 1000);
+    send_frame(fd, KVS_MSG_DATA_READ, KVS_DATA_REQ_LEN, dr, sizeof(dr));
+    CHECK_EQ_INT(response(fd, &st), KVS_MSG_DATA_READ | KVS_RSP_FLAG);
+    CHECK_STATUS(st, KVS_OK);
+    close(fd);
+    owner_fixture_stop(&f);
+}
+
+static uint64_t master_counter(kvs__rpc_t *rpc, const char *name)
+{
+    kvs__wbuf_t req, rsp;
+    kvs__wbuf_init(&req);
+    kvs__wbuf_init(&rsp);
+    kvs__frame_begin(&req, KVS_MSG_STAT, 0);
+    CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
+    CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
+    kvs__arena_t a;
+    kvs__arena_init(&a);
+    kvs__stat_rsp_t s;
+    CHECK_STATUS(kvs__stat_rsp_decode(rsp.data, rsp.len, &a, &s), KVS_OK);
+    uint64_t v = UINT64_MAX;
+    for (uint32_t i = 0; i < s.ncounters; i++) {
+        if (kvs__str_eq(s.counters[i].name, kvs__str_c(name)))
+            v = s.counters[i].value;
+    }
+    kvs__arena_free(&a);
+    kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
+    return v;
+}
+
+static void test_owner_with_master(void)
+{
+    kvs__master_server_config_t mc;
+    CHECK_STATUS(kvs__master_server_config_init(&mc), KVS_OK);
+    mc.port = 0;
+    mc.tick_ms = 20;
+    mc.master.heartbeat_timeout_ms = 300;
+    kvs__master_server_t *ms;
+    CHECK_STATUS(kvs__master_server_create(&mc, &ms), KVS_OK);
+    CHECK_STATUS(kvs__master_server_start(ms), KVS_OK);
+    kvs__owner_config_t oc = {.master_host = "127.0.0.1",
+                              .master_port = kvs__master_server_port(ms),
+                              .segment_size = 4u << 20,
+                              .rpc_timeout_ms = 2000};
+    kvs__data_server_config_init(&oc.data);
+    kvs__owner_t *o;
+    CHECK_STATUS(kvs__owner_create(&oc, &o), KVS_OK);
+    CHECK(kvs__owner_segment_id(o) != 0);
+    kvs__rpc_config_t rc = {.host = "127.0.0.1", .port = kvs__master_server_port(ms),
+                            .timeout_ms = 2000};
+    kvs__rpc_t *rpc;
+    CHECK_STATUS(kvs__rpc_open(&rc, &rpc), KVS_OK);
+    CHECK_EQ_U64(master_counter(rpc, "segments"), 1);
+    CHECK_EQ_U64(master_counter(rpc, "capacity_bytes"), 4u << 20);
+    usleep(900000); /* three heartbeat time-outs: the heartbeats keep it mounted */
+    CHECK_EQ_U64(master_counter(rpc, "segments"), 1);
+    CHECK_EQ_U64(master_counter(rpc, "segments_expired"), 0);
+    kvs__owner_destroy(o);
+    CHECK_EQ_U64(master_counter(rpc, "segments"), 0);
+    CHECK_EQ_U64(master_counter(rpc, "segments_unmounted"), 1);
+    kvs__rpc_close(rpc);
+    kvs__master_server_destroy(ms);
+    /* Bad configuration is refused. */
+    oc.segment_size = 10;
+    CHECK_STATUS(kvs__owner_create(&oc, &o), KVS_INVALID_PARAMS);
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    static const kvs_test_case_t cases[] = {
+        KVS_TEST_CASE(test_bad_frames_and_offsets),
+        KVS_TEST_CASE(test_owner_with_master),
+    };
+    return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
+}
