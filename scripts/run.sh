@@ -5,7 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 cmake -S . -B build >/dev/null
-cmake --build build -j"$(nproc)" 2>&1 | grep -Ev '^\[ *[0-9]+%\]' || true
+if ! cmake --build build -j"$(nproc)" >build.log 2>&1; then
+    cat build.log
+    exit 1
+fi
 port=${KVS_PORT:-50051}
 tmp=$(mktemp -d)
 trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$tmp"' EXIT

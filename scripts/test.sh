@@ -13,6 +13,17 @@ stages=("$@")
 start=$(date +%s)
 failed=()
 
+# Builds quietly: the log is shown only on failure (progress lines are dropped).
+build_quiet() { # build dir
+    local log="$1.build.log"
+    if cmake --build "$1" -j"$jobs" >"$log" 2>&1; then
+        grep -Ev '^\[ *[0-9]+%\]' "$log" || true
+        return 0
+    fi
+    cat "$log"
+    return 1
+}
+
 run_suite() { # name, build dir, cmake args...
     local name=$1 dir=$2
     shift 2
@@ -20,8 +31,7 @@ run_suite() { # name, build dir, cmake args...
     rm -rf "$dir"
     cmake -S . -B "$dir" -DKVS_WERROR=ON "$@" >"$dir.configure.log" 2>&1 ||
         { cat "$dir.configure.log"; return 1; }
-    cmake --build "$dir" -j"$jobs" 2>&1 | grep -Ev '^\[ *[0-9]+%\]' || true
-    [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
+    build_quiet "$dir" || return 1
     echo "=== $name: ctest"
     (cd "$dir" && ctest --output-on-failure -j"$jobs")
 }
@@ -44,7 +54,7 @@ for stage in "${stages[@]}"; do
         rm -rf build-fuzz
         if CC=clang cmake -S . -B build-fuzz -DKVS_CUDA=OFF -DKVS_FUZZ=ON -DKVS_WERROR=ON \
             -DCMAKE_BUILD_TYPE=RelWithDebInfo >build-fuzz.configure.log 2>&1 &&
-            cmake --build build-fuzz -j"$jobs" 2>&1 | grep -Ev '^\[ *[0-9]+%\]'; then
+            build_quiet build-fuzz; then
             for f in build-fuzz/tests/fuzz/fuzz_*; do
                 [ -x "$f" ] || continue
                 name=$(basename "$f")

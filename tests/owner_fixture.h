@@ -7,6 +7,7 @@
 #include "owner/owner_int.h"
 
 #include <signal.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,24 +30,29 @@ static inline void owner_fixture_start(owner_fixture_t *f, uint64_t size, uint64
     f->pid = fork();
     CHECK(f->pid >= 0);
     if (f->pid == 0) {
+        /* Hand the memfd to the helper (it is close-on-exec) and its stdout to the pipe. */
+        int fd = dup(f->mem.fd);
+        char fds[16], sizes[32], delays[32];
+        snprintf(fds, sizeof(fds), "%d", fd);
+        snprintf(sizes, sizeof(sizes), "%llu", (unsigned long long)size);
+        snprintf(delays, sizeof(delays), "%llu", (unsigned long long)delay_us);
+        dup2(p[1], STDOUT_FILENO);
         close(p[0]);
-        kvs__data_server_config_t cfg;
-        kvs__data_server_config_init(&cfg);
-        cfg.inject_delay_us = delay_us;
-        cfg.io_timeout_ms = 2000;
-        kvs__data_server_t *srv;
-        if (kvs__data_server_create(&cfg, &srv) != KVS_OK ||
-            kvs__data_server_add(srv, FIX_SEGMENT_ID, f->mem.base, f->mem.size) != KVS_OK)
-            _exit(3);
-        uint16_t port = kvs__data_server_port(srv);
-        if (write(p[1], &port, sizeof(port)) != sizeof(port))
-            _exit(4);
-        for (;;)
-            pause();
+        execl(KVS_OWNER_HELPER_PATH, KVS_OWNER_HELPER_PATH, fds, sizes, delays, (char *)NULL);
+        _exit(127);
     }
     close(p[1]);
-    CHECK_EQ_INT(read(p[0], &f->port, sizeof(f->port)), (int)sizeof(f->port));
+    char buf[16] = {0};
+    ssize_t n = 0;
+    while (n < (ssize_t)sizeof(buf) - 1) {
+        ssize_t r = read(p[0], buf + n, 1);
+        if (r <= 0 || buf[n] == '\n')
+            break;
+        n++;
+    }
     close(p[0]);
+    f->port = (uint16_t)atoi(buf);
+    CHECK(f->port != 0);
     snprintf(f->endpoint, sizeof(f->endpoint), "127.0.0.1:%u", (unsigned)f->port);
 }
 
