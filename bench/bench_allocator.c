@@ -58,6 +58,19 @@ static double pct_u32(uint32_t *v, size_t n, double p)
     return v[(size_t)(p * (double)(n - 1))];
 }
 
+/* Frees a random live object, timing the call into *t_ns_p. Returns the bytes it held. */
+static uint64_t free_random(kvs__seg_alloc_t *alloc, live_t *live, size_t *nlive_p,
+                            uint32_t *t_ns_p)
+{
+    size_t k = (size_t)(next_rand() % *nlive_p);
+    uint64_t f0 = kvs__now_ns();
+    kvs__seg_alloc_free(alloc, live[k].handle);
+    *t_ns_p = (uint32_t)KVS_MIN(kvs__now_ns() - f0, UINT32_MAX);
+    uint64_t size = live[k].size;
+    live[k] = live[--*nlive_p];
+    return size;
+}
+
 static void bench_usage(FILE *f)
 {
     fprintf(f, "usage: kvstash bench allocator [--capacity SIZE] [--ops N] [--min SIZE]\n"
@@ -134,13 +147,7 @@ int kvs__bench_allocator_main(int argc, char **argv)
         return 1;
     while (done < ops) {
         if (mixed && nlive > 0 && uniform01() < 0.4) {
-            size_t k = (size_t)(next_rand() % nlive);
-            uint64_t f0 = kvs__now_ns();
-            kvs__seg_alloc_free(alloc, live[k].handle);
-            uint64_t f1 = kvs__now_ns();
-            t_free[nfree++] = (uint32_t)KVS_MIN(f1 - f0, UINT32_MAX);
-            live_bytes -= live[k].size;
-            live[k] = live[--nlive];
+            live_bytes -= free_random(alloc, live, &nlive, &t_free[nfree++]);
             done++;
             continue;
         }
@@ -179,13 +186,7 @@ int kvs__bench_allocator_main(int argc, char **argv)
         if (nfail % 64 == 1)
             check_rc |= kvs__seg_alloc_check(alloc);
         if (nlive > 0 && done < ops) {
-            size_t k = (size_t)(next_rand() % nlive);
-            uint64_t f0 = kvs__now_ns();
-            kvs__seg_alloc_free(alloc, live[k].handle);
-            uint64_t f1 = kvs__now_ns();
-            t_free[nfree++] = (uint32_t)KVS_MIN(f1 - f0, UINT32_MAX);
-            live_bytes -= live[k].size;
-            live[k] = live[--nlive];
+            live_bytes -= free_random(alloc, live, &nlive, &t_free[nfree++]);
             done++;
         }
     }
