@@ -3,6 +3,7 @@
  * offending connection, and keep serving everyone else. */
 #define _GNU_SOURCE
 #include "kvs_test.h"
+#include "rpc_helpers.h"
 #include "proto/net_int.h"
 
 #include <signal.h>
@@ -22,8 +23,8 @@ static void server_start(server_t *s, const char *const *extra)
 {
     snprintf(s->port_file, sizeof(s->port_file), "/tmp/kvs-test-port-%d", (int)getpid());
     unlink(s->port_file);
-    const char *argv[32] = {KVS_SERVER_PATH, "--master-only", "--port", "0", "--port-file",
-                            s->port_file, "--log-level", "error"};
+    const char *argv[32] = {KVS_SERVER_PATH, "--master-only", "--port",      "0",
+                            "--port-file",   s->port_file,    "--log-level", "error"};
     int n = 8;
     for (int i = 0; extra && extra[i] && n < 31; i++)
         argv[n++] = extra[i];
@@ -77,37 +78,12 @@ static void server_stop(server_t *s)
 
 static kvs__rpc_t *client(server_t *s)
 {
-    kvs__rpc_config_t cfg = {.host = "127.0.0.1", .port = s->port, .node = "testnode",
-                             .timeout_ms = 3000};
+    kvs__rpc_config_t cfg = {
+        .host = "127.0.0.1", .port = s->port, .node = "testnode", .timeout_ms = 3000};
     kvs__rpc_t *rpc = NULL;
     CHECK_STATUS(kvs__rpc_open(&cfg, &rpc), KVS_OK);
     CHECK(kvs__rpc_hello(rpc)->client_id != 0);
     return rpc;
-}
-
-/* Counter from STAT through a fresh decode. */
-static uint64_t stat_counter(kvs__rpc_t *rpc, const char *name)
-{
-    kvs__wbuf_t req, rsp;
-    kvs__wbuf_init(&req);
-    kvs__wbuf_init(&rsp);
-    kvs__frame_begin(&req, KVS_MSG_STAT, 0);
-    CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
-    CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
-    kvs__arena_t a;
-    kvs__arena_init(&a);
-    kvs__stat_rsp_t st;
-    CHECK_STATUS(kvs__stat_rsp_decode(rsp.data, rsp.len, &a, &st), KVS_OK);
-    uint64_t v = UINT64_MAX;
-    for (uint32_t i = 0; i < st.ncounters; i++) {
-        if (kvs__str_eq(st.counters[i].name, kvs__str_c(name)))
-            v = st.counters[i].value;
-    }
-    CHECK(v != UINT64_MAX);
-    kvs__arena_free(&a);
-    kvs__wbuf_free(&req);
-    kvs__wbuf_free(&rsp);
-    return v;
 }
 
 static void mount_and_put(kvs__rpc_t *rpc, const char *seg, const char *key)
@@ -233,8 +209,8 @@ static void test_serves_valid_requests(void)
     server_start(&s, NULL);
     kvs__rpc_t *rpc = client(&s);
     mount_and_put(rpc, "seg1", "hello");
-    CHECK_EQ_U64(stat_counter(rpc, "objects"), 1);
-    CHECK_EQ_U64(stat_counter(rpc, "segments"), 1);
+    CHECK_EQ_U64(rpc_stat_counter(rpc, "objects"), 1);
+    CHECK_EQ_U64(rpc_stat_counter(rpc, "segments"), 1);
     kvs__rpc_close(rpc);
     server_stop(&s);
 }
@@ -318,7 +294,7 @@ static void test_malformed_frames_drop_only_their_connection(void)
     server_check_alive(&s);
     /* The well-behaved client never noticed. */
     mount_and_put(good, "seg2", "after");
-    CHECK_EQ_U64(stat_counter(good, "objects"), 2);
+    CHECK_EQ_U64(rpc_stat_counter(good, "objects"), 2);
     kvs__rpc_close(good);
     server_stop(&s);
 }
@@ -368,7 +344,7 @@ static void test_liveness_over_the_network(void)
     server_start(&s, extra);
     kvs__rpc_t *rpc = client(&s);
     mount_and_put(rpc, "seg", "k");
-    CHECK_EQ_U64(stat_counter(rpc, "segments"), 1);
+    CHECK_EQ_U64(rpc_stat_counter(rpc, "segments"), 1);
     /* Heartbeats keep it. */
     for (int i = 0; i < 6; i++) {
         usleep(100000);
@@ -383,12 +359,12 @@ static void test_liveness_over_the_network(void)
         kvs__wbuf_free(&req);
         kvs__wbuf_free(&rsp);
     }
-    CHECK_EQ_U64(stat_counter(rpc, "segments"), 1);
+    CHECK_EQ_U64(rpc_stat_counter(rpc, "segments"), 1);
     /* Silence drops it, and its object with it. */
     usleep(700000);
-    CHECK_EQ_U64(stat_counter(rpc, "segments"), 0);
-    CHECK_EQ_U64(stat_counter(rpc, "objects"), 0);
-    CHECK_EQ_U64(stat_counter(rpc, "segments_expired"), 1);
+    CHECK_EQ_U64(rpc_stat_counter(rpc, "segments"), 0);
+    CHECK_EQ_U64(rpc_stat_counter(rpc, "objects"), 0);
+    CHECK_EQ_U64(rpc_stat_counter(rpc, "segments_expired"), 1);
     kvs__rpc_close(rpc);
     server_stop(&s);
 }

@@ -3,6 +3,7 @@
  * Also the owner's life with a master: mount, heartbeat, remount, unmount. */
 #define _GNU_SOURCE
 #include "kvs_test.h"
+#include "rpc_helpers.h"
 #include "master/master_server_int.h"
 #include "owner_fixture.h"
 
@@ -128,9 +129,12 @@ static void test_bad_frames_and_offsets(void)
     fd = dial(&f); /* out-of-bounds reads are refused and the connection stays */
     hello(fd);
     static const uint64_t bad[][3] = {
-        {FIX_SEGMENT_ID, 1u << 20, 1},          {FIX_SEGMENT_ID, (1u << 20) - 1, 2},
-        {FIX_SEGMENT_ID, UINT64_MAX, 2},         {FIX_SEGMENT_ID, 0, 0},
-        {FIX_SEGMENT_ID, 0, UINT64_MAX},         {FIX_SEGMENT_ID + 1, 0, 10},
+        {FIX_SEGMENT_ID, 1u << 20, 1},
+        {FIX_SEGMENT_ID, (1u << 20) - 1, 2},
+        {FIX_SEGMENT_ID, UINT64_MAX, 2},
+        {FIX_SEGMENT_ID, 0, 0},
+        {FIX_SEGMENT_ID, 0, UINT64_MAX},
+        {FIX_SEGMENT_ID + 1, 0, 10},
         {FIX_SEGMENT_ID, 8, KVS_DATA_MAX_CHUNK + 1},
     };
     for (size_t i = 0; i < KVS_ARRAY_SIZE(bad); i++) {
@@ -177,29 +181,6 @@ static void test_bad_frames_and_offsets(void)
     owner_fixture_stop(&f);
 }
 
-static uint64_t master_counter(kvs__rpc_t *rpc, const char *name)
-{
-    kvs__wbuf_t req, rsp;
-    kvs__wbuf_init(&req);
-    kvs__wbuf_init(&rsp);
-    kvs__frame_begin(&req, KVS_MSG_STAT, 0);
-    CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
-    CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
-    kvs__arena_t a;
-    kvs__arena_init(&a);
-    kvs__stat_rsp_t s;
-    CHECK_STATUS(kvs__stat_rsp_decode(rsp.data, rsp.len, &a, &s), KVS_OK);
-    uint64_t v = UINT64_MAX;
-    for (uint32_t i = 0; i < s.ncounters; i++) {
-        if (kvs__str_eq(s.counters[i].name, kvs__str_c(name)))
-            v = s.counters[i].value;
-    }
-    kvs__arena_free(&a);
-    kvs__wbuf_free(&req);
-    kvs__wbuf_free(&rsp);
-    return v;
-}
-
 static void test_owner_with_master(void)
 {
     kvs__master_server_config_t mc;
@@ -218,18 +199,18 @@ static void test_owner_with_master(void)
     kvs__owner_t *o;
     CHECK_STATUS(kvs__owner_create(&oc, &o), KVS_OK);
     CHECK(kvs__owner_segment_id(o) != 0);
-    kvs__rpc_config_t rc = {.host = "127.0.0.1", .port = kvs__master_server_port(ms),
-                            .timeout_ms = 2000};
+    kvs__rpc_config_t rc = {
+        .host = "127.0.0.1", .port = kvs__master_server_port(ms), .timeout_ms = 2000};
     kvs__rpc_t *rpc;
     CHECK_STATUS(kvs__rpc_open(&rc, &rpc), KVS_OK);
-    CHECK_EQ_U64(master_counter(rpc, "segments"), 1);
-    CHECK_EQ_U64(master_counter(rpc, "capacity_bytes"), 4u << 20);
+    CHECK_EQ_U64(rpc_stat_counter(rpc, "segments"), 1);
+    CHECK_EQ_U64(rpc_stat_counter(rpc, "capacity_bytes"), 4u << 20);
     usleep(900000); /* three heartbeat time-outs: the heartbeats keep it mounted */
-    CHECK_EQ_U64(master_counter(rpc, "segments"), 1);
-    CHECK_EQ_U64(master_counter(rpc, "segments_expired"), 0);
+    CHECK_EQ_U64(rpc_stat_counter(rpc, "segments"), 1);
+    CHECK_EQ_U64(rpc_stat_counter(rpc, "segments_expired"), 0);
     kvs__owner_destroy(o);
-    CHECK_EQ_U64(master_counter(rpc, "segments"), 0);
-    CHECK_EQ_U64(master_counter(rpc, "segments_unmounted"), 1);
+    CHECK_EQ_U64(rpc_stat_counter(rpc, "segments"), 0);
+    CHECK_EQ_U64(rpc_stat_counter(rpc, "segments_unmounted"), 1);
     kvs__rpc_close(rpc);
     kvs__master_server_destroy(ms);
     /* Bad configuration is refused. */
