@@ -204,8 +204,7 @@ int kvs__bench_allocator_main(int argc, char **argv)
         printf("| utilisation at failure under pressure: min / 1st pct / 10th pct / median | "
                "%.2f%% / %.2f%% / %.2f%% / %.2f%% |\n",
                fail_util[0] * 100, fail_util[(size_t)(0.01 * (double)(nfail - 1))] * 100,
-               fail_util[(size_t)(0.10 * (double)(nfail - 1))] * 100,
-               fail_util[nfail / 2] * 100);
+               fail_util[(size_t)(0.10 * (double)(nfail - 1))] * 100, fail_util[nfail / 2] * 100);
     }
     qsort(ok_util, nok, sizeof(*ok_util), cmp_double);
     if (nok)

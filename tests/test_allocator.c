@@ -73,10 +73,10 @@ static void test_fallback_finds_snug_hole(void)
     CHECK_STATUS(kvs__seg_alloc_create(cap, &a), KVS_OK);
     uint64_t off;
     uint32_t h1, h2, h3;
-    CHECK_STATUS(kvs__seg_alloc_alloc(a, 100, &off, &h1), KVS_OK);   /* 2 units */
+    CHECK_STATUS(kvs__seg_alloc_alloc(a, 100, &off, &h1), KVS_OK); /* 2 units */
     CHECK_STATUS(kvs__seg_alloc_alloc(a, 530 * 64, &off, &h2), KVS_OK);
     CHECK_STATUS(kvs__seg_alloc_alloc(a, 468 * 64, &off, &h3), KVS_OK); /* fills the rest */
-    CHECK_STATUS(kvs__seg_alloc_free(a, h2), KVS_OK); /* one hole of 530 units */
+    CHECK_STATUS(kvs__seg_alloc_free(a, h2), KVS_OK);                   /* one hole of 530 units */
     uint32_t x;
     /* 529 units rounds up to the next bin (which is empty); only the scan finds 530. */
     CHECK_STATUS(kvs__seg_alloc_alloc(a, 529 * 64, &off, &x), KVS_OK);

@@ -47,8 +47,9 @@ static void test_parse_size(void)
         CHECK_STATUS(kvs__parse_size(ok[i].text, &v), KVS_OK);
         CHECK_EQ_U64(v, ok[i].bytes);
     }
-    static const char *const bad[] = {"", "GiB", "-1", "10%", "1.", "4 GiBs", "4 XB",
-                                      "99999999999999999999", "20000000000T", "1e9", NULL};
+    static const char *const bad[] = {
+        "",    "GiB", "-1", "10%", "1.", "4 GiBs", "4 XB", "99999999999999999999", "20000000000T",
+        "1e9", NULL};
     for (size_t i = 0; bad[i] != NULL; i++) {
         uint64_t v = 77;
         CHECK_STATUS(kvs__parse_size(bad[i], &v), KVS_INVALID_PARAMS);

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define MS KVS_NS_PER_MS
+#define MS  KVS_NS_PER_MS
 #define KIB 1024ull
 
 typedef struct {
@@ -38,8 +38,7 @@ static void fx_fini(fx_t *f)
     kvs__master_destroy(f->m);
 }
 
-static uint64_t mount(fx_t *f, uint64_t client, const char *name, const char *node,
-                      uint64_t size)
+static uint64_t mount(fx_t *f, uint64_t client, const char *name, const char *node, uint64_t size)
 {
     kvs__mount_req_t req = {client, kvs__str_c(name), kvs__str_c(node), kvs__str_c("h:1"), size};
     uint64_t id = 0;
@@ -80,9 +79,9 @@ static int key_op(fx_t *f, keys_fn fn, const char *key, uint32_t flags)
     return rsp.results[0];
 }
 
-#define END(f, k) key_op((f), kvs__master_put_end, (k), 0)
-#define REVOKE(f, k) key_op((f), kvs__master_put_revoke, (k), 0)
-#define EXISTS(f, k) key_op((f), kvs__master_exists, (k), 0)
+#define END(f, k)        key_op((f), kvs__master_put_end, (k), 0)
+#define REVOKE(f, k)     key_op((f), kvs__master_put_revoke, (k), 0)
+#define EXISTS(f, k)     key_op((f), kvs__master_exists, (k), 0)
 #define REMOVE(f, k, fl) key_op((f), kvs__master_remove, (k), (fl))
 
 static int lookup(fx_t *f, const char *key, kvs__obj_desc_t *d_p)
@@ -279,7 +278,7 @@ static void test_eviction_order_at_watermark(void)
         CHECK_STATUS(END(&f, key), KVS_OK);
         f.now += MS;
     }
-    CHECK_EQ_U64(counter(&f, "evictions"), 0); /* 87.5% < 90% */
+    CHECK_EQ_U64(counter(&f, "evictions"), 0);    /* 87.5% < 90% */
     CHECK_STATUS(lookup(&f, "k0", NULL), KVS_OK); /* k0 becomes most recently used */
     f.now += 200 * MS;                            /* and its lease expires */
     /* 15/16 = 93.75% > 90%: about 5% (one object) goes, the least recently used: k1. */
@@ -397,8 +396,8 @@ static void test_placement(void)
         snprintf(keys[i], sizeof(keys[i]), "b%d", i);
         items[i] = (kvs__put_item_t){kvs__str_c(keys[i]), 8192};
     }
-    kvs__put_start_req_t req = {kvs__str_c("nodeB"), 1, kvs__str_c(""), KVS_PUT_FLAG_SAME_NODE,
-                                5, items};
+    kvs__put_start_req_t req = {kvs__str_c("nodeB"),    1, kvs__str_c(""),
+                                KVS_PUT_FLAG_SAME_NODE, 5, items};
     kvs__placement_rsp_t rsp;
     CHECK_STATUS(kvs__master_put_start(f.m, f.now, &req, &f.arena, &rsp), KVS_OK);
     for (int i = 0; i < 5; i++) {

@@ -27,8 +27,8 @@ static const struct {
     {"tcp", make_tcp},
 };
 
-#define FOR_EACH_TRANSPORT(t)                                                               \
-    for (size_t ti_ = 0; ti_ < KVS_ARRAY_SIZE(transports); ti_++)                          \
+#define FOR_EACH_TRANSPORT(t)                                                                      \
+    for (size_t ti_ = 0; ti_ < KVS_ARRAY_SIZE(transports); ti_++)                                  \
         for (kvs_transport_t *t = open_transport(ti_); t != NULL; t->ops->destroy(t), t = NULL)
 
 static kvs_transport_t *open_transport(size_t i)
@@ -68,8 +68,21 @@ static void test_sizes_and_offsets(void)
     owner_fixture_t f;
     uint64_t seg_size = 80ull << 20;
     owner_fixture_start(&f, seg_size, 0);
-    static const uint64_t sizes[] = {1, 2, 3, 7, 63, 64, 65, 4095, 4096, 4097, 65537,
-                                     (1 << 20) + 3, (2 << 20) + 1, (16 << 20) + 1, 64 << 20};
+    static const uint64_t sizes[] = {1,
+                                     2,
+                                     3,
+                                     7,
+                                     63,
+                                     64,
+                                     65,
+                                     4095,
+                                     4096,
+                                     4097,
+                                     65537,
+                                     (1 << 20) + 3,
+                                     (2 << 20) + 1,
+                                     (16 << 20) + 1,
+                                     64 << 20};
     static const uint64_t offsets[] = {0, 1, 13, 4093, 1 << 20};
     size_t max = 64u << 20;
     unsigned char *src = malloc(max), *dst = malloc(max + 128);
@@ -170,13 +183,11 @@ static void test_fragmented_destinations(void)
             CHECK_EQ_MEM(iov[i].iov_base, (char *)f.mem.base + off, iov[i].iov_len);
             off += iov[i].iov_len;
             for (int g = 1; g <= 16; g++) /* the guard after each fragment */
-                CHECK_EQ_INT(((unsigned char *)iov[i].iov_base)[iov[i].iov_len + (g - 1)],
-                             0x5C);
+                CHECK_EQ_INT(((unsigned char *)iov[i].iov_base)[iov[i].iov_len + (g - 1)], 0x5C);
         }
         /* Gather-write from the same fragments to another place, then compare. */
         fill_random(buf, buf_len);
-        CHECK_STATUS(xfer(t, ep, KVS_XFER_WRITE, FIX_SEGMENT_ID, 16u << 20, iov, n, 10000),
-                     KVS_OK);
+        CHECK_STATUS(xfer(t, ep, KVS_XFER_WRITE, FIX_SEGMENT_ID, 16u << 20, iov, n, 10000), KVS_OK);
         off = 16u << 20;
         for (uint32_t i = 0; i < n; i++) {
             CHECK_EQ_MEM((char *)f.mem.base + off, iov[i].iov_base, iov[i].iov_len);
@@ -207,8 +218,8 @@ static void *concurrent_worker(void *p)
             uint64_t len = 1 + (uint64_t)((i * 7919 + round * 31 + a->thread * 101) % 65536);
             uint64_t off = (uint64_t)((i * 104729 + a->thread * 7) % ((8u << 20) - 65536));
             iov[i] = (struct iovec){dst + (size_t)i * 65536, len};
-            reqs[i] = (kvs_xfer_req_t){KVS_XFER_READ, a->ep, FIX_SEGMENT_ID, off, len, &iov[i],
-                                       1, 0};
+            reqs[i] =
+                (kvs_xfer_req_t){KVS_XFER_READ, a->ep, FIX_SEGMENT_ID, off, len, &iov[i], 1, 0};
         }
         kvs_batch_t *b;
         if (a->t->ops->submit(a->t, reqs, N, &b) != KVS_OK)

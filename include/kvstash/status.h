@@ -8,31 +8,31 @@ extern "C" {
 #endif
 
 /* X(name, number, message). The one table that generates the enum and kvs_status_str(). */
-#define KVS_STATUS_TABLE(X)                                                                \
-    X(OK, 0, "success")                                                                    \
-    X(INTERNAL_ERROR, -1, "internal error")                                                \
-    X(BUFFER_OVERFLOW, -10, "buffer too small")                                            \
-    X(SEGMENT_NOT_FOUND, -101, "segment not found")                                        \
-    X(SEGMENT_ALREADY_EXISTS, -102, "segment already exists")                              \
-    X(CLIENT_NOT_FOUND, -103, "client not known to the master")                            \
-    X(NO_AVAILABLE_HANDLE, -200, "no space left in the store")                             \
-    X(INVALID_VERSION, -300, "protocol version mismatch")                                  \
-    X(INVALID_KEY, -400, "invalid key")                                                    \
-    X(INVALID_PARAMS, -600, "invalid parameters")                                          \
-    X(INVALID_WRITE, -700, "invalid write")                                                \
-    X(INVALID_READ, -701, "invalid read")                                                  \
-    X(INVALID_REPLICA, -702, "invalid replica")                                            \
-    X(REPLICA_IS_NOT_READY, -703, "object is not complete yet")                            \
-    X(OBJECT_NOT_FOUND, -704, "object not found")                                          \
-    X(OBJECT_ALREADY_EXISTS, -705, "object already exists")                                \
-    X(OBJECT_HAS_LEASE, -706, "object has a read lease")                                   \
-    X(LEASE_EXPIRED, -707, "read lease expired before the transfer completed")             \
-    X(TRANSFER_FAIL, -800, "transfer failed")                                              \
-    X(RPC_FAIL, -900, "rpc failed")                                                        \
-    X(TIMED_OUT, -901, "timed out")                                                        \
-    X(NO_MEMORY, -1500, "out of memory")                                                   \
-    X(PROTOCOL_ERROR, -1501, "malformed message")                                          \
-    X(IO_ERROR, -1502, "i/o error")                                                        \
+#define KVS_STATUS_TABLE(X)                                                                        \
+    X(OK, 0, "success")                                                                            \
+    X(INTERNAL_ERROR, -1, "internal error")                                                        \
+    X(BUFFER_OVERFLOW, -10, "buffer too small")                                                    \
+    X(SEGMENT_NOT_FOUND, -101, "segment not found")                                                \
+    X(SEGMENT_ALREADY_EXISTS, -102, "segment already exists")                                      \
+    X(CLIENT_NOT_FOUND, -103, "client not known to the master")                                    \
+    X(NO_AVAILABLE_HANDLE, -200, "no space left in the store")                                     \
+    X(INVALID_VERSION, -300, "protocol version mismatch")                                          \
+    X(INVALID_KEY, -400, "invalid key")                                                            \
+    X(INVALID_PARAMS, -600, "invalid parameters")                                                  \
+    X(INVALID_WRITE, -700, "invalid write")                                                        \
+    X(INVALID_READ, -701, "invalid read")                                                          \
+    X(INVALID_REPLICA, -702, "invalid replica")                                                    \
+    X(REPLICA_IS_NOT_READY, -703, "object is not complete yet")                                    \
+    X(OBJECT_NOT_FOUND, -704, "object not found")                                                  \
+    X(OBJECT_ALREADY_EXISTS, -705, "object already exists")                                        \
+    X(OBJECT_HAS_LEASE, -706, "object has a read lease")                                           \
+    X(LEASE_EXPIRED, -707, "read lease expired before the transfer completed")                     \
+    X(TRANSFER_FAIL, -800, "transfer failed")                                                      \
+    X(RPC_FAIL, -900, "rpc failed")                                                                \
+    X(TIMED_OUT, -901, "timed out")                                                                \
+    X(NO_MEMORY, -1500, "out of memory")                                                           \
+    X(PROTOCOL_ERROR, -1501, "malformed message")                                                  \
+    X(IO_ERROR, -1502, "i/o error")                                                                \
     X(UNSUPPORTED, -1503, "not supported")
 
 /* TIMED_OUT uses Mooncake's RPC_TIMEOUT number; NO_MEMORY and the codes after it are

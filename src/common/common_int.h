@@ -10,11 +10,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVS_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
-#define KVS_MIN(a, b) ((a) < (b) ? (a) : (b))
-#define KVS_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define KVS_ARRAY_SIZE(a)  (sizeof(a) / sizeof((a)[0]))
+#define KVS_MIN(a, b)      ((a) < (b) ? (a) : (b))
+#define KVS_MAX(a, b)      ((a) > (b) ? (a) : (b))
 #define KVS_ALIGN_UP(x, a) (((x) + (a)-1) / (a) * (a))
-#define KVS_UNUSED(x) ((void)(x))
+#define KVS_UNUSED(x)      ((void)(x))
 
 /* Longest key accepted anywhere (bytes, excluding any terminator). */
 #define KVS_MAX_KEY_LEN 1024u
@@ -35,14 +35,14 @@ void kvs__log_set_level(kvs_log_level_t level);
 void kvs__log(kvs_log_level_t level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-#define KVS_LOG_(lvl, ...)                                                                  \
-    do {                                                                                    \
-        if ((lvl) <= kvs__log_level())                                                      \
-            kvs__log((lvl), __FILE__, __LINE__, __VA_ARGS__);                               \
+#define KVS_LOG_(lvl, ...)                                                                         \
+    do {                                                                                           \
+        if ((lvl) <= kvs__log_level())                                                             \
+            kvs__log((lvl), __FILE__, __LINE__, __VA_ARGS__);                                      \
     } while (0)
 #define kvs_error(...) KVS_LOG_(KVS_LOG_ERROR, __VA_ARGS__)
-#define kvs_warn(...) KVS_LOG_(KVS_LOG_WARN, __VA_ARGS__)
-#define kvs_info(...) KVS_LOG_(KVS_LOG_INFO, __VA_ARGS__)
+#define kvs_warn(...)  KVS_LOG_(KVS_LOG_WARN, __VA_ARGS__)
+#define kvs_info(...)  KVS_LOG_(KVS_LOG_INFO, __VA_ARGS__)
 #define kvs_debug(...) KVS_LOG_(KVS_LOG_DEBUG, __VA_ARGS__)
 #define kvs_trace(...) KVS_LOG_(KVS_LOG_TRACE, __VA_ARGS__)
 
@@ -70,7 +70,7 @@ void kvs__alloc_inject_failure(long n, bool sticky);
 /* Monotonic time in nanoseconds. */
 uint64_t kvs__now_ns(void);
 #define KVS_NS_PER_MS 1000000ull
-#define KVS_NS_PER_S 1000000000ull
+#define KVS_NS_PER_S  1000000000ull
 
 /* ---- sizes and configuration ------------------------------------------------------------ */
 

@@ -24,8 +24,10 @@ static kvs_log_level_t log_level_from_env(void)
         if (strcasecmp(v, level_names[i]) == 0)
             return (kvs_log_level_t)i;
     }
-    fprintf(stderr, "kvstash: KVS_LOG_LEVEL=%s is not one of error|warn|info|debug|trace; "
-                    "using warn\n", v);
+    fprintf(stderr,
+            "kvstash: KVS_LOG_LEVEL=%s is not one of error|warn|info|debug|trace; "
+            "using warn\n",
+            v);
     return KVS_LOG_WARN;
 }
 
@@ -54,8 +56,8 @@ void kvs__log(kvs_log_level_t level, const char *file, int line, const char *fmt
     const char *base = strrchr(file, '/');
     base = base ? base + 1 : file;
     int n = snprintf(buf, sizeof(buf), "%02d:%02d:%02d.%03ld kvstash[%d] %s %s:%d: ", tm.tm_hour,
-                     tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000, (int)getpid(),
-                     level_names[level], base, line);
+                     tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000, (int)getpid(), level_names[level],
+                     base, line);
     if (n < 0)
         return;
     va_list ap;

@@ -4,8 +4,8 @@
 const char *kvs_status_str(int status)
 {
     switch (status) {
-#define KVS_STATUS_STR_(name, num, msg)                                                         \
-    case (num):                                                                                 \
+#define KVS_STATUS_STR_(name, num, msg)                                                            \
+    case (num):                                                                                    \
         return (msg);
         KVS_STATUS_TABLE(KVS_STATUS_STR_)
 #undef KVS_STATUS_STR_
@@ -17,8 +17,8 @@ const char *kvs_status_str(int status)
 const char *kvs_status_name(int status)
 {
     switch (status) {
-#define KVS_STATUS_NAME_(name, num, msg)                                                        \
-    case (num):                                                                                 \
+#define KVS_STATUS_NAME_(name, num, msg)                                                           \
+    case (num):                                                                                    \
         return #name;
         KVS_STATUS_TABLE(KVS_STATUS_NAME_)
 #undef KVS_STATUS_NAME_

@@ -89,7 +89,8 @@ int kvs__parse_size(const char *text, uint64_t *bytes_p)
     while (ulen > 0 && isspace((unsigned char)unit[ulen - 1]))
         ulen--;
     for (size_t i = 0; i < KVS_ARRAY_SIZE(size_units); i++) {
-        if (strlen(size_units[i].name) == ulen && strncasecmp(unit, size_units[i].name, ulen) == 0) {
+        if (strlen(size_units[i].name) == ulen &&
+            strncasecmp(unit, size_units[i].name, ulen) == 0) {
             uint64_t mult = size_units[i].mult;
             if (whole != 0 && mult > UINT64_MAX / whole)
                 return KVS_INVALID_PARAMS;

@@ -3,10 +3,10 @@
 
 #include <string.h>
 
-#define SL_LOG 4u
+#define SL_LOG   4u
 #define SL_COUNT (1u << SL_LOG)
 #define FL_COUNT 64u
-#define NBINS (FL_COUNT * SL_COUNT)
+#define NBINS    (FL_COUNT * SL_COUNT)
 /* How many blocks of the request's own bin the fallback scan looks at. */
 #define FALLBACK_SCAN_LIMIT 256u
 
@@ -88,7 +88,7 @@ static void free_list_remove(kvs__seg_alloc_t *a, uint32_t i)
     if (n->next_free != KVS_SEG_ALLOC_NIL)
         a->nodes[n->next_free].prev_free = n->prev_free;
     if (a->heads[b] == KVS_SEG_ALLOC_NIL) {
-        a->sl_bitmap[b / SL_COUNT] &= (uint16_t)~(1u << (b % SL_COUNT));
+        a->sl_bitmap[b / SL_COUNT] &= (uint16_t) ~(1u << (b % SL_COUNT));
         if (a->sl_bitmap[b / SL_COUNT] == 0)
             a->fl_bitmap &= ~(1ull << (b / SL_COUNT));
     }
@@ -189,8 +189,7 @@ static uint32_t find_block(const kvs__seg_alloc_t *a, uint64_t units)
     return best;
 }
 
-int kvs__seg_alloc_alloc(kvs__seg_alloc_t *a, uint64_t size, uint64_t *offset_p,
-                         uint32_t *handle_p)
+int kvs__seg_alloc_alloc(kvs__seg_alloc_t *a, uint64_t size, uint64_t *offset_p, uint32_t *handle_p)
 {
     if (a == NULL || size == 0 || offset_p == NULL || handle_p == NULL)
         return KVS_INVALID_PARAMS;

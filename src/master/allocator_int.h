@@ -9,7 +9,7 @@
 
 /* Offsets handed out are multiples of this; objects start 64-byte aligned in the segment. */
 #define KVS_SEG_ALLOC_ALIGN 64u
-#define KVS_SEG_ALLOC_NIL UINT32_MAX
+#define KVS_SEG_ALLOC_NIL   UINT32_MAX
 
 typedef struct kvs__seg_alloc kvs__seg_alloc_t;
 

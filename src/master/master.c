@@ -5,19 +5,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define COUNTERS_(X)                                                                        \
-    X(segments_mounted)                                                                     \
-    X(segments_unmounted)                                                                   \
-    X(segments_expired)                                                                     \
-    X(puts_started)                                                                         \
-    X(puts_ended)                                                                           \
-    X(puts_revoked)                                                                         \
-    X(puts_discarded)                                                                       \
-    X(puts_no_space)                                                                        \
-    X(lookups)                                                                              \
-    X(lookup_hits)                                                                          \
-    X(removes)                                                                              \
-    X(evictions)                                                                            \
+#define COUNTERS_(X)                                                                               \
+    X(segments_mounted)                                                                            \
+    X(segments_unmounted)                                                                          \
+    X(segments_expired)                                                                            \
+    X(puts_started)                                                                                \
+    X(puts_ended)                                                                                  \
+    X(puts_revoked)                                                                                \
+    X(puts_discarded)                                                                              \
+    X(puts_no_space)                                                                               \
+    X(lookups)                                                                                     \
+    X(lookup_hits)                                                                                 \
+    X(removes)                                                                                     \
+    X(evictions)                                                                                   \
     X(evicted_bytes)
 
 typedef struct {
@@ -341,9 +341,8 @@ int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, const kvs__mount_req_t 
     s->last_heartbeat_ns = now_ns;
     m->segs[m->nseg++] = s;
     m->c.segments_mounted++;
-    kvs_info("segment %llu '%s' mounted: %llu bytes on node '%s' at %s",
-             (unsigned long long)s->id, s->name, (unsigned long long)s->size, s->node,
-             s->endpoint);
+    kvs_info("segment %llu '%s' mounted: %llu bytes on node '%s' at %s", (unsigned long long)s->id,
+             s->name, (unsigned long long)s->size, s->node, s->endpoint);
     *segment_id_p = s->id;
     return KVS_OK;
 }
@@ -480,8 +479,7 @@ static uint32_t order_candidates(kvs__master_t *m, const kvs__put_start_req_t *r
         }
     }
     seg_t *first[2] = {same_node ? batch_seg : NULL,
-                       req->preferred_segment.len ? seg_by_name(m, req->preferred_segment)
-                                                  : NULL};
+                       req->preferred_segment.len ? seg_by_name(m, req->preferred_segment) : NULL};
     for (int k = 0; k < 2; k++) {
         for (uint32_t i = 0; first[k] != NULL && i < n; i++) {
             if (out[i] == first[k]) {
@@ -609,8 +607,7 @@ int kvs__master_put_start(kvs__master_t *m, uint64_t now_ns, const kvs__put_star
     for (uint32_t i = 0; i < req->n; i++) {
         kvs__obj_desc_t *d = &rsp->objs[i];
         d->status = bad ? KVS_INVALID_PARAMS
-                        : put_start_one(m, now_ns, req, &req->items[i], cand, &batch_seg, arena,
-                                        d);
+                        : put_start_one(m, now_ns, req, &req->items[i], cand, &batch_seg, arena, d);
     }
     /* Eviction after the whole batch: the batch's own objects are pending and never evicted,
      * and the segment table then reports the state the writer will find. */
@@ -787,7 +784,8 @@ int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t 
         return KVS_INVALID_PARAMS;
     uint32_t limit = req->limit ? KVS_MIN(req->limit, KVS_MAX_BATCH) : LIST_DEFAULT_LIMIT;
     memset(rsp, 0, sizeof(*rsp));
-    rsp->entries = kvs__arena_alloc(arena, (size_t)KVS_MIN(limit, m->nobjs) * sizeof(*rsp->entries));
+    rsp->entries =
+        kvs__arena_alloc(arena, (size_t)KVS_MIN(limit, m->nobjs) * sizeof(*rsp->entries));
     if (rsp->entries == NULL)
         return KVS_NO_MEMORY;
     for (size_t b = 0; b < m->nbuckets; b++) {
@@ -817,8 +815,7 @@ static const counter_desc_t counter_descs[] = {
 #undef COUNTER_DESC_
 };
 
-int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena,
-                     kvs__stat_rsp_t *rsp)
+int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs__stat_rsp_t *rsp)
 {
     if (m == NULL || arena == NULL || rsp == NULL)
         return KVS_INVALID_PARAMS;
@@ -835,7 +832,7 @@ int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena,
         cap += s->size;
         used += kvs__seg_alloc_used(s->alloc);
         rsp->segs[rsp->nseg++] = (kvs__seg_info_t){
-            s->id,         kvs__str_c(s->name), kvs__str_c(s->node), kvs__str_c(s->endpoint),
+            s->id,   kvs__str_c(s->name),          kvs__str_c(s->node), kvs__str_c(s->endpoint),
             s->size, kvs__seg_alloc_used(s->alloc)};
     }
     kvs__counter_t *c = rsp->counters;

@@ -65,8 +65,7 @@ int kvs__master_remove(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t 
                        kvs__arena_t *arena, kvs__status_list_rsp_t *rsp);
 int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t *arena,
                      kvs__list_rsp_t *rsp);
-int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena,
-                     kvs__stat_rsp_t *rsp);
+int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs__stat_rsp_t *rsp);
 
 /* Time-driven work: discards stale puts and drops silent owners. Cheap when nothing is due. */
 void kvs__master_tick(kvs__master_t *m, uint64_t now_ns);

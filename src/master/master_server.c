@@ -360,8 +360,7 @@ static bool conn_read(kvs__master_server_t *s, conn_t *c)
 static bool conn_write(conn_t *c)
 {
     while (c->out_sent < c->out.len) {
-        ssize_t n = send(c->fd, c->out.data + c->out_sent, c->out.len - c->out_sent,
-                         MSG_NOSIGNAL);
+        ssize_t n = send(c->fd, c->out.data + c->out_sent, c->out.len - c->out_sent, MSG_NOSIGNAL);
         if (n > 0) {
             c->out_sent += (size_t)n;
         } else if (n < 0 && errno == EINTR) {

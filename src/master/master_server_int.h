@@ -7,11 +7,11 @@
 #include "master_int.h"
 
 typedef struct {
-    const char *bind_host;   /* default "127.0.0.1" */
-    uint16_t port;           /* 0: any free port (see kvs__master_server_port) */
-    uint32_t max_payload;    /* largest request accepted (default 64 MiB) */
-    uint32_t max_conns;      /* connections beyond this are closed at accept (default 4096) */
-    uint64_t tick_ms;        /* how often time-driven work runs (default 100) */
+    const char *bind_host; /* default "127.0.0.1" */
+    uint16_t port;         /* 0: any free port (see kvs__master_server_port) */
+    uint32_t max_payload;  /* largest request accepted (default 64 MiB) */
+    uint32_t max_conns;    /* connections beyond this are closed at accept (default 4096) */
+    uint64_t tick_ms;      /* how often time-driven work runs (default 100) */
     kvs__master_config_t master;
 } kvs__master_server_config_t;
 

@@ -98,10 +98,10 @@ static int check_range(kvs__data_server_t *s, const kvs__data_req_t *r, char **a
 void __tsan_ignore_thread_begin(void);
 void __tsan_ignore_thread_end(void);
 #define TSAN_IGNORE_BEGIN() __tsan_ignore_thread_begin()
-#define TSAN_IGNORE_END() __tsan_ignore_thread_end()
+#define TSAN_IGNORE_END()   __tsan_ignore_thread_end()
 #else
 #define TSAN_IGNORE_BEGIN() ((void)0)
-#define TSAN_IGNORE_END() ((void)0)
+#define TSAN_IGNORE_END()   ((void)0)
 #endif
 
 /* Moves segment bytes between the socket and the segment. Segment memory is shared with every
@@ -138,8 +138,10 @@ static void serve(kvs__data_server_t *s, int fd)
         int rc = kvs__frame_hdr_decode(hb, sizeof(hb), KVS_DATA_REQ_LEN + KVS_DATA_MAX_CHUNK, &h);
         if (rc != KVS_OK) {
             atomic_fetch_add(&s->refused, 1);
-            send_error(fd, 0, rc, rc == KVS_INVALID_VERSION ? "unsupported protocol version"
-                                                            : "bad frame header", deadline);
+            send_error(fd, 0, rc,
+                       rc == KVS_INVALID_VERSION ? "unsupported protocol version"
+                                                 : "bad frame header",
+                       deadline);
             return;
         }
         if (h.type == KVS_MSG_HELLO && !hello && h.len <= sizeof(pb)) {
@@ -311,8 +313,7 @@ int kvs__data_server_create(const kvs__data_server_config_t *cfg, kvs__data_serv
     s->cfg = *cfg;
     pthread_rwlock_init(&s->seg_lock, NULL);
     pthread_mutex_init(&s->conn_lock, NULL);
-    s->listen_fd = kvs__tcp_listen(cfg->bind_host ? cfg->bind_host : "127.0.0.1", cfg->port,
-                                   512);
+    s->listen_fd = kvs__tcp_listen(cfg->bind_host ? cfg->bind_host : "127.0.0.1", cfg->port, 512);
     if (s->listen_fd < 0) {
         int rc = s->listen_fd;
         s->listen_fd = -1;

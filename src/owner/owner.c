@@ -38,8 +38,7 @@ static int owner_mount(kvs__owner_t *o)
     kvs__wbuf_init(&rsp);
     kvs__frame_begin(&req, KVS_MSG_MOUNT, 0);
     kvs__mount_req_t m = {kvs__rpc_hello(o->rpc)->client_id, kvs__str_c(o->name),
-                          kvs__str_c(kvs__rpc_node(o->rpc)), kvs__str_c(o->endpoint),
-                          o->mem.size};
+                          kvs__str_c(kvs__rpc_node(o->rpc)), kvs__str_c(o->endpoint), o->mem.size};
     kvs__mount_req_encode(&req, &m);
     int rc = owner_call(o, &req, &rsp);
     kvs__mount_rsp_t mr;
@@ -59,8 +58,7 @@ static int owner_mount(kvs__owner_t *o)
     kvs__wbuf_free(&rsp);
     if (rc == KVS_OK)
         kvs_info("segment '%s' (%llu bytes) mounted as %llu, served at %s", o->name,
-                 (unsigned long long)o->mem.size, (unsigned long long)o->segment_id,
-                 o->endpoint);
+                 (unsigned long long)o->mem.size, (unsigned long long)o->segment_id, o->endpoint);
     else
         kvs_error("cannot mount segment '%s': %s", o->name, kvs_status_str(rc));
     return rc;
@@ -137,12 +135,12 @@ int kvs__owner_create(const kvs__owner_config_t *cfg, kvs__owner_t **owner_p)
     rc = kvs__data_server_create(&cfg->data, &o->data);
     if (rc != KVS_OK)
         goto err;
-    kvs__rpc_config_t rcfg = {.host = cfg->master_host, .port = cfg->master_port,
-                              .timeout_ms = cfg->rpc_timeout_ms};
+    kvs__rpc_config_t rcfg = {
+        .host = cfg->master_host, .port = cfg->master_port, .timeout_ms = cfg->rpc_timeout_ms};
     rc = kvs__rpc_open(&rcfg, &o->rpc);
     if (rc != KVS_OK)
         goto err;
-    const char *adv = cfg->advertise_host ? cfg->advertise_host
+    const char *adv = cfg->advertise_host   ? cfg->advertise_host
                       : cfg->data.bind_host ? cfg->data.bind_host
                                             : "127.0.0.1";
     snprintf(o->endpoint, sizeof(o->endpoint), "%s:%u", adv,

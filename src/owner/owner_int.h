@@ -8,8 +8,8 @@
 /* ---- segment memory ------------------------------------------------------------------- */
 
 typedef struct {
-    int fd;       /* memfd; shared with same-host readers later (shm transport) */
-    void *base;   /* MAP_SHARED mapping of the whole segment */
+    int fd;     /* memfd; shared with same-host readers later (shm transport) */
+    void *base; /* MAP_SHARED mapping of the whole segment */
     uint64_t size;
 } kvs__segment_mem_t;
 
@@ -21,10 +21,10 @@ void kvs__segment_mem_destroy(kvs__segment_mem_t *mem);
 /* ---- data server ---------------------------------------------------------------------- */
 
 typedef struct {
-    const char *bind_host; /* default 127.0.0.1 */
-    uint16_t port;         /* 0: any free port */
-    uint32_t max_conns;    /* default 1024 */
-    uint64_t io_timeout_ms; /* a frame once begun must complete within this (default 5000) */
+    const char *bind_host;    /* default 127.0.0.1 */
+    uint16_t port;            /* 0: any free port */
+    uint32_t max_conns;       /* default 1024 */
+    uint64_t io_timeout_ms;   /* a frame once begun must complete within this (default 5000) */
     uint64_t inject_delay_us; /* tests: stall this long before answering each data request */
 } kvs__data_server_config_t;
 
@@ -36,8 +36,7 @@ typedef struct kvs__data_server kvs__data_server_t;
 int kvs__data_server_create(const kvs__data_server_config_t *cfg, kvs__data_server_t **srv_p);
 uint16_t kvs__data_server_port(const kvs__data_server_t *srv);
 /* Serves [base, base + size) as segment `segment_id`. Every request is checked against it. */
-int kvs__data_server_add(kvs__data_server_t *srv, uint64_t segment_id, void *base,
-                         uint64_t size);
+int kvs__data_server_add(kvs__data_server_t *srv, uint64_t segment_id, void *base, uint64_t size);
 /* Stops serving a segment; waits for requests that are using it. */
 int kvs__data_server_remove(kvs__data_server_t *srv, uint64_t segment_id);
 /* Requests served and refused so far. */

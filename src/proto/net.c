@@ -25,8 +25,8 @@ int kvs__set_nonblock(int fd, bool on)
 
 static int resolve(const char *host, uint16_t port, int passive, struct addrinfo **res_p)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = passive ? AI_PASSIVE : 0};
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = passive ? AI_PASSIVE : 0};
     char ports[8];
     snprintf(ports, sizeof(ports), "%u", (unsigned)port);
     int rc = getaddrinfo(host, ports, &hints, res_p);
@@ -60,8 +60,7 @@ int kvs__tcp_listen(const char *host, uint16_t port, int backlog)
     }
     freeaddrinfo(res);
     if (fd < 0) {
-        kvs_error("cannot listen on %s:%u: %s", host ? host : "*", (unsigned)port,
-                  strerror(err));
+        kvs_error("cannot listen on %s:%u: %s", host ? host : "*", (unsigned)port, strerror(err));
         return KVS_IO_ERROR;
     }
     return fd;
@@ -210,7 +209,7 @@ static int rpc_exchange(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
     if (rc == KVS_OK) {
         rc = kvs__frame_hdr_decode(hb, sizeof(hb), KVS_FRAME_MAX_PAYLOAD, &h);
         if (rc == KVS_OK && (h.req_id != id || (h.type != (sent.type | KVS_RSP_FLAG) &&
-                                                 h.type != (KVS_MSG_ERROR | KVS_RSP_FLAG))))
+                                                h.type != (KVS_MSG_ERROR | KVS_RSP_FLAG))))
             rc = KVS_PROTOCOL_ERROR;
     }
     if (rc == KVS_OK) {
@@ -239,8 +238,8 @@ static int rpc_exchange(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
     if (h.type == (KVS_MSG_ERROR | KVS_RSP_FLAG)) {
         kvs__error_rsp_t e;
         if (kvs__error_rsp_decode(rsp->data, rsp->len, NULL, &e) == KVS_OK) {
-            kvs_error("master refused %s: %.*s (%s)", kvs__msg_name(sent.type),
-                      (int)e.message.len, e.message.ptr, kvs_status_name(e.status));
+            kvs_error("master refused %s: %.*s (%s)", kvs__msg_name(sent.type), (int)e.message.len,
+                      e.message.ptr, kvs_status_name(e.status));
             return e.status < 0 ? e.status : KVS_RPC_FAIL;
         }
         return KVS_RPC_FAIL;
@@ -279,8 +278,8 @@ static int rpc_connect(kvs__rpc_t *rpc)
     kvs__wbuf_free(&w);
     kvs__wbuf_free(&rsp);
     if (rc != KVS_OK) {
-        kvs_error("handshake with the master at %s:%u failed: %s", rpc->host,
-                  (unsigned)rpc->port, kvs_status_str(rc));
+        kvs_error("handshake with the master at %s:%u failed: %s", rpc->host, (unsigned)rpc->port,
+                  kvs_status_str(rc));
         rpc_disconnect(rpc);
     }
     return rc;
@@ -288,8 +287,7 @@ static int rpc_connect(kvs__rpc_t *rpc)
 
 int kvs__rpc_open(const kvs__rpc_config_t *cfg, kvs__rpc_t **rpc_p)
 {
-    if (cfg == NULL || rpc_p == NULL || cfg->host == NULL || cfg->port == 0 ||
-        cfg->timeout_ms == 0)
+    if (cfg == NULL || rpc_p == NULL || cfg->host == NULL || cfg->port == 0 || cfg->timeout_ms == 0)
         return KVS_INVALID_PARAMS;
     kvs__rpc_t *rpc = kvs__calloc(1, sizeof(*rpc));
     if (rpc == NULL)

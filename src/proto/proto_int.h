@@ -10,16 +10,16 @@
 
 #include "../common/common_int.h"
 
-#define KVS_PROTO_MAGIC 0x5453564bu /* "KVST" in memory order */
+#define KVS_PROTO_MAGIC   0x5453564bu /* "KVST" in memory order */
 #define KVS_PROTO_VERSION 1u
 #define KVS_FRAME_HDR_LEN 16u
 /* Largest payload any decoder accepts unless a caller sets a smaller limit. */
 #define KVS_FRAME_MAX_PAYLOAD (64u << 20)
 /* Caps that hold whatever the payload size. */
-#define KVS_MAX_BATCH 65536u
+#define KVS_MAX_BATCH    65536u
 #define KVS_MAX_REPLICAS 16u
 #define KVS_MAX_NAME_LEN 256u
-#define KVS_RSP_FLAG 0x8000u
+#define KVS_RSP_FLAG     0x8000u
 
 typedef enum {
     KVS_MSG_HELLO = 1,
@@ -34,7 +34,7 @@ typedef enum {
     KVS_MSG_REMOVE = 10,
     KVS_MSG_LIST = 11,
     KVS_MSG_STAT = 12,
-    KVS_MSG_ERROR = 13, /* response only: a request the peer could not even decode */
+    KVS_MSG_ERROR = 13,      /* response only: a request the peer could not even decode */
     KVS_MSG_DATA_READ = 14,  /* owner data plane: data_req; response: i32 status + bytes */
     KVS_MSG_DATA_WRITE = 15, /* owner data plane: data_req + bytes; response: i32 status */
     KVS_MSG_MAX_ = 16,
@@ -269,8 +269,8 @@ typedef struct {
     uint64_t length;
 } kvs__data_req_t;
 
-#define KVS_DECLARE_CODEC_(name)                                                            \
-    void kvs__##name##_encode(kvs__wbuf_t *w, const kvs__##name##_t *m);                    \
+#define KVS_DECLARE_CODEC_(name)                                                                   \
+    void kvs__##name##_encode(kvs__wbuf_t *w, const kvs__##name##_t *m);                           \
     int kvs__##name##_decode(const void *p, size_t len, kvs__arena_t *a, kvs__##name##_t *m_p);
 
 KVS_DECLARE_CODEC_(hello_req)

@@ -4,13 +4,20 @@
 #include <string.h>
 
 static const char *const msg_names[KVS_MSG_MAX_] = {
-    [KVS_MSG_HELLO] = "HELLO",         [KVS_MSG_MOUNT] = "MOUNT",
-    [KVS_MSG_UNMOUNT] = "UNMOUNT",     [KVS_MSG_HEARTBEAT] = "HEARTBEAT",
-    [KVS_MSG_PUT_START] = "PUT_START", [KVS_MSG_PUT_END] = "PUT_END",
-    [KVS_MSG_PUT_REVOKE] = "PUT_REVOKE", [KVS_MSG_LOOKUP] = "LOOKUP",
-    [KVS_MSG_EXISTS] = "EXISTS",       [KVS_MSG_REMOVE] = "REMOVE",
-    [KVS_MSG_LIST] = "LIST",           [KVS_MSG_STAT] = "STAT",
-    [KVS_MSG_ERROR] = "ERROR",         [KVS_MSG_DATA_READ] = "DATA_READ",
+    [KVS_MSG_HELLO] = "HELLO",
+    [KVS_MSG_MOUNT] = "MOUNT",
+    [KVS_MSG_UNMOUNT] = "UNMOUNT",
+    [KVS_MSG_HEARTBEAT] = "HEARTBEAT",
+    [KVS_MSG_PUT_START] = "PUT_START",
+    [KVS_MSG_PUT_END] = "PUT_END",
+    [KVS_MSG_PUT_REVOKE] = "PUT_REVOKE",
+    [KVS_MSG_LOOKUP] = "LOOKUP",
+    [KVS_MSG_EXISTS] = "EXISTS",
+    [KVS_MSG_REMOVE] = "REMOVE",
+    [KVS_MSG_LIST] = "LIST",
+    [KVS_MSG_STAT] = "STAT",
+    [KVS_MSG_ERROR] = "ERROR",
+    [KVS_MSG_DATA_READ] = "DATA_READ",
     [KVS_MSG_DATA_WRITE] = "DATA_WRITE",
 };
 
@@ -477,8 +484,7 @@ void kvs__put_start_req_encode(kvs__wbuf_t *w, const kvs__put_start_req_t *m)
     }
 }
 
-int kvs__put_start_req_decode(const void *p, size_t len, kvs__arena_t *a,
-                              kvs__put_start_req_t *m)
+int kvs__put_start_req_decode(const void *p, size_t len, kvs__arena_t *a, kvs__put_start_req_t *m)
 {
     kvs__rbuf_t r;
     kvs__rbuf_init(&r, p, len);
@@ -551,8 +557,7 @@ void kvs__placement_rsp_encode(kvs__wbuf_t *w, const kvs__placement_rsp_t *m)
     }
 }
 
-int kvs__placement_rsp_decode(const void *p, size_t len, kvs__arena_t *a,
-                              kvs__placement_rsp_t *m)
+int kvs__placement_rsp_decode(const void *p, size_t len, kvs__arena_t *a, kvs__placement_rsp_t *m)
 {
     kvs__rbuf_t r;
     kvs__rbuf_init(&r, p, len);
@@ -695,15 +700,15 @@ int kvs__data_req_decode(const void *p, size_t len, kvs__arena_t *a, kvs__data_r
 
 /* ---- decoder table for tests and fuzzers ------------------------------------------------ */
 
-#define ROUNDTRIP_(name)                                                                    \
-    static int roundtrip_##name(const void *p, size_t len, kvs__arena_t *a, kvs__wbuf_t *w) \
-    {                                                                                       \
-        kvs__##name##_t m;                                                                  \
-        int rc = kvs__##name##_decode(p, len, a, &m);                                       \
-        if (rc != KVS_OK)                                                                   \
-            return rc;                                                                      \
-        kvs__##name##_encode(w, &m);                                                        \
-        return w->failed ? KVS_NO_MEMORY : KVS_OK;                                          \
+#define ROUNDTRIP_(name)                                                                           \
+    static int roundtrip_##name(const void *p, size_t len, kvs__arena_t *a, kvs__wbuf_t *w)        \
+    {                                                                                              \
+        kvs__##name##_t m;                                                                         \
+        int rc = kvs__##name##_decode(p, len, a, &m);                                              \
+        if (rc != KVS_OK)                                                                          \
+            return rc;                                                                             \
+        kvs__##name##_encode(w, &m);                                                               \
+        return w->failed ? KVS_NO_MEMORY : KVS_OK;                                                 \
     }
 ROUNDTRIP_(hello_req)
 ROUNDTRIP_(hello_rsp)

@@ -103,8 +103,8 @@ static int cmd_stat(cli_t *c)
     for (uint32_t i = 0; i < rsp.nseg; i++) {
         const kvs__seg_info_t *s = &rsp.segs[i];
         printf("  #%llu %.*s on %.*s at %.*s: %s used of %s\n", (unsigned long long)s->id,
-               (int)s->name.len, s->name.ptr, (int)s->node.len, s->node.ptr,
-               (int)s->endpoint.len, s->endpoint.ptr, kvs__format_size(s->used, a, sizeof(a)),
+               (int)s->name.len, s->name.ptr, (int)s->node.len, s->node.ptr, (int)s->endpoint.len,
+               s->endpoint.ptr, kvs__format_size(s->used, a, sizeof(a)),
                kvs__format_size(s->size, b, sizeof(b)));
     }
     return 0;

@@ -16,40 +16,38 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: kvstash-server [--master-only | --owner-only] [options]\n"
-            "\n"
-            "Runs a kvstash store: by default an owner serving one memory segment together\n"
-            "with an embedded metadata master.\n"
-            "\n"
-            "  --master-only              run only the metadata master\n"
-            "  --owner-only               run only an owner; it joins the master of --master\n"
-            "  --master HOST:PORT         master an owner joins (default 127.0.0.1:50051)\n"
-            "  --segment-size SIZE        owner segment size, e.g. 4GiB (default 1GiB)\n"
-            "  --segment-name NAME        owner segment name (default HOST:DATAPORT)\n"
-            "  --data-port N              owner data port (default 0: any free port)\n"
-            "  --bind HOST                address to listen on (default 127.0.0.1)\n"
-            "  --port N                   master RPC port (default 50051; 0 picks a free one)\n"
-            "  --port-file PATH           write the master port (owner-only: the data port)\n"
-            "  --lease-ms N               read lease per lookup (default 10000)\n"
-            "  --heartbeat-timeout-ms N   drop an owner silent this long (default 10000)\n"
-            "  --put-discard-ms N         revoke puts not ended this long (default 30000)\n"
-            "  --high-watermark R         segment fill ratio that starts eviction (0.90)\n"
-            "  --evict-ratio R            share of a segment freed per eviction (0.05)\n"
-            "  --log-level LEVEL          error|warn|info|debug|trace (default info)\n"
-            "  --version                  print the version\n"
-            "  -h, --help                 this text\n"
-            "\n"
-            "Environment: KVS_MASTER_LEASE_MS, KVS_MASTER_HEARTBEAT_TIMEOUT_MS,\n"
-            "KVS_MASTER_PUT_DISCARD_MS, KVS_MASTER_HIGH_WATERMARK, KVS_MASTER_EVICT_RATIO,\n"
-            "KVS_LOG_LEVEL. Options override the environment.\n");
+    fprintf(f, "usage: kvstash-server [--master-only | --owner-only] [options]\n"
+               "\n"
+               "Runs a kvstash store: by default an owner serving one memory segment together\n"
+               "with an embedded metadata master.\n"
+               "\n"
+               "  --master-only              run only the metadata master\n"
+               "  --owner-only               run only an owner; it joins the master of --master\n"
+               "  --master HOST:PORT         master an owner joins (default 127.0.0.1:50051)\n"
+               "  --segment-size SIZE        owner segment size, e.g. 4GiB (default 1GiB)\n"
+               "  --segment-name NAME        owner segment name (default HOST:DATAPORT)\n"
+               "  --data-port N              owner data port (default 0: any free port)\n"
+               "  --bind HOST                address to listen on (default 127.0.0.1)\n"
+               "  --port N                   master RPC port (default 50051; 0 picks a free one)\n"
+               "  --port-file PATH           write the master port (owner-only: the data port)\n"
+               "  --lease-ms N               read lease per lookup (default 10000)\n"
+               "  --heartbeat-timeout-ms N   drop an owner silent this long (default 10000)\n"
+               "  --put-discard-ms N         revoke puts not ended this long (default 30000)\n"
+               "  --high-watermark R         segment fill ratio that starts eviction (0.90)\n"
+               "  --evict-ratio R            share of a segment freed per eviction (0.05)\n"
+               "  --log-level LEVEL          error|warn|info|debug|trace (default info)\n"
+               "  --version                  print the version\n"
+               "  -h, --help                 this text\n"
+               "\n"
+               "Environment: KVS_MASTER_LEASE_MS, KVS_MASTER_HEARTBEAT_TIMEOUT_MS,\n"
+               "KVS_MASTER_PUT_DISCARD_MS, KVS_MASTER_HIGH_WATERMARK, KVS_MASTER_EVICT_RATIO,\n"
+               "KVS_LOG_LEVEL. Options override the environment.\n");
 }
 
 static int parse_ms(const char *opt, const char *v, uint64_t *out)
 {
     if (kvs__parse_u64(v, 86400000ull, out) != KVS_OK) {
-        fprintf(stderr, "kvstash-server: %s wants milliseconds (0..86400000), got '%s'\n", opt,
-                v);
+        fprintf(stderr, "kvstash-server: %s wants milliseconds (0..86400000), got '%s'\n", opt, v);
         return -1;
     }
     return 0;
@@ -69,9 +67,24 @@ static int parse_ratio(const char *opt, const char *v, double *out)
 
 int main(int argc, char **argv)
 {
-    enum { O_MASTER_ONLY = 256, O_BIND, O_PORT, O_PORT_FILE, O_LEASE, O_HB, O_DISCARD, O_HWM,
-           O_EVICT, O_LOG, O_VERSION, O_OWNER_ONLY, O_MASTER, O_SEG_SIZE, O_SEG_NAME,
-           O_DATA_PORT };
+    enum {
+        O_MASTER_ONLY = 256,
+        O_BIND,
+        O_PORT,
+        O_PORT_FILE,
+        O_LEASE,
+        O_HB,
+        O_DISCARD,
+        O_HWM,
+        O_EVICT,
+        O_LOG,
+        O_VERSION,
+        O_OWNER_ONLY,
+        O_MASTER,
+        O_SEG_SIZE,
+        O_SEG_NAME,
+        O_DATA_PORT
+    };
     static const struct option opts[] = {
         {"master-only", no_argument, NULL, O_MASTER_ONLY},
         {"owner-only", no_argument, NULL, O_OWNER_ONLY},
@@ -115,8 +128,10 @@ int main(int argc, char **argv)
             break;
         case O_SEG_SIZE:
             if (kvs__parse_size(optarg, &seg_size) != KVS_OK || seg_size < 4096) {
-                fprintf(stderr, "kvstash-server: --segment-size wants a size of at least 4KiB "
-                                "(e.g. 4GiB), got '%s'\n", optarg);
+                fprintf(stderr,
+                        "kvstash-server: --segment-size wants a size of at least 4KiB "
+                        "(e.g. 4GiB), got '%s'\n",
+                        optarg);
                 return 2;
             }
             break;
@@ -125,8 +140,7 @@ int main(int argc, char **argv)
             break;
         case O_DATA_PORT:
             if (kvs__parse_u64(optarg, 65535, &data_port) != KVS_OK) {
-                fprintf(stderr, "kvstash-server: --data-port wants 0..65535, got '%s'\n",
-                        optarg);
+                fprintf(stderr, "kvstash-server: --data-port wants 0..65535, got '%s'\n", optarg);
                 return 2;
             }
             break;
@@ -214,8 +228,8 @@ int main(int argc, char **argv)
     if (!owner_only) {
         rc = kvs__master_server_create(&cfg, &master);
         if (rc != KVS_OK) {
-            fprintf(stderr, "kvstash-server: cannot start the master on %s:%u: %s\n",
-                    cfg.bind_host, (unsigned)cfg.port, kvs_status_str(rc));
+            fprintf(stderr, "kvstash-server: cannot start the master on %s:%u: %s\n", cfg.bind_host,
+                    (unsigned)cfg.port, kvs_status_str(rc));
             goto out;
         }
         rc = kvs__master_server_start(master);
@@ -226,16 +240,17 @@ int main(int argc, char **argv)
                 cfg.bind_host, (unsigned)shown_port);
     }
     if (!master_only) {
-        kvs__owner_config_t oc = {.segment_size = seg_size, .segment_name = seg_name,
-                                  .rpc_timeout_ms = 5000};
+        kvs__owner_config_t oc = {
+            .segment_size = seg_size, .segment_name = seg_name, .rpc_timeout_ms = 5000};
         kvs__data_server_config_init(&oc.data);
         oc.data.bind_host = cfg.bind_host;
         oc.data.port = (uint16_t)data_port;
         char *host = NULL;
         uint16_t mport = 0;
         if (owner_only) {
-            if (kvs__parse_host_port(master_addr ? master_addr : "127.0.0.1:50051",
-                                     "127.0.0.1", &host, &mport) != KVS_OK || mport == 0) {
+            if (kvs__parse_host_port(master_addr ? master_addr : "127.0.0.1:50051", "127.0.0.1",
+                                     &host, &mport) != KVS_OK ||
+                mport == 0) {
                 fprintf(stderr, "kvstash-server: --master wants HOST:PORT, got '%s'\n",
                         master_addr);
                 exit_code = 2;
@@ -249,8 +264,9 @@ int main(int argc, char **argv)
         oc.master_port = mport;
         rc = kvs__owner_create(&oc, &owner);
         if (rc != KVS_OK) {
-            fprintf(stderr, "kvstash-server: cannot start the owner (segment %llu bytes, "
-                            "master %s:%u): %s\n",
+            fprintf(stderr,
+                    "kvstash-server: cannot start the owner (segment %llu bytes, "
+                    "master %s:%u): %s\n",
                     (unsigned long long)seg_size, host, (unsigned)mport, kvs_status_str(rc));
             kvs__free(host);
             goto out;

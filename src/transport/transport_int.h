@@ -19,9 +19,10 @@ typedef enum {
 
 /* Capability bits. */
 #define KVS_TRANSPORT_CAP_SAME_HOST 0x1u /* only reaches owners on this host */
-#define KVS_TRANSPORT_CAP_GPU_DEST 0x2u  /* local fragments may be device memory */
-#define KVS_TRANSPORT_CAP_ZERO_COPY 0x4u /* bytes go straight between socket/segment and
-                                          * local memory, no intermediate buffer */
+#define KVS_TRANSPORT_CAP_GPU_DEST  0x2u /* local fragments may be device memory */
+#define KVS_TRANSPORT_CAP_ZERO_COPY                                                                \
+    0x4u /* bytes go straight between socket/segment and                                           \
+          * local memory, no intermediate buffer */
 
 typedef struct kvs_transport kvs_transport_t;
 typedef struct kvs_endpoint kvs_endpoint_t;

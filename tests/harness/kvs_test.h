@@ -16,7 +16,10 @@ typedef struct {
     kvs_test_fn fn;
 } kvs_test_case_t;
 
-#define KVS_TEST_CASE(fn) {#fn, fn}
+#define KVS_TEST_CASE(fn)                                                                          \
+    {                                                                                              \
+#fn, fn                                                                                    \
+    }
 
 /* Runs the cases named on the command line, or all of them. `--list` lists them. The time
  * limit per case is KVS_TEST_TIMEOUT_S (default 300). KVS_TEST_NOFORK=1 runs in-process. */
@@ -26,59 +29,61 @@ int kvs_test_main(int argc, char **argv, const kvs_test_case_t *cases, size_t nc
 void kvs_test_fail(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4), noreturn));
 
-#define CHECK(cond)                                                                         \
-    do {                                                                                    \
-        if (!(cond))                                                                        \
-            kvs_test_fail(__FILE__, __LINE__, "CHECK(%s) failed", #cond);                   \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            kvs_test_fail(__FILE__, __LINE__, "CHECK(%s) failed", #cond);                          \
     } while (0)
 
-#define CHECK_EQ_INT(a, b)                                                                  \
-    do {                                                                                    \
-        long long a_ = (long long)(a), b_ = (long long)(b);                                 \
-        if (a_ != b_)                                                                       \
-            kvs_test_fail(__FILE__, __LINE__, "%s == %s: %lld != %lld", #a, #b, a_, b_);    \
+#define CHECK_EQ_INT(a, b)                                                                         \
+    do {                                                                                           \
+        long long a_ = (long long)(a), b_ = (long long)(b);                                        \
+        if (a_ != b_)                                                                              \
+            kvs_test_fail(__FILE__, __LINE__, "%s == %s: %lld != %lld", #a, #b, a_, b_);           \
     } while (0)
 
-#define CHECK_EQ_U64(a, b)                                                                  \
-    do {                                                                                    \
-        unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b);      \
-        if (a_ != b_)                                                                       \
-            kvs_test_fail(__FILE__, __LINE__, "%s == %s: %llu != %llu", #a, #b, a_, b_);    \
+#define CHECK_EQ_U64(a, b)                                                                         \
+    do {                                                                                           \
+        unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b);             \
+        if (a_ != b_)                                                                              \
+            kvs_test_fail(__FILE__, __LINE__, "%s == %s: %llu != %llu", #a, #b, a_, b_);           \
     } while (0)
 
-#define CHECK_CMP_U64(a, op, b)                                                             \
-    do {                                                                                    \
-        unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b);      \
-        if (!(a_ op b_))                                                                    \
-            kvs_test_fail(__FILE__, __LINE__, "%s %s %s: %llu vs %llu", #a, #op, #b, a_, b_); \
+#define CHECK_CMP_U64(a, op, b)                                                                    \
+    do {                                                                                           \
+        unsigned long long a_ = (unsigned long long)(a), b_ = (unsigned long long)(b);             \
+        if (!(a_ op b_))                                                                           \
+            kvs_test_fail(__FILE__, __LINE__, "%s %s %s: %llu vs %llu", #a, #op, #b, a_, b_);      \
     } while (0)
 
 /* Compares status codes and prints their names. */
-#define CHECK_STATUS(a, b)                                                                  \
-    do {                                                                                    \
-        int a_ = (int)(a), b_ = (int)(b);                                                   \
-        if (a_ != b_)                                                                       \
-            kvs_test_fail(__FILE__, __LINE__, "%s == %s: %d (%s) != %d (%s)", #a, #b, a_,   \
-                          kvs_status_name(a_), b_, kvs_status_name(b_));                    \
+#define CHECK_STATUS(a, b)                                                                         \
+    do {                                                                                           \
+        int a_ = (int)(a), b_ = (int)(b);                                                          \
+        if (a_ != b_)                                                                              \
+            kvs_test_fail(__FILE__, __LINE__, "%s == %s: %d (%s) != %d (%s)", #a, #b, a_,          \
+                          kvs_status_name(a_), b_, kvs_status_name(b_));                           \
     } while (0)
 
-#define CHECK_EQ_STR(a, b)                                                                  \
-    do {                                                                                    \
-        const char *a_ = (a), *b_ = (b);                                                    \
-        if (a_ == NULL || b_ == NULL || strcmp(a_, b_) != 0)                                \
-            kvs_test_fail(__FILE__, __LINE__, "%s == %s: \"%s\" != \"%s\"", #a, #b,         \
-                          a_ ? a_ : "(null)", b_ ? b_ : "(null)");                          \
+#define CHECK_EQ_STR(a, b)                                                                         \
+    do {                                                                                           \
+        const char *a_ = (a), *b_ = (b);                                                           \
+        if (a_ == NULL || b_ == NULL || strcmp(a_, b_) != 0)                                       \
+            kvs_test_fail(__FILE__, __LINE__, "%s == %s: \"%s\" != \"%s\"", #a, #b,                \
+                          a_ ? a_ : "(null)", b_ ? b_ : "(null)");                                 \
     } while (0)
 
-#define CHECK_EQ_MEM(a, b, n)                                                               \
-    do {                                                                                    \
-        size_t n_ = (n);                                                                    \
-        const unsigned char *a_ = (const void *)(a), *b_ = (const void *)(b);               \
-        for (size_t i_ = 0; i_ < n_; i_++) {                                                \
-            if (a_[i_] != b_[i_])                                                           \
-                kvs_test_fail(__FILE__, __LINE__, "%s == %s: differ at byte %zu of %zu: "   \
-                              "0x%02x != 0x%02x", #a, #b, i_, n_, a_[i_], b_[i_]);          \
-        }                                                                                   \
+#define CHECK_EQ_MEM(a, b, n)                                                                      \
+    do {                                                                                           \
+        size_t n_ = (n);                                                                           \
+        const unsigned char *a_ = (const void *)(a), *b_ = (const void *)(b);                      \
+        for (size_t i_ = 0; i_ < n_; i_++) {                                                       \
+            if (a_[i_] != b_[i_])                                                                  \
+                kvs_test_fail(__FILE__, __LINE__,                                                  \
+                              "%s == %s: differ at byte %zu of %zu: "                              \
+                              "0x%02x != 0x%02x",                                                  \
+                              #a, #b, i_, n_, a_[i_], b_[i_]);                                     \
+        }                                                                                          \
     } while (0)
 
 /* Deterministic xorshift random numbers for tests (seed from KVS_TEST_SEED or fixed). */

@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #define MAX_WINDOW 64u
-#define IOV_BATCH 64
+#define IOV_BATCH  64
 
 typedef struct tcp_conn tcp_conn_t;
 
@@ -83,8 +83,8 @@ int kvs__tcp_config_init(kvs__tcp_config_t *cfg)
 {
     if (cfg == NULL)
         return KVS_INVALID_PARAMS;
-    *cfg = (kvs__tcp_config_t){.conns_per_peer = 4, .chunk_bytes = 2u << 20, .window = 8,
-                               .io_timeout_ms = 5000};
+    *cfg = (kvs__tcp_config_t){
+        .conns_per_peer = 4, .chunk_bytes = 2u << 20, .window = 8, .io_timeout_ms = 5000};
     uint64_t conns = cfg->conns_per_peer, window = cfg->window;
     int rc = KVS_OK;
     if (kvs__env_u64("KVS_TCP_CONNECTIONS", 64, &conns) != KVS_OK ||
@@ -193,9 +193,9 @@ static int conn_open(tcp_conn_t *c)
     if (rc == KVS_OK)
         rc = io_all(fd, true, pb, rh.len);
     kvs__hello_rsp_t hr;
-    if (rc == KVS_OK && (rh.type != (KVS_MSG_HELLO | KVS_RSP_FLAG) ||
-                         kvs__hello_rsp_decode(pb, rh.len, NULL, &hr) != KVS_OK ||
-                         hr.status != KVS_OK))
+    if (rc == KVS_OK &&
+        (rh.type != (KVS_MSG_HELLO | KVS_RSP_FLAG) ||
+         kvs__hello_rsp_decode(pb, rh.len, NULL, &hr) != KVS_OK || hr.status != KVS_OK))
         rc = KVS_PROTOCOL_ERROR;
     kvs__wbuf_free(&w);
     if (rc != KVS_OK) {
@@ -329,8 +329,8 @@ static void process_window(tcp_conn_t *c, chunk_t **win, uint32_t n)
         int rc = conn_open(c);
         if (rc != KVS_OK) {
             for (uint32_t i = 0; i < n; i++)
-                chunk_complete(win[i], batch_cancelled(win[i]->b) ? KVS_TIMED_OUT
-                                                                  : KVS_TRANSFER_FAIL);
+                chunk_complete(win[i],
+                               batch_cancelled(win[i]->b) ? KVS_TIMED_OUT : KVS_TRANSFER_FAIL);
             return;
         }
     }
