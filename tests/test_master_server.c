@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "kvs_test.h"
 #include "rpc_helpers.h"
+#include "server_fixture.h"
 #include "proto/net_int.h"
 
 #include <signal.h>
@@ -13,67 +14,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-typedef struct {
-    pid_t pid;
-    uint16_t port;
-    char port_file[64];
-} server_t;
-
-static void server_start(server_t *s, const char *const *extra)
+/* Every server here is a master only. */
+static void master_start(server_t *s, const char *const *extra)
 {
-    snprintf(s->port_file, sizeof(s->port_file), "/tmp/kvs-test-port-%d", (int)getpid());
-    unlink(s->port_file);
-    const char *argv[32] = {KVS_SERVER_PATH, "--master-only", "--port",      "0",
-                            "--port-file",   s->port_file,    "--log-level", "error"};
-    int n = 8;
-    for (int i = 0; extra && extra[i] && n < 31; i++)
-        argv[n++] = extra[i];
-    argv[n] = NULL;
-    s->pid = fork();
-    CHECK(s->pid >= 0);
-    if (s->pid == 0) {
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    for (int i = 0; i < 500; i++) {
-        FILE *f = fopen(s->port_file, "r");
-        unsigned port = 0;
-        if (f != NULL) {
-            int got = fscanf(f, "%u", &port);
-            fclose(f);
-            if (got == 1 && port > 0) {
-                s->port = (uint16_t)port;
-                return;
-            }
-        }
-        int st;
-        CHECK_EQ_INT(waitpid(s->pid, &st, WNOHANG), 0); /* still starting, not dead */
-        usleep(10000);
-    }
-    kvs_test_fail(__FILE__, __LINE__, "server did not start");
-}
-
-static void server_check_alive(server_t *s)
-{
-    int st;
-    CHECK_EQ_INT(waitpid(s->pid, &st, WNOHANG), 0);
-}
-
-static void server_stop(server_t *s)
-{
-    CHECK_EQ_INT(kill(s->pid, SIGTERM), 0);
-    int st = 0;
-    for (int i = 0; i < 500; i++) {
-        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-            CHECK(WIFEXITED(st));
-            CHECK_EQ_INT(WEXITSTATUS(st), 0);
-            unlink(s->port_file);
-            return;
-        }
-        usleep(10000);
-    }
-    kill(s->pid, SIGKILL);
-    kvs_test_fail(__FILE__, __LINE__, "server ignored SIGTERM");
+    const char *args[16] = {"--master-only"};
+    int n = 1;
+    for (int i = 0; extra && extra[i] && n < 15; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    server_start(s, args);
 }
 
 static kvs__rpc_t *client(server_t *s)
@@ -206,7 +155,7 @@ static void say_hello(int fd)
 static void test_serves_valid_requests(void)
 {
     server_t s;
-    server_start(&s, NULL);
+    master_start(&s, NULL);
     kvs__rpc_t *rpc = client(&s);
     mount_and_put(rpc, "seg1", "hello");
     CHECK_EQ_U64(rpc_stat_counter(rpc, "objects"), 1);
@@ -218,7 +167,7 @@ static void test_serves_valid_requests(void)
 static void test_malformed_frames_drop_only_their_connection(void)
 {
     server_t s;
-    server_start(&s, NULL);
+    master_start(&s, NULL);
     kvs__rpc_t *good = client(&s);
     mount_and_put(good, "seg1", "before");
 
@@ -302,7 +251,7 @@ static void test_malformed_frames_drop_only_their_connection(void)
 static void test_random_frames_do_not_hurt(void)
 {
     server_t s;
-    server_start(&s, NULL);
+    master_start(&s, NULL);
     uint8_t payload[512];
     for (int round = 0; round < 200; round++) {
         int fd = raw_connect(&s);
@@ -341,7 +290,7 @@ static void test_liveness_over_the_network(void)
 {
     server_t s;
     const char *extra[] = {"--heartbeat-timeout-ms", "300", NULL};
-    server_start(&s, extra);
+    master_start(&s, extra);
     kvs__rpc_t *rpc = client(&s);
     mount_and_put(rpc, "seg", "k");
     CHECK_EQ_U64(rpc_stat_counter(rpc, "segments"), 1);
@@ -380,7 +329,7 @@ static int run_cli(const char *args)
 static void test_cli(void)
 {
     server_t s;
-    server_start(&s, NULL);
+    master_start(&s, NULL);
     kvs__rpc_t *rpc = client(&s);
     mount_and_put(rpc, "seg", "cli-key");
     char args[128];

@@ -3,6 +3,7 @@
 #ifndef KVSTASH_KVSTASH_H
 #define KVSTASH_KVSTASH_H
 
+#include <kvstash/client.h>
 #include <kvstash/status.h>
 #include <kvstash/version.h>
 

@@ -50,6 +50,10 @@ const char *kvs_status_str(int status);
 /* Returns the symbolic name ("OBJECT_NOT_FOUND") of a status, or "UNKNOWN". Static string. */
 const char *kvs_status_name(int status);
 
+/* The calling thread's one-line explanation of the last failed kvstash call ("" if none yet).
+ * Thread-local; valid until that thread's next failing call. */
+const char *kvs_last_error(void);
+
 #ifdef __cplusplus
 }
 #endif

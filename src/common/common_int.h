@@ -46,6 +46,10 @@ void kvs__log(kvs_log_level_t level, const char *file, int line, const char *fmt
 #define kvs_debug(...) KVS_LOG_(KVS_LOG_DEBUG, __VA_ARGS__)
 #define kvs_trace(...) KVS_LOG_(KVS_LOG_TRACE, __VA_ARGS__)
 
+/* Records the calling thread's explanation of a failure (read back by kvs_last_error), logs it
+ * at debug level and returns `status`, so public functions can `return kvs__fail(...)`. */
+int kvs__fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* ---- allocation ----------------------------------------------------------------------- */
 
 /* Every heap allocation of the library goes through these so that tests can count live bytes

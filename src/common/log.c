@@ -71,3 +71,22 @@ void kvs__log(kvs_log_level_t level, const char *file, int line, const char *fmt
     ssize_t w = write(STDERR_FILENO, buf, len);
     KVS_UNUSED(w);
 }
+
+static _Thread_local char last_error[512];
+
+const char *kvs_last_error(void)
+{
+    return last_error;
+}
+
+int kvs__fail(int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < sizeof(last_error) - 24)
+        snprintf(last_error + n, sizeof(last_error) - (size_t)n, " (%s)", kvs_status_name(status));
+    kvs_debug("%s", last_error);
+    return status;
+}

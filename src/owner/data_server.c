@@ -50,6 +50,9 @@ void kvs__data_server_config_init(kvs__data_server_config_t *cfg)
     cfg->bind_host = "127.0.0.1";
     cfg->max_conns = 1024;
     cfg->io_timeout_ms = 5000;
+    /* Fault injection for integration tests (a slow owner); never set in production. */
+    if (kvs__env_u64("KVS_DATA_INJECT_DELAY_US", 60000000, &cfg->inject_delay_us) != KVS_OK)
+        cfg->inject_delay_us = 0;
 }
 
 /* Sends a response frame made of a header and an i32 status, plus `extra` more payload bytes

@@ -7,4 +7,8 @@ int kvs__bench_allocator_main(int argc, char **argv);
 /* `kvstash bench transport [options]`: loopback transport throughput against plain sockets. */
 int kvs__bench_transport_main(int argc, char **argv);
 
+/* `kvstash bench client [options]`: put and multi-buffer get throughput against the store at
+ * `master` (NULL: the client default). */
+int kvs__bench_client_main(const char *master, int argc, char **argv);
+
 #endif

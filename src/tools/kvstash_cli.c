@@ -1,10 +1,12 @@
-/* kvstash: the command line. Talks to the master for `ls` and `stat`, and runs benchmarks. */
+/* kvstash: the command line. put/get/rm go through the public client API; ls and stat ask the
+ * master directly; bench runs the benchmarks. */
 #define _GNU_SOURCE
 #include "cli_int.h"
 #include "proto/net_int.h"
 
 #include <kvstash/kvstash.h>
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,10 +16,14 @@ static void usage(FILE *f)
     fprintf(f, "usage: kvstash [--master HOST:PORT] [--timeout-ms N] COMMAND [ARGS]\n"
                "\n"
                "Commands:\n"
+               "  put KEY FILE|-            store FILE (or standard input) under KEY\n"
+               "  get KEY FILE|-            write object KEY to FILE (or standard output)\n"
+               "  rm KEY [--force]          remove KEY (--force: even while leased)\n"
                "  ls [PREFIX] [--limit N]   list keys (complete and pending) with sizes\n"
                "  stat                      master counters and mounted segments\n"
                "  bench allocator [...]     allocator replay benchmark (--help for options)\n"
                "  bench transport [...]     loopback tcp transport vs plain sockets\n"
+               "  bench client [...]        put and multi-buffer get throughput against a store\n"
                "\n"
                "The master defaults to $KVS_MASTER, else 127.0.0.1:50051.\n");
 }
@@ -110,6 +116,124 @@ static int cmd_stat(cli_t *c)
     return 0;
 }
 
+/* ---- put / get / rm through the client API ------------------------------------------------ */
+
+/* Reads all of `f` into a new buffer (caller frees). */
+static int slurp(FILE *f, char **data_p, size_t *size_p)
+{
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (buf == NULL)
+            return -1;
+        size_t n = fread(buf + len, 1, cap - len, f);
+        len += n;
+        if (n == 0)
+            break;
+        if (len == cap) {
+            char *grown = realloc(buf, cap * 2);
+            if (grown == NULL)
+                free(buf);
+            buf = grown;
+            cap *= 2;
+        }
+    }
+    if (ferror(f)) {
+        free(buf);
+        return -1;
+    }
+    *data_p = buf;
+    *size_p = len;
+    return 0;
+}
+
+static int cmd_put(kvs_client_t *c, const char *key, const char *path)
+{
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (f == NULL) {
+        fprintf(stderr, "kvstash put: cannot open '%s': %s\n", path, strerror(errno));
+        return 1;
+    }
+    char *data;
+    size_t size;
+    int r = slurp(f, &data, &size);
+    if (f != stdin)
+        fclose(f);
+    if (r != 0) {
+        fprintf(stderr, "kvstash put: cannot read '%s'\n", path);
+        return 1;
+    }
+    if (size == 0) {
+        fprintf(stderr, "kvstash put: '%s' is empty; objects hold at least one byte\n", path);
+        free(data);
+        return 1;
+    }
+    int rc = kvs_client_put(c, key, data, size, NULL);
+    free(data);
+    if (rc != KVS_OK) {
+        fprintf(stderr, "kvstash put: %s\n", kvs_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+static int cmd_get(kvs_client_t *c, const char *key, const char *path)
+{
+    void *data;
+    size_t size;
+    int rc = kvs_client_get(c, key, &data, &size);
+    if (rc != KVS_OK) {
+        fprintf(stderr, "kvstash get: %s\n", kvs_last_error());
+        return 1;
+    }
+    bool out = strcmp(path, "-") == 0;
+    FILE *f = out ? stdout : fopen(path, "wb");
+    int ret = 0;
+    if (f == NULL || fwrite(data, 1, size, f) != size || (out ? fflush(f) : fclose(f)) != 0) {
+        fprintf(stderr, "kvstash get: cannot write '%s': %s\n", path, strerror(errno));
+        ret = 1;
+    }
+    kvs_free(data);
+    return ret;
+}
+
+static int cmd_rm(kvs_client_t *c, const char *key, bool force)
+{
+    if (kvs_client_remove(c, key, force) != KVS_OK) {
+        fprintf(stderr, "kvstash rm: %s\n", kvs_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+static int client_cmd(const char *master, uint64_t timeout_ms, const char *cmd, int argc,
+                      char **argv)
+{
+    bool force = argc == 2 && strcmp(cmd, "rm") == 0 && strcmp(argv[1], "--force") == 0;
+    int want = strcmp(cmd, "rm") == 0 ? 1 : 2;
+    if (argc != want && !force) {
+        fprintf(stderr, "kvstash %s: wants %s\n", cmd,
+                want == 1 ? "KEY [--force]" : "KEY FILE|-");
+        return 2;
+    }
+    kvs_client_config_t cfg;
+    if (kvs_client_config_init(&cfg) != KVS_OK)
+        fprintf(stderr, "kvstash: %s; using the default\n", kvs_last_error());
+    cfg.master = master;
+    cfg.rpc_timeout_ms = timeout_ms;
+    cfg.transfer_timeout_ms = timeout_ms;
+    kvs_client_t *c;
+    if (kvs_client_open(&cfg, &c) != KVS_OK) {
+        fprintf(stderr, "kvstash: %s\n", kvs_last_error());
+        return 1;
+    }
+    int ret = strcmp(cmd, "put") == 0   ? cmd_put(c, argv[0], argv[1])
+              : strcmp(cmd, "get") == 0 ? cmd_get(c, argv[0], argv[1])
+                                        : cmd_rm(c, argv[0], force);
+    kvs_client_close(c);
+    return ret;
+}
+
 int main(int argc, char **argv)
 {
     const char *master = getenv("KVS_MASTER");
@@ -145,10 +269,15 @@ int main(int argc, char **argv)
             return kvs__bench_allocator_main(argc - i, argv + i);
         if (i < argc && strcmp(argv[i], "transport") == 0)
             return kvs__bench_transport_main(argc - i, argv + i);
-        fprintf(stderr, "kvstash bench: unknown benchmark '%s' (known: allocator, transport)\n",
+        if (i < argc && strcmp(argv[i], "client") == 0)
+            return kvs__bench_client_main(master, argc - i, argv + i);
+        fprintf(stderr,
+                "kvstash bench: unknown benchmark '%s' (known: allocator, transport, client)\n",
                 i < argc ? argv[i] : "");
         return 2;
     }
+    if (strcmp(cmd, "put") == 0 || strcmp(cmd, "get") == 0 || strcmp(cmd, "rm") == 0)
+        return client_cmd(master, timeout_ms, cmd, argc - i, argv + i);
     if (strcmp(cmd, "ls") != 0 && strcmp(cmd, "stat") != 0) {
         fprintf(stderr, "kvstash: unknown command '%s'\n", cmd);
         usage(stderr);

@@ -1,0 +1,194 @@
+/* The kvstash client: puts objects into the store and reads them back, above all into
+ * fragmented destinations (paged KV caches). One client may be shared by many threads.
+ *
+ * Results. Calls on one key return 0 (or a size) on success and a negative kvs_status_t on
+ * failure. Batch calls return KVS_OK when the call itself was carried out and write one result
+ * per key into `results`; a call-level failure (bad arguments, master unreachable) returns the
+ * negative status, writes no results and leaves the store unchanged. After a failure,
+ * kvs_last_error() gives a one-line explanation for the calling thread.
+ *
+ * Memory. Zero-copy calls (`*_from`, `*_into`) require every fragment to lie inside one buffer
+ * registered with kvs_client_register_buffer(); a fragment that does not is refused with
+ * KVS_INVALID_PARAMS for its key before any I/O. kvs_client_put() and kvs_client_get() copy and
+ * take any memory. Every pointer argument is borrowed for the duration of the call unless said
+ * otherwise; destinations belong to the caller again when the call returns, whatever happened. */
+#ifndef KVSTASH_CLIENT_H
+#define KVSTASH_CLIENT_H
+
+#include <kvstash/status.h>
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvs_client kvs_client_t;
+
+/* ---- setup ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    /* Master RPC address "HOST:PORT" (borrowed during open). NULL: $KVS_MASTER, else
+     * 127.0.0.1:50051. */
+    const char *master;
+    /* "tcp" or "auto" ("auto" picks the best transport each owner supports; this version has
+     * tcp only). NULL: $KVS_PROTOCOL, else "auto". */
+    const char *protocol;
+    /* This host's name for same-node placement. NULL: gethostname(). */
+    const char *local_hostname;
+    uint64_t rpc_timeout_ms;      /* each master call, reconnection included (5000) */
+    uint64_t transfer_timeout_ms; /* each read or write call's data transfers (5000) */
+} kvs_client_config_t;
+
+/* Fills defaults, then KVS_MASTER, KVS_PROTOCOL, KVS_RPC_TIMEOUT_MS and
+ * KVS_TRANSFER_TIMEOUT_MS from the environment. Returns KVS_INVALID_PARAMS (and keeps the
+ * default) for a malformed environment value. */
+int kvs_client_config_init(kvs_client_config_t *cfg);
+
+/* Connects to the master. On success *client_p is a new client (free with kvs_client_close). */
+int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p);
+
+/* Waits for this client's in-flight calls (bounded by their transfer deadline), unmounts its
+ * segments and frees it. NULL is a no-op. No other call on the client may start after it. */
+void kvs_client_close(kvs_client_t *client);
+
+/* Makes this client an owner too: creates a memory segment of `size` bytes, serves it on a data
+ * port of this host (tcp) and mounts it with the master under `name` (NULL: "HOST:PORT").
+ * `advertise_host` is the address other hosts reach it at (NULL: 127.0.0.1). The segment lives
+ * until the client closes. */
+int kvs_client_mount_segment(kvs_client_t *client, uint64_t size, const char *name,
+                             const char *advertise_host);
+
+/* Registers [addr, addr + len) for zero-copy calls. Its memory type is decided here, once.
+ * Registrations may not overlap (KVS_INVALID_PARAMS). Device memory is refused with
+ * KVS_UNSUPPORTED by this build. The memory stays the caller's. */
+int kvs_client_register_buffer(kvs_client_t *client, void *addr, size_t len);
+
+/* Unregisters the buffer registered at `addr`, waiting first for in-flight calls that use it
+ * (bounded by their transfer deadline). KVS_INVALID_PARAMS if nothing is registered there. */
+int kvs_client_unregister_buffer(kvs_client_t *client, void *addr);
+
+/* ---- writes --------------------------------------------------------------------------------- */
+
+typedef struct {
+    uint32_t replica_num;           /* copies on distinct segments (default 1, at most 16) */
+    const char *preferred_segment;  /* segment name to place the first copy on, or NULL */
+    bool prefer_alloc_in_same_node; /* place a batch's objects together on one segment */
+} kvs_replicate_config_t;
+
+/* Defaults: one replica, no preferred segment, spread placement. */
+void kvs_replicate_config_init(kvs_replicate_config_t *rc);
+
+/* A fragment of memory. */
+typedef struct {
+    void *ptr;
+    size_t len;
+} kvs_buf_t;
+
+/* Stores `size` bytes from any memory under `key`. KVS_OBJECT_ALREADY_EXISTS if the key is
+ * present (objects are immutable: remove first), KVS_NO_AVAILABLE_HANDLE if the store has no
+ * room even after eviction. `rc` may be NULL for defaults. */
+int kvs_client_put(kvs_client_t *client, const char *key, const void *data, size_t size,
+                   const kvs_replicate_config_t *rc);
+
+/* As kvs_client_put, from registered memory. */
+int kvs_client_put_from(kvs_client_t *client, const char *key, const void *buf, size_t size,
+                        const kvs_replicate_config_t *rc);
+
+/* `n` objects from registered memory, each one contiguous buffer; one result per key. */
+int kvs_client_batch_put_from(kvs_client_t *client, size_t n, const char *const keys[],
+                              const kvs_buf_t bufs[], const kvs_replicate_config_t *rc,
+                              int results[]);
+
+/* `n` objects, object i gathered in order from the `nbufs[i]` fragments `bufs[i]`. */
+int kvs_client_batch_put_from_multi(kvs_client_t *client, size_t n, const char *const keys[],
+                                    const kvs_buf_t *const bufs[], const size_t nbufs[],
+                                    const kvs_replicate_config_t *rc, int results[]);
+
+/* ---- reads ---------------------------------------------------------------------------------- */
+
+/* Reads object `key` into the registered buffer [buf, buf + size), which must be at least as
+ * large as the object (else KVS_INVALID_PARAMS, buffer untouched). Returns the object size. */
+int64_t kvs_client_get_into(kvs_client_t *client, const char *key, void *buf, size_t size);
+
+/* Batch of kvs_client_get_into; results[i] is the size of object i or a negative status. */
+int kvs_client_batch_get_into(kvs_client_t *client, size_t n, const char *const keys[],
+                              const kvs_buf_t bufs[], int64_t results[]);
+
+/* Reads object i into the `nbufs[i]` registered fragments `bufs[i]`, in order; the fragments
+ * must add up to the object's size exactly (else KVS_INVALID_PARAMS for that key before any
+ * I/O, its fragments untouched). A key may appear more than once (into different fragments).
+ * Fragments that overlap get unspecified bytes. results[i] is the object size or a negative status:
+ * KVS_OBJECT_NOT_FOUND, KVS_REPLICA_IS_NOT_READY, KVS_LEASE_EXPIRED (the transfer finished
+ * after the read lease from the lookup ran out: the bytes cannot be trusted), KVS_TIMED_OUT,
+ * KVS_TRANSFER_FAIL. A failed key's fragments may hold partial data.
+ *
+ * `prefer_alloc_in_same_node` selects grouped reads: a replica on this host is preferred and all
+ * keys read from one owner go in one submission. Otherwise each key is its own submission, all
+ * in flight together. */
+int kvs_client_batch_get_into_multi_buffers(kvs_client_t *client, size_t n,
+                                            const char *const keys[],
+                                            const kvs_buf_t *const bufs[], const size_t nbufs[],
+                                            bool prefer_alloc_in_same_node, int64_t results[]);
+
+/* Reads a whole object into new memory: *data_p (caller frees with kvs_free) and *size_p. */
+int kvs_client_get(kvs_client_t *client, const char *key, void **data_p, size_t *size_p);
+
+/* Frees memory returned by kvs_client_get. NULL is a no-op. */
+void kvs_free(void *ptr);
+
+/* ---- metadata ------------------------------------------------------------------------------- */
+
+/* Removes an object. Refused with KVS_OBJECT_HAS_LEASE while a reader holds a lease and with
+ * KVS_REPLICA_IS_NOT_READY while its put is in progress, unless `force`. */
+int kvs_client_remove(kvs_client_t *client, const char *key, bool force);
+
+/* 1 if the object exists and is complete, 0 if not, negative on error. */
+int kvs_client_exists(kvs_client_t *client, const char *key);
+int kvs_client_batch_exists(kvs_client_t *client, size_t n, const char *const keys[],
+                            int results[]);
+
+/* The object's size, or a negative status. Takes a read lease like any lookup. */
+int64_t kvs_client_get_size(kvs_client_t *client, const char *key);
+
+/* ---- statistics ----------------------------------------------------------------------------- */
+
+/* Latency histogram: bucket 0 counts calls under 1 µs, bucket i (i >= 1) calls of
+ * [2^(i-1), 2^i) µs; the last bucket also takes everything longer. */
+#define KVS_HIST_BUCKETS 32
+typedef struct {
+    uint64_t count;
+    uint64_t sum_ns;
+    uint64_t max_ns;
+    uint64_t buckets[KVS_HIST_BUCKETS];
+} kvs_histogram_t;
+
+/* An upper bound (µs) of the q-quantile (0 < q <= 1) of the calls in `h`; 0 when empty. */
+double kvs_histogram_quantile_us(const kvs_histogram_t *h, double q);
+
+/* Counters since open. "calls" count API calls, "keys" the keys they carried. */
+typedef struct {
+    uint64_t put_calls, put_keys, put_bytes, put_failed_keys;
+    uint64_t get_calls, get_keys, get_bytes, get_failed_keys;
+    uint64_t get_grouped_calls;  /* reads in grouped mode */
+    uint64_t get_submissions;    /* transport submissions of reads */
+    uint64_t get_lease_expired;  /* keys that failed with KVS_LEASE_EXPIRED */
+    uint64_t get_timed_out;      /* keys that failed with KVS_TIMED_OUT */
+    uint64_t get_transfer_fail;  /* keys that failed with KVS_TRANSFER_FAIL */
+    uint64_t remove_calls, exists_calls, size_calls;
+    uint64_t rpc_failures;       /* master calls that failed */
+    uint64_t registered_buffers; /* currently registered */
+    uint64_t registered_bytes;
+    kvs_histogram_t put_latency; /* per put call, end to end */
+    kvs_histogram_t get_latency; /* per read call, end to end */
+} kvs_client_stats_t;
+
+/* Copies a snapshot of the counters into *stats_p. */
+int kvs_client_get_stats(kvs_client_t *client, kvs_client_stats_t *stats_p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

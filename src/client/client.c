@@ -1,0 +1,556 @@
+/* Client setup, buffer registration, metadata calls and statistics. The data paths (puts and
+ * reads) are in client_io.c. */
+#define _GNU_SOURCE
+#include "client_int.h"
+#include "../transport/tcp/tcp_int.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#define DEFAULT_MASTER "127.0.0.1:50051"
+#define DAY_MS         86400000ull
+
+int kvs_client_config_init(kvs_client_config_t *cfg)
+{
+    if (cfg == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS, "kvs_client_config_init: cfg is NULL");
+    *cfg = (kvs_client_config_t){
+        .master = getenv("KVS_MASTER"),
+        .protocol = getenv("KVS_PROTOCOL"),
+        .rpc_timeout_ms = 5000,
+        .transfer_timeout_ms = 5000,
+    };
+    int rc = KVS_OK;
+    uint64_t v = cfg->rpc_timeout_ms;
+    if (kvs__env_u64("KVS_RPC_TIMEOUT_MS", DAY_MS, &v) == KVS_OK && v > 0)
+        cfg->rpc_timeout_ms = v;
+    else
+        rc = kvs__fail(KVS_INVALID_PARAMS, "KVS_RPC_TIMEOUT_MS must be 1..%llu",
+                       (unsigned long long)DAY_MS);
+    v = cfg->transfer_timeout_ms;
+    if (kvs__env_u64("KVS_TRANSFER_TIMEOUT_MS", DAY_MS, &v) == KVS_OK && v > 0)
+        cfg->transfer_timeout_ms = v;
+    else
+        rc = kvs__fail(KVS_INVALID_PARAMS, "KVS_TRANSFER_TIMEOUT_MS must be 1..%llu",
+                       (unsigned long long)DAY_MS);
+    return rc;
+}
+
+/* ---- open and close -------------------------------------------------------------------------- */
+
+static int check_protocol(const char *p)
+{
+    if (p == NULL || strcmp(p, "auto") == 0 || strcmp(p, "tcp") == 0)
+        return KVS_OK;
+    if (strcmp(p, "rdma") == 0) {
+        /* Mooncake's default: accepted so that its callers work unchanged. */
+        kvs_warn("protocol 'rdma' is not available in kvstash; using 'auto'");
+        return KVS_OK;
+    }
+    return kvs__fail(KVS_INVALID_PARAMS, "protocol '%s' is not one of tcp, auto (or rdma)", p);
+}
+
+int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
+{
+    if (cfg == NULL || client_p == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS, "kvs_client_open: cfg and client_p are required");
+    if (cfg->rpc_timeout_ms == 0 || cfg->transfer_timeout_ms == 0 ||
+        cfg->rpc_timeout_ms > DAY_MS || cfg->transfer_timeout_ms > DAY_MS)
+        return kvs__fail(KVS_INVALID_PARAMS, "timeouts must be 1..%llu ms",
+                         (unsigned long long)DAY_MS);
+    int rc = check_protocol(cfg->protocol);
+    if (rc != KVS_OK)
+        return rc;
+    kvs_client_t *c = kvs__calloc(1, sizeof(*c));
+    if (c == NULL)
+        return kvs__fail(KVS_NO_MEMORY, "kvs_client_open: out of memory");
+    const char *master = cfg->master && *cfg->master ? cfg->master : DEFAULT_MASTER;
+    rc = kvs__parse_host_port(master, "127.0.0.1", &c->master_host, &c->master_port);
+    if (rc != KVS_OK || c->master_port == 0) {
+        rc = kvs__fail(KVS_INVALID_PARAMS, "master address '%s' is not HOST:PORT", master);
+        goto err_free;
+    }
+    c->transfer_timeout_ms = cfg->transfer_timeout_ms;
+    kvs__tcp_config_t tcfg;
+    rc = kvs__tcp_config_init(&tcfg);
+    if (rc == KVS_OK)
+        rc = kvs__tcp_transport_create(&tcfg, &c->tcp);
+    if (rc != KVS_OK) {
+        rc = kvs__fail(rc, "tcp transport setup failed (check KVS_TCP_* variables)");
+        goto err_free;
+    }
+    kvs__rpc_config_t rcfg = {c->master_host, c->master_port, cfg->local_hostname,
+                              cfg->rpc_timeout_ms};
+    rc = kvs__rpc_open(&rcfg, &c->rpc);
+    if (rc != KVS_OK) {
+        rc = kvs__fail(rc, "cannot reach the master at %s: %s", master, kvs_status_str(rc));
+        goto err_tcp;
+    }
+    c->node = kvs__strdup(kvs__rpc_node(c->rpc));
+    if (c->node == NULL) {
+        rc = kvs__fail(KVS_NO_MEMORY, "kvs_client_open: out of memory");
+        goto err_rpc;
+    }
+    pthread_rwlock_init(&c->reg_lock, NULL);
+    pthread_mutex_init(&c->wait_lock, NULL);
+    pthread_cond_init(&c->wait_cond, NULL);
+    pthread_mutex_init(&c->owners_lock, NULL);
+    *client_p = c;
+    return KVS_OK;
+
+err_rpc:
+    kvs__rpc_close(c->rpc);
+err_tcp:
+    c->tcp->ops->destroy(c->tcp);
+err_free:
+    kvs__free(c->master_host);
+    kvs__free(c);
+    return rc;
+}
+
+void kvs__client_enter(kvs_client_t *c)
+{
+    atomic_fetch_add(&c->calls, 1);
+}
+
+void kvs__client_leave(kvs_client_t *c)
+{
+    if (atomic_fetch_sub(&c->calls, 1) == 1) {
+        pthread_mutex_lock(&c->wait_lock);
+        pthread_cond_broadcast(&c->wait_cond);
+        pthread_mutex_unlock(&c->wait_lock);
+    }
+}
+
+void kvs_client_close(kvs_client_t *c)
+{
+    if (c == NULL)
+        return;
+    /* Calls in progress end by their own deadlines; nothing they write may outlive us. */
+    pthread_mutex_lock(&c->wait_lock);
+    while (atomic_load(&c->calls) > 0)
+        pthread_cond_wait(&c->wait_cond, &c->wait_lock);
+    pthread_mutex_unlock(&c->wait_lock);
+    for (size_t i = 0; i < c->nowners; i++)
+        kvs__owner_destroy(c->owners[i]);
+    kvs__free(c->owners);
+    c->tcp->ops->destroy(c->tcp);
+    kvs__rpc_close(c->rpc);
+    for (size_t i = 0; i < c->nregs; i++)
+        kvs__free(c->regs[i]);
+    kvs__free(c->regs);
+    pthread_rwlock_destroy(&c->reg_lock);
+    pthread_mutex_destroy(&c->wait_lock);
+    pthread_cond_destroy(&c->wait_cond);
+    pthread_mutex_destroy(&c->owners_lock);
+    kvs__free(c->node);
+    kvs__free(c->master_host);
+    kvs__free(c);
+}
+
+int kvs_client_mount_segment(kvs_client_t *c, uint64_t size, const char *name,
+                             const char *advertise_host)
+{
+    if (c == NULL || size == 0)
+        return kvs__fail(KVS_INVALID_PARAMS, "kvs_client_mount_segment: client and size > 0 "
+                                             "are required");
+    if (name != NULL && (*name == '\0' || strlen(name) > KVS_MAX_NAME_LEN))
+        return kvs__fail(KVS_INVALID_PARAMS, "segment name must be 1..%u bytes",
+                         KVS_MAX_NAME_LEN);
+    kvs__owner_config_t oc = {
+        .master_host = c->master_host,
+        .master_port = c->master_port,
+        .segment_name = name,
+        .segment_size = size,
+        .advertise_host = advertise_host,
+        .rpc_timeout_ms = 5000,
+    };
+    kvs__data_server_config_init(&oc.data);
+    kvs__client_enter(c);
+    pthread_mutex_lock(&c->owners_lock);
+    kvs__owner_t **grown = kvs__realloc(c->owners, (c->nowners + 1) * sizeof(*grown));
+    int rc = KVS_NO_MEMORY;
+    if (grown != NULL) {
+        c->owners = grown;
+        rc = kvs__owner_create(&oc, &c->owners[c->nowners]);
+        if (rc == KVS_OK)
+            c->nowners++;
+    }
+    pthread_mutex_unlock(&c->owners_lock);
+    kvs__client_leave(c);
+    if (rc != KVS_OK)
+        return kvs__fail(rc, "mounting a %llu-byte segment failed: %s", (unsigned long long)size,
+                         kvs_status_str(rc));
+    return KVS_OK;
+}
+
+/* ---- registration ---------------------------------------------------------------------------- */
+
+/* Memory type through the CUDA driver, if the process has loaded it. A device pointer can only
+ * exist once libcuda is in the process, so it is never loaded here (RTLD_NOLOAD). */
+static int classify_memory(const void *addr, int *domain_p)
+{
+    *domain_p = KVS_DOMAIN_HOST;
+    void *lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (lib == NULL)
+        return KVS_OK;
+    typedef int (*get_attr_fn)(void *, int, unsigned long long);
+    get_attr_fn get_attr = (get_attr_fn)(uintptr_t)dlsym(lib, "cuPointerGetAttribute");
+    unsigned int type = 0;
+    int ordinal = -1;
+    /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2 (CU_MEMORYTYPE_DEVICE = 2), ..._DEVICE_ORDINAL = 9 */
+    if (get_attr != NULL && get_attr(&type, 2, (unsigned long long)(uintptr_t)addr) == 0 &&
+        type == 2 && get_attr(&ordinal, 9, (unsigned long long)(uintptr_t)addr) == 0)
+        *domain_p = ordinal;
+    dlclose(lib);
+    return KVS_OK;
+}
+
+/* Index of the first buffer whose start is above `addr`. */
+static size_t reg_upper_locked(const kvs_client_t *c, uintptr_t addr)
+{
+    size_t lo = 0, hi = c->nregs;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (c->regs[mid]->start <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+int kvs_client_register_buffer(kvs_client_t *c, void *addr, size_t len)
+{
+    if (c == NULL || addr == NULL || len == 0 || (uintptr_t)addr > UINTPTR_MAX - len)
+        return kvs__fail(KVS_INVALID_PARAMS, "register_buffer: client, address and length > 0 "
+                                             "are required");
+    int domain;
+    classify_memory(addr, &domain);
+    if (domain != KVS_DOMAIN_HOST)
+        return kvs__fail(KVS_UNSUPPORTED,
+                         "register_buffer: %p is memory of GPU %d, and this build of kvstash "
+                         "has no GPU data path",
+                         addr, domain);
+    kvs__reg_t *r = kvs__calloc(1, sizeof(*r));
+    if (r == NULL)
+        return kvs__fail(KVS_NO_MEMORY, "register_buffer: out of memory");
+    r->start = (uintptr_t)addr;
+    r->end = r->start + len;
+    r->domain = domain;
+    pthread_rwlock_wrlock(&c->reg_lock);
+    size_t i = reg_upper_locked(c, r->start);
+    int rc = KVS_OK;
+    if ((i > 0 && c->regs[i - 1]->end > r->start) || (i < c->nregs && c->regs[i]->start < r->end))
+        rc = kvs__fail(KVS_INVALID_PARAMS, "register_buffer: [%p, +%zu) overlaps a registered "
+                                           "buffer",
+                       addr, len);
+    if (rc == KVS_OK && c->nregs == c->regs_cap) {
+        size_t cap = c->regs_cap ? c->regs_cap * 2 : 16;
+        kvs__reg_t **grown = kvs__realloc(c->regs, cap * sizeof(*grown));
+        if (grown == NULL) {
+            rc = kvs__fail(KVS_NO_MEMORY, "register_buffer: out of memory");
+        } else {
+            c->regs = grown;
+            c->regs_cap = cap;
+        }
+    }
+    if (rc == KVS_OK) {
+        memmove(&c->regs[i + 1], &c->regs[i], (c->nregs - i) * sizeof(*c->regs));
+        c->regs[i] = r;
+        c->nregs++;
+        c->reg_bytes += len;
+    }
+    pthread_rwlock_unlock(&c->reg_lock);
+    if (rc != KVS_OK)
+        kvs__free(r);
+    return rc;
+}
+
+int kvs_client_unregister_buffer(kvs_client_t *c, void *addr)
+{
+    if (c == NULL || addr == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS, "unregister_buffer: client and address required");
+    pthread_rwlock_wrlock(&c->reg_lock);
+    size_t i = reg_upper_locked(c, (uintptr_t)addr);
+    kvs__reg_t *r = i > 0 && c->regs[i - 1]->start == (uintptr_t)addr ? c->regs[i - 1] : NULL;
+    if (r != NULL) {
+        memmove(&c->regs[i - 1], &c->regs[i], (c->nregs - i) * sizeof(*c->regs));
+        c->nregs--;
+        c->reg_bytes -= r->end - r->start;
+        atomic_store(&r->dead, true);
+    }
+    pthread_rwlock_unlock(&c->reg_lock);
+    if (r == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS, "unregister_buffer: no buffer registered at %p",
+                         addr);
+    /* Calls that pinned it finish (or fail) within their transfer deadline. */
+    pthread_mutex_lock(&c->wait_lock);
+    while (atomic_load(&r->pins) > 0)
+        pthread_cond_wait(&c->wait_cond, &c->wait_lock);
+    pthread_mutex_unlock(&c->wait_lock);
+    kvs__free(r);
+    return KVS_OK;
+}
+
+bool kvs__reg_pin_locked(kvs_client_t *c, const void *ptr, size_t len, kvs__pinset_t *ps)
+{
+    uintptr_t p = (uintptr_t)ptr;
+    if (ptr == NULL || len == 0 || p > UINTPTR_MAX - len)
+        return false;
+    size_t i = reg_upper_locked(c, p);
+    if (i == 0 || c->regs[i - 1]->end < p + len)
+        return false;
+    kvs__reg_t *r = c->regs[i - 1];
+    /* Fragments of one call mostly share a buffer: pin it once. */
+    if (ps->n > 0 && ps->regs[ps->n - 1] == r)
+        return true;
+    if (ps->n == ps->cap) {
+        size_t cap = ps->cap ? ps->cap * 2 : 8;
+        kvs__reg_t **grown = kvs__realloc(ps->regs, cap * sizeof(*grown));
+        if (grown == NULL)
+            return false;
+        ps->regs = grown;
+        ps->cap = cap;
+    }
+    atomic_fetch_add(&r->pins, 1);
+    ps->regs[ps->n++] = r;
+    return true;
+}
+
+void kvs__pinset_release(kvs_client_t *c, kvs__pinset_t *ps)
+{
+    bool wake = false;
+    for (size_t i = 0; i < ps->n; i++) {
+        kvs__reg_t *r = ps->regs[i];
+        if (atomic_fetch_sub(&r->pins, 1) == 1 && atomic_load(&r->dead))
+            wake = true;
+    }
+    if (wake) {
+        pthread_mutex_lock(&c->wait_lock);
+        pthread_cond_broadcast(&c->wait_cond);
+        pthread_mutex_unlock(&c->wait_lock);
+    }
+    kvs__free(ps->regs);
+    *ps = (kvs__pinset_t){0};
+}
+
+/* ---- master calls ---------------------------------------------------------------------------- */
+
+int kvs__client_call(kvs_client_t *c, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
+{
+    int rc = kvs__frame_end(req);
+    if (rc == KVS_OK)
+        rc = kvs__rpc_call(c->rpc, req, rsp);
+    if (rc != KVS_OK) {
+        atomic_fetch_add(&c->st.rpc_failures, 1);
+        /* The transport's own codes become Mooncake's RPC_FAIL for callers. */
+        if (rc != KVS_TIMED_OUT && rc != KVS_NO_MEMORY && rc != KVS_INVALID_PARAMS)
+            rc = KVS_RPC_FAIL;
+    }
+    return rc;
+}
+
+int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
+                          const kvs__str_t *keys, kvs__wbuf_t *rsp)
+{
+    kvs__wbuf_t req;
+    kvs__wbuf_init(&req);
+    kvs__frame_begin(&req, type, 0);
+    kvs__keys_req_t kr = {flags, n, (kvs__str_t *)keys};
+    kvs__keys_req_encode(&req, &kr);
+    int rc = kvs__client_call(c, &req, rsp);
+    kvs__wbuf_free(&req);
+    return rc;
+}
+
+/* A keys call whose answer is one status per key: results[i] for keys[i]. */
+static int status_list_call(kvs_client_t *c, uint16_t type, uint32_t flags, size_t n,
+                            const char *const keys[], int results[])
+{
+    if (n == 0 || n > KVS_MAX_BATCH || keys == NULL || results == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS, "%s: 1..%u keys and a results array are required",
+                         kvs__msg_name(type), KVS_MAX_BATCH);
+    kvs__str_t *ks = kvs__calloc(n, sizeof(*ks));
+    if (ks == NULL)
+        return kvs__fail(KVS_NO_MEMORY, "%s: out of memory", kvs__msg_name(type));
+    for (size_t i = 0; i < n; i++) {
+        if (keys[i] == NULL || kvs__key_check(keys[i], strlen(keys[i])) != KVS_OK) {
+            kvs__free(ks);
+            return kvs__fail(KVS_INVALID_PARAMS, "%s: key %zu is empty, NULL or longer than %u",
+                             kvs__msg_name(type), i, KVS_MAX_KEY_LEN);
+        }
+        ks[i] = kvs__str_c(keys[i]);
+    }
+    kvs__wbuf_t rsp;
+    kvs__wbuf_init(&rsp);
+    kvs__arena_t arena;
+    kvs__arena_init(&arena);
+    int rc = kvs__client_keys_call(c, type, flags, (uint32_t)n, ks, &rsp);
+    kvs__status_list_rsp_t sl;
+    if (rc == KVS_OK && (kvs__status_list_rsp_decode(rsp.data, rsp.len, &arena, &sl) != KVS_OK ||
+                         (sl.status == KVS_OK && sl.n != n)))
+        rc = KVS_PROTOCOL_ERROR;
+    if (rc == KVS_OK)
+        rc = sl.status;
+    if (rc == KVS_OK) {
+        for (size_t i = 0; i < n; i++)
+            results[i] = sl.results[i];
+    } else {
+        rc = kvs__fail(rc, "%s failed: %s", kvs__msg_name(type), kvs_status_str(rc));
+    }
+    kvs__arena_free(&arena);
+    kvs__wbuf_free(&rsp);
+    kvs__free(ks);
+    return rc;
+}
+
+int kvs_client_remove(kvs_client_t *c, const char *key, bool force)
+{
+    if (c == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS, "remove: client is NULL");
+    kvs__client_enter(c);
+    atomic_fetch_add(&c->st.remove_calls, 1);
+    int result = 0;
+    int rc = status_list_call(c, KVS_MSG_REMOVE, force ? KVS_KEYS_FLAG_FORCE : 0, 1, &key,
+                              &result);
+    kvs__client_leave(c);
+    if (rc == KVS_OK && result != KVS_OK)
+        rc = kvs__fail(result, "remove '%s': %s", key, kvs_status_str(result));
+    return rc;
+}
+
+int kvs_client_batch_exists(kvs_client_t *c, size_t n, const char *const keys[], int results[])
+{
+    if (c == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS, "batch_exists: client is NULL");
+    kvs__client_enter(c);
+    atomic_fetch_add(&c->st.exists_calls, 1);
+    int rc = status_list_call(c, KVS_MSG_EXISTS, 0, n, keys, results);
+    kvs__client_leave(c);
+    return rc;
+}
+
+int kvs_client_exists(kvs_client_t *c, const char *key)
+{
+    int result = 0;
+    int rc = kvs_client_batch_exists(c, 1, &key, &result);
+    return rc == KVS_OK ? result : rc;
+}
+
+int64_t kvs_client_get_size(kvs_client_t *c, const char *key)
+{
+    if (c == NULL || key == NULL || kvs__key_check(key, strlen(key)) != KVS_OK)
+        return kvs__fail(KVS_INVALID_PARAMS, "get_size: client and a valid key are required");
+    kvs__client_enter(c);
+    atomic_fetch_add(&c->st.size_calls, 1);
+    kvs__str_t k = kvs__str_c(key);
+    kvs__wbuf_t rsp;
+    kvs__wbuf_init(&rsp);
+    kvs__arena_t arena;
+    kvs__arena_init(&arena);
+    int64_t result;
+    int rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, 1, &k, &rsp);
+    kvs__placement_rsp_t pr;
+    if (rc == KVS_OK && (kvs__placement_rsp_decode(rsp.data, rsp.len, &arena, &pr) != KVS_OK ||
+                         (pr.status == KVS_OK && pr.n != 1)))
+        rc = KVS_PROTOCOL_ERROR;
+    if (rc == KVS_OK)
+        rc = pr.status != KVS_OK ? pr.status : pr.objs[0].status;
+    if (rc == KVS_OK)
+        result = (int64_t)pr.objs[0].size;
+    else
+        result = kvs__fail(rc, "get_size '%s': %s", key, kvs_status_str(rc));
+    kvs__arena_free(&arena);
+    kvs__wbuf_free(&rsp);
+    kvs__client_leave(c);
+    return result;
+}
+
+void kvs_free(void *ptr)
+{
+    kvs__free(ptr);
+}
+
+/* ---- statistics ------------------------------------------------------------------------------ */
+
+void kvs__hist_add(kvs__hist_t *h, uint64_t ns)
+{
+    uint64_t us = ns / 1000;
+    unsigned b = 0;
+    while (us > 0 && b < KVS_HIST_BUCKETS - 1) {
+        us >>= 1;
+        b++;
+    }
+    atomic_fetch_add_explicit(&h->buckets[b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum_ns, ns, memory_order_relaxed);
+    uint64_t m = atomic_load_explicit(&h->max_ns, memory_order_relaxed);
+    while (ns > m && !atomic_compare_exchange_weak(&h->max_ns, &m, ns))
+        ;
+}
+
+static void hist_copy(kvs_histogram_t *out, kvs__hist_t *h)
+{
+    out->count = atomic_load(&h->count);
+    out->sum_ns = atomic_load(&h->sum_ns);
+    out->max_ns = atomic_load(&h->max_ns);
+    for (unsigned i = 0; i < KVS_HIST_BUCKETS; i++)
+        out->buckets[i] = atomic_load(&h->buckets[i]);
+}
+
+double kvs_histogram_quantile_us(const kvs_histogram_t *h, double q)
+{
+    if (h == NULL || !(q > 0.0 && q <= 1.0))
+        return 0.0;
+    uint64_t total = 0;
+    for (unsigned i = 0; i < KVS_HIST_BUCKETS; i++)
+        total += h->buckets[i];
+    if (total == 0)
+        return 0.0;
+    uint64_t want = (uint64_t)(q * (double)total + 0.999999), seen = 0;
+    for (unsigned i = 0; i < KVS_HIST_BUCKETS; i++) {
+        seen += h->buckets[i];
+        if (seen >= want)
+            return i + 1 < KVS_HIST_BUCKETS ? (double)(1ull << i) : (double)h->max_ns / 1000.0;
+    }
+    return (double)h->max_ns / 1000.0;
+}
+
+int kvs_client_get_stats(kvs_client_t *c, kvs_client_stats_t *s)
+{
+    if (c == NULL || s == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS, "get_stats: client and stats are required");
+    memset(s, 0, sizeof(*s));
+    kvs__client_stats_t *t = &c->st;
+#define LOAD_(f) s->f = atomic_load(&t->f)
+    LOAD_(put_calls);
+    LOAD_(put_keys);
+    LOAD_(put_bytes);
+    LOAD_(put_failed_keys);
+    LOAD_(get_calls);
+    LOAD_(get_keys);
+    LOAD_(get_bytes);
+    LOAD_(get_failed_keys);
+    LOAD_(get_grouped_calls);
+    LOAD_(get_submissions);
+    LOAD_(get_lease_expired);
+    LOAD_(get_timed_out);
+    LOAD_(get_transfer_fail);
+    LOAD_(remove_calls);
+    LOAD_(exists_calls);
+    LOAD_(size_calls);
+    LOAD_(rpc_failures);
+#undef LOAD_
+    pthread_rwlock_rdlock(&c->reg_lock);
+    s->registered_buffers = c->nregs;
+    s->registered_bytes = c->reg_bytes;
+    pthread_rwlock_unlock(&c->reg_lock);
+    hist_copy(&s->put_latency, &t->put_latency);
+    hist_copy(&s->get_latency, &t->get_latency);
+    return KVS_OK;
+}

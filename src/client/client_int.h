@@ -1,0 +1,91 @@
+/* Client internals shared by its setup/metadata half (client.c) and its data paths
+ * (client_io.c): the registry of registered buffers, statistics, and master calls. */
+#ifndef KVS_CLIENT_INT_H
+#define KVS_CLIENT_INT_H
+
+#include <kvstash/client.h>
+
+#include "../owner/owner_int.h"
+#include "../transport/transport_int.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/uio.h>
+
+/* Memory domain of a registered buffer: host, or a device ordinal (>= 0). */
+#define KVS_DOMAIN_HOST (-1)
+
+typedef struct {
+    uintptr_t start;
+    uintptr_t end; /* exclusive */
+    int domain;
+    atomic_uint_fast64_t pins; /* in-flight calls using it */
+    atomic_bool dead;          /* unregistered; freed when the last pin goes */
+} kvs__reg_t;
+
+/* Buffers a call holds on to until it completes. */
+typedef struct {
+    kvs__reg_t **regs;
+    size_t n, cap;
+} kvs__pinset_t;
+
+typedef struct {
+    atomic_uint_fast64_t count, sum_ns, max_ns;
+    atomic_uint_fast64_t buckets[KVS_HIST_BUCKETS];
+} kvs__hist_t;
+
+/* Counters mirroring kvs_client_stats_t. */
+typedef struct {
+    atomic_uint_fast64_t put_calls, put_keys, put_bytes, put_failed_keys;
+    atomic_uint_fast64_t get_calls, get_keys, get_bytes, get_failed_keys;
+    atomic_uint_fast64_t get_grouped_calls, get_submissions;
+    atomic_uint_fast64_t get_lease_expired, get_timed_out, get_transfer_fail;
+    atomic_uint_fast64_t remove_calls, exists_calls, size_calls, rpc_failures;
+    kvs__hist_t put_latency, get_latency;
+} kvs__client_stats_t;
+
+struct kvs_client {
+    char *master_host;
+    uint16_t master_port;
+    char *node;
+    uint64_t transfer_timeout_ms;
+    kvs__rpc_t *rpc;
+    kvs_transport_t *tcp;
+
+    /* Registered buffers, sorted by start, never overlapping. */
+    pthread_rwlock_t reg_lock;
+    kvs__reg_t **regs;
+    size_t nregs, regs_cap;
+    uint64_t reg_bytes;
+    /* Wakes unregister and close when pins or calls drop. */
+    pthread_mutex_t wait_lock;
+    pthread_cond_t wait_cond;
+    atomic_uint_fast64_t calls; /* public calls in progress */
+
+    pthread_mutex_t owners_lock;
+    kvs__owner_t **owners;
+    size_t nowners;
+
+    kvs__client_stats_t st;
+};
+
+/* Counts a public call in progress (kvs_client_close waits for them). */
+void kvs__client_enter(kvs_client_t *c);
+void kvs__client_leave(kvs_client_t *c);
+
+/* Finds the registered buffer holding all of [ptr, ptr + len) and pins it into `ps`. Returns
+ * false (nothing pinned) when no single registered buffer holds it. Caller holds reg_lock for
+ * reading. */
+bool kvs__reg_pin_locked(kvs_client_t *c, const void *ptr, size_t len, kvs__pinset_t *ps);
+/* Lets go of every buffer in `ps` and frees its array. */
+void kvs__pinset_release(kvs_client_t *c, kvs__pinset_t *ps);
+
+void kvs__hist_add(kvs__hist_t *h, uint64_t ns);
+
+/* One request/response with the master; counts failures. `req` holds a begun frame. */
+int kvs__client_call(kvs_client_t *c, kvs__wbuf_t *req, kvs__wbuf_t *rsp);
+/* Sends a keys request (LOOKUP, EXISTS, PUT_END, ...) for the `n` keys. */
+int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
+                          const kvs__str_t *keys, kvs__wbuf_t *rsp);
+
+#endif

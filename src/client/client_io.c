@@ -1,0 +1,698 @@
+/* Client data paths: puts (two-phase: placement from the master, writes to every replica, then
+ * end or revoke) and reads (lookup, replica choice, transfers in direct or grouped mode, lease
+ * check). Every entry point reduces to one batch of keys, each with an ordered list of
+ * fragments, so the single-key calls share the batch code. */
+#define _GNU_SOURCE
+#include "client_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* One call's keys and fragments. */
+typedef struct {
+    size_t n;
+    const char *const *keys;
+    struct iovec *iov; /* every fragment, key after key */
+    size_t *first;     /* key i owns iov[first[i] .. first[i] + cnt[i]) */
+    uint32_t *cnt;
+    uint64_t *total;  /* bytes of key i's fragments */
+    int64_t *res;     /* 0 while the key is usable, else its failure */
+    kvs__pinset_t pins;
+} call_t;
+
+static void call_free(kvs_client_t *c, call_t *k)
+{
+    kvs__pinset_release(c, &k->pins);
+    kvs__free(k->iov);
+    kvs__free(k->first);
+    kvs__free(k->cnt);
+    kvs__free(k->total);
+    kvs__free(k->res);
+}
+
+/* Refuses key i of a call with INVALID_PARAMS, saying why. */
+static void key_refuse(call_t *k, size_t i, const char *op, const char *why)
+{
+    k->res[i] = kvs__fail(KVS_INVALID_PARAMS, "%s: key '%s' %s", op, k->keys[i], why);
+}
+
+/* Validates the arguments and copies the fragments. A failure of the call as a whole returns
+ * non-OK; a bad key only marks that key. Fragments of zero-copy calls are pinned. */
+static int call_init(kvs_client_t *c, const char *op, size_t n, const char *const keys[],
+                     const kvs_buf_t *const bufs[], const size_t nbufs[], bool registered,
+                     call_t *k)
+{
+    memset(k, 0, sizeof(*k));
+    if (c == NULL || n == 0 || n > KVS_MAX_BATCH || keys == NULL || bufs == NULL ||
+        nbufs == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS,
+                         "%s: a client, 1..%u keys and their buffers are required", op,
+                         KVS_MAX_BATCH);
+    size_t nfrag = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (nbufs[i] > UINT32_MAX || nfrag + nbufs[i] < nfrag)
+            return kvs__fail(KVS_INVALID_PARAMS, "%s: key %zu has too many fragments", op, i);
+        nfrag += nbufs[i];
+    }
+    k->n = n;
+    k->keys = keys;
+    k->iov = kvs__malloc(KVS_MAX(nfrag, 1) * sizeof(*k->iov));
+    k->first = kvs__malloc(n * sizeof(*k->first));
+    k->cnt = kvs__malloc(n * sizeof(*k->cnt));
+    k->total = kvs__malloc(n * sizeof(*k->total));
+    k->res = kvs__calloc(n, sizeof(*k->res));
+    if (k->iov == NULL || k->first == NULL || k->cnt == NULL || k->total == NULL ||
+        k->res == NULL) {
+        call_free(c, k);
+        return kvs__fail(KVS_NO_MEMORY, "%s: out of memory", op);
+    }
+    size_t f = 0;
+    if (registered)
+        pthread_rwlock_rdlock(&c->reg_lock);
+    for (size_t i = 0; i < n; i++) {
+        k->first[i] = f;
+        k->cnt[i] = (uint32_t)nbufs[i];
+        uint64_t total = 0;
+        if (keys[i] == NULL || kvs__key_check(keys[i], strlen(keys[i])) != KVS_OK) {
+            k->res[i] = kvs__fail(KVS_INVALID_PARAMS, "%s: key %zu is NULL, empty or longer "
+                                                      "than %u bytes",
+                                  op, i, KVS_MAX_KEY_LEN);
+        } else if (nbufs[i] == 0 || bufs[i] == NULL) {
+            key_refuse(k, i, op, "has no buffer");
+        }
+        for (size_t j = 0; j < nbufs[i] && k->res[i] == 0; j++) {
+            const kvs_buf_t *b = &bufs[i][j];
+            k->iov[f + j] = (struct iovec){b->ptr, b->len};
+            if (b->ptr == NULL || b->len == 0 || total + b->len < total)
+                key_refuse(k, i, op, "has a NULL or empty fragment");
+            else if (registered && !kvs__reg_pin_locked(c, b->ptr, b->len, &k->pins))
+                key_refuse(k, i, op, "has a fragment not inside one registered buffer");
+            total += b->len;
+        }
+        k->total[i] = total;
+        f += nbufs[i];
+    }
+    if (registered)
+        pthread_rwlock_unlock(&c->reg_lock);
+    return KVS_OK;
+}
+
+/* The keys of a call still usable, as wire strings; *map_p[j] is the call index of entry j. */
+static int usable_keys(const call_t *k, kvs__str_t **keys_p, size_t **map_p, uint32_t *n_p)
+{
+    kvs__str_t *ks = kvs__malloc(k->n * sizeof(*ks));
+    size_t *map = kvs__malloc(k->n * sizeof(*map));
+    if (ks == NULL || map == NULL) {
+        kvs__free(ks);
+        kvs__free(map);
+        return KVS_NO_MEMORY;
+    }
+    uint32_t m = 0;
+    for (size_t i = 0; i < k->n; i++) {
+        if (k->res[i] == 0) {
+            ks[m] = kvs__str_c(k->keys[i]);
+            map[m++] = i;
+        }
+    }
+    *keys_p = ks;
+    *map_p = map;
+    *n_p = m;
+    return KVS_OK;
+}
+
+static const kvs__seg_info_t *seg_find(const kvs__placement_rsp_t *pr, uint64_t id)
+{
+    for (uint32_t i = 0; i < pr->nseg; i++) {
+        if (pr->segs[i].id == id)
+            return &pr->segs[i];
+    }
+    return NULL;
+}
+
+static int ep_for(kvs_client_t *c, const kvs__seg_info_t *s, kvs_endpoint_t **ep_p)
+{
+    char name[KVS_MAX_NAME_LEN + 1];
+    if (s == NULL || s->endpoint.len == 0 || s->endpoint.len > KVS_MAX_NAME_LEN)
+        return KVS_TRANSFER_FAIL;
+    memcpy(name, s->endpoint.ptr, s->endpoint.len);
+    name[s->endpoint.len] = '\0';
+    int rc = c->tcp->ops->ep_open(c->tcp, name, ep_p);
+    return rc == KVS_OK ? KVS_OK : KVS_TRANSFER_FAIL;
+}
+
+static uint64_t deadline_after_ms(uint64_t ms)
+{
+    return kvs__now_ns() + ms * KVS_NS_PER_MS;
+}
+
+/* ---- puts ------------------------------------------------------------------------------------ */
+
+/* Ends (ok) or revokes the listed keys; a failed PUT_END becomes the key's result. */
+static void put_finish(kvs_client_t *c, call_t *k, const size_t *idx, uint32_t m, bool ok)
+{
+    if (m == 0)
+        return;
+    kvs__str_t *ks = kvs__malloc(m * sizeof(*ks));
+    kvs__wbuf_t rsp;
+    kvs__wbuf_init(&rsp);
+    kvs__arena_t arena;
+    kvs__arena_init(&arena);
+    int rc = ks ? KVS_OK : KVS_NO_MEMORY;
+    for (uint32_t j = 0; rc == KVS_OK && j < m; j++)
+        ks[j] = kvs__str_c(k->keys[idx[j]]);
+    if (rc == KVS_OK)
+        rc = kvs__client_keys_call(c, ok ? KVS_MSG_PUT_END : KVS_MSG_PUT_REVOKE, 0, m, ks, &rsp);
+    kvs__status_list_rsp_t sl;
+    if (rc == KVS_OK && (kvs__status_list_rsp_decode(rsp.data, rsp.len, &arena, &sl) != KVS_OK ||
+                         (sl.status == KVS_OK && sl.n != m)))
+        rc = KVS_PROTOCOL_ERROR;
+    if (rc == KVS_OK)
+        rc = sl.status;
+    if (ok) {
+        /* A put whose end was not confirmed is not readable; the master revokes it in time. */
+        for (uint32_t j = 0; j < m; j++)
+            k->res[idx[j]] = rc != KVS_OK ? rc : sl.results[j];
+    } else if (rc != KVS_OK) {
+        kvs_warn("put: revoking %u failed puts failed (%s); the master discards them later", m,
+                 kvs_status_str(rc));
+    }
+    kvs__arena_free(&arena);
+    kvs__wbuf_free(&rsp);
+    kvs__free(ks);
+}
+
+static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rcfg)
+{
+    kvs_replicate_config_t defaults;
+    kvs_replicate_config_init(&defaults);
+    const kvs_replicate_config_t *rc_ = rcfg ? rcfg : &defaults;
+    if (rc_->replica_num == 0 || rc_->replica_num > KVS_MAX_REPLICAS ||
+        (rc_->preferred_segment != NULL && strlen(rc_->preferred_segment) > KVS_MAX_NAME_LEN))
+        return kvs__fail(KVS_INVALID_PARAMS,
+                         "put: replica_num must be 1..%u and preferred_segment at most %u bytes",
+                         KVS_MAX_REPLICAS, KVS_MAX_NAME_LEN);
+    kvs__str_t *ks = NULL;
+    size_t *map = NULL;
+    uint32_t m = 0;
+    int rc = usable_keys(k, &ks, &map, &m);
+    kvs__put_item_t *items = m ? kvs__malloc(m * sizeof(*items)) : NULL;
+    kvs_xfer_req_t *reqs = NULL;
+    size_t *req_key = NULL, *done = NULL;
+    kvs__wbuf_t req, rsp;
+    kvs__wbuf_init(&req);
+    kvs__wbuf_init(&rsp);
+    kvs__arena_t arena;
+    kvs__arena_init(&arena);
+    if (rc != KVS_OK || (m && items == NULL)) {
+        rc = kvs__fail(KVS_NO_MEMORY, "put: out of memory");
+        goto out;
+    }
+    if (m == 0)
+        goto out;
+    for (uint32_t j = 0; j < m; j++)
+        items[j] = (kvs__put_item_t){ks[j], k->total[map[j]]};
+    kvs__put_start_req_t ps = {
+        .node = kvs__str_c(c->node),
+        .replica_num = rc_->replica_num,
+        .preferred_segment = kvs__str_c(rc_->preferred_segment ? rc_->preferred_segment : ""),
+        .flags = rc_->prefer_alloc_in_same_node ? KVS_PUT_FLAG_SAME_NODE : 0,
+        .n = m,
+        .items = items,
+    };
+    kvs__frame_begin(&req, KVS_MSG_PUT_START, 0);
+    kvs__put_start_req_encode(&req, &ps);
+    rc = kvs__client_call(c, &req, &rsp);
+    kvs__placement_rsp_t pr;
+    if (rc == KVS_OK && (kvs__placement_rsp_decode(rsp.data, rsp.len, &arena, &pr) != KVS_OK ||
+                         (pr.status == KVS_OK && pr.n != m)))
+        rc = KVS_PROTOCOL_ERROR;
+    if (rc == KVS_OK)
+        rc = pr.status;
+    if (rc != KVS_OK) {
+        rc = kvs__fail(rc, "put: the master refused the batch: %s", kvs_status_str(rc));
+        goto out;
+    }
+    uint32_t nreq = 0;
+    for (uint32_t j = 0; j < m; j++)
+        nreq += pr.objs[j].status == KVS_OK ? pr.objs[j].nrep : 0;
+    reqs = kvs__calloc(KVS_MAX(nreq, 1), sizeof(*reqs));
+    req_key = kvs__malloc(KVS_MAX(nreq, 1) * sizeof(*req_key));
+    done = kvs__malloc(m * sizeof(*done));
+    if (reqs == NULL || req_key == NULL || done == NULL) {
+        rc = kvs__fail(KVS_NO_MEMORY, "put: out of memory");
+        /* The placements stay pending until the master discards them. */
+        goto out;
+    }
+    uint32_t r = 0;
+    for (uint32_t j = 0; j < m; j++) {
+        const kvs__obj_desc_t *d = &pr.objs[j];
+        size_t i = map[j];
+        if (d->status != KVS_OK) {
+            k->res[i] = d->status;
+            continue;
+        }
+        for (uint32_t q = 0; q < d->nrep; q++) {
+            kvs_endpoint_t *ep = NULL;
+            int erc = ep_for(c, seg_find(&pr, d->reps[q].segment_id), &ep);
+            if (erc != KVS_OK) {
+                k->res[i] = erc;
+                continue;
+            }
+            reqs[r] = (kvs_xfer_req_t){KVS_XFER_WRITE,     ep, d->reps[q].segment_id,
+                                       d->reps[q].offset,  k->total[i], &k->iov[k->first[i]],
+                                       k->cnt[i],          KVS_OK};
+            req_key[r++] = i;
+        }
+    }
+    if (r > 0) {
+        kvs_batch_t *b = NULL;
+        int src = c->tcp->ops->submit(c->tcp, reqs, r, &b);
+        if (src == KVS_OK)
+            c->tcp->ops->wait(c->tcp, b, deadline_after_ms(c->transfer_timeout_ms));
+        for (uint32_t q = 0; q < r; q++) {
+            int st = src != KVS_OK ? src : reqs[q].status;
+            if (st != KVS_OK && k->res[req_key[q]] == 0)
+                k->res[req_key[q]] = st == KVS_TIMED_OUT ? st : KVS_TRANSFER_FAIL;
+        }
+    }
+    /* Every key that got a placement is either ended or revoked. */
+    uint32_t nok = 0, nbad = 0;
+    for (uint32_t j = 0; j < m; j++) {
+        if (pr.objs[j].status == KVS_OK && k->res[map[j]] == 0)
+            done[nok++] = map[j];
+    }
+    for (uint32_t j = 0; j < m; j++) {
+        if (pr.objs[j].status == KVS_OK && k->res[map[j]] != 0)
+            done[nok + nbad++] = map[j];
+    }
+    put_finish(c, k, done, nok, true);
+    put_finish(c, k, done + nok, nbad, false);
+out:
+    kvs__arena_free(&arena);
+    kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
+    kvs__free(done);
+    kvs__free(req_key);
+    kvs__free(reqs);
+    kvs__free(items);
+    kvs__free(ks);
+    kvs__free(map);
+    return rc;
+}
+
+void kvs_replicate_config_init(kvs_replicate_config_t *rc)
+{
+    if (rc != NULL)
+        *rc = (kvs_replicate_config_t){.replica_num = 1};
+}
+
+/* Runs a put call and accounts for it. */
+static int put_run(kvs_client_t *c, const char *op, size_t n, const char *const keys[],
+                   const kvs_buf_t *const bufs[], const size_t nbufs[], bool registered,
+                   const kvs_replicate_config_t *rcfg, int results[])
+{
+    if (results == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS, "%s: results is NULL", op);
+    uint64_t t0 = kvs__now_ns();
+    call_t k;
+    int rc = call_init(c, op, n, keys, bufs, nbufs, registered, &k);
+    if (rc != KVS_OK)
+        return rc;
+    kvs__client_enter(c);
+    rc = put_call(c, &k, rcfg);
+    uint64_t bytes = 0, failed = 0;
+    if (rc == KVS_OK) {
+        for (size_t i = 0; i < n; i++) {
+            results[i] = (int)k.res[i];
+            if (k.res[i] == 0)
+                bytes += k.total[i];
+            else
+                failed++;
+        }
+    }
+    atomic_fetch_add(&c->st.put_calls, 1);
+    atomic_fetch_add(&c->st.put_keys, n);
+    atomic_fetch_add(&c->st.put_bytes, bytes);
+    atomic_fetch_add(&c->st.put_failed_keys, rc == KVS_OK ? failed : n);
+    kvs__hist_add(&c->st.put_latency, kvs__now_ns() - t0);
+    call_free(c, &k);
+    kvs__client_leave(c);
+    return rc;
+}
+
+/* A per-key pointer table for calls that take one buffer per key. */
+static int one_buf_each(size_t n, const kvs_buf_t bufs[], const kvs_buf_t ***ptrs_p,
+                        size_t **counts_p)
+{
+    if (n == 0 || n > KVS_MAX_BATCH || bufs == NULL)
+        return KVS_INVALID_PARAMS;
+    const kvs_buf_t **ptrs = kvs__malloc(n * sizeof(*ptrs));
+    size_t *counts = kvs__malloc(n * sizeof(*counts));
+    if (ptrs == NULL || counts == NULL) {
+        kvs__free(ptrs);
+        kvs__free(counts);
+        return KVS_NO_MEMORY;
+    }
+    for (size_t i = 0; i < n; i++) {
+        ptrs[i] = &bufs[i];
+        counts[i] = 1;
+    }
+    *ptrs_p = ptrs;
+    *counts_p = counts;
+    return KVS_OK;
+}
+
+static int put_single(kvs_client_t *c, const char *op, const char *key, const void *data,
+                      size_t size, bool registered, const kvs_replicate_config_t *rc)
+{
+    kvs_buf_t b = {(void *)data, size};
+    const kvs_buf_t *bp = &b;
+    size_t one = 1;
+    int result = 0;
+    int rc_ = put_run(c, op, 1, &key, &bp, &one, registered, rc, &result);
+    if (rc_ != KVS_OK)
+        return rc_;
+    /* Refused arguments were explained where they were found. */
+    if (result != KVS_OK && result != KVS_INVALID_PARAMS)
+        return kvs__fail(result, "%s '%s': %s", op, key, kvs_status_str(result));
+    return result;
+}
+
+int kvs_client_put(kvs_client_t *c, const char *key, const void *data, size_t size,
+                   const kvs_replicate_config_t *rc)
+{
+    return put_single(c, "put", key, data, size, false, rc);
+}
+
+int kvs_client_put_from(kvs_client_t *c, const char *key, const void *buf, size_t size,
+                        const kvs_replicate_config_t *rc)
+{
+    return put_single(c, "put_from", key, buf, size, true, rc);
+}
+
+int kvs_client_batch_put_from(kvs_client_t *c, size_t n, const char *const keys[],
+                              const kvs_buf_t bufs[], const kvs_replicate_config_t *rc,
+                              int results[])
+{
+    const kvs_buf_t **ptrs;
+    size_t *counts;
+    int r = one_buf_each(n, bufs, &ptrs, &counts);
+    if (r != KVS_OK)
+        return kvs__fail(r, "batch_put_from: 1..%u keys with buffers are required",
+                         KVS_MAX_BATCH);
+    r = put_run(c, "batch_put_from", n, keys, ptrs, counts, true, rc, results);
+    kvs__free(ptrs);
+    kvs__free(counts);
+    return r;
+}
+
+int kvs_client_batch_put_from_multi(kvs_client_t *c, size_t n, const char *const keys[],
+                                    const kvs_buf_t *const bufs[], const size_t nbufs[],
+                                    const kvs_replicate_config_t *rc, int results[])
+{
+    return put_run(c, "batch_put_from_multi", n, keys, bufs, nbufs, true, rc, results);
+}
+
+/* ---- reads ----------------------------------------------------------------------------------- */
+
+/* One key's read, kept apart from kvs_xfer_req_t so that grouped mode can sort them. */
+typedef struct {
+    kvs_endpoint_t *ep;
+    size_t key;
+    uint64_t segment_id, offset, size;
+} read_slot_t;
+
+static int cmp_slot_ep(const void *a, const void *b)
+{
+    const read_slot_t *x = a, *y = b;
+    if (x->ep != y->ep)
+        return (uintptr_t)x->ep < (uintptr_t)y->ep ? -1 : 1;
+    return x->key < y->key ? -1 : x->key > y->key;
+}
+
+/* Picks the replica to read: on this host when asked and possible, else the first. */
+static const kvs__replica_t *pick_replica(kvs_client_t *c, const kvs__placement_rsp_t *pr,
+                                          const kvs__obj_desc_t *d, bool same_node,
+                                          const kvs__seg_info_t **seg_p)
+{
+    const kvs__replica_t *best = NULL;
+    for (uint32_t q = 0; q < d->nrep; q++) {
+        const kvs__seg_info_t *s = seg_find(pr, d->reps[q].segment_id);
+        if (s == NULL)
+            continue;
+        if (best == NULL) {
+            best = &d->reps[q];
+            *seg_p = s;
+        }
+        if (!same_node)
+            break;
+        if (kvs__str_eq(s->node, kvs__str_c(c->node))) {
+            best = &d->reps[q];
+            *seg_p = s;
+            break;
+        }
+    }
+    return best;
+}
+
+/* `exact`: fragments must add up to the object; otherwise they may be larger and are cut. */
+static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped)
+{
+    kvs__str_t *ks = NULL;
+    size_t *map = NULL;
+    uint32_t m = 0;
+    int rc = usable_keys(k, &ks, &map, &m);
+    kvs_xfer_req_t *reqs = NULL;
+    read_slot_t *slots = NULL;
+    kvs_batch_t **batches = NULL;
+    uint64_t *lease_until = NULL;
+    kvs__wbuf_t rsp;
+    kvs__wbuf_init(&rsp);
+    kvs__arena_t arena;
+    kvs__arena_init(&arena);
+    if (rc != KVS_OK) {
+        rc = kvs__fail(KVS_NO_MEMORY, "read: out of memory");
+        goto out;
+    }
+    if (m == 0)
+        goto out;
+    /* Leases run from before the lookup was sent: never later than the master's clock. */
+    uint64_t t_lookup = kvs__now_ns();
+    rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, m, ks, &rsp);
+    kvs__placement_rsp_t pr;
+    if (rc == KVS_OK && (kvs__placement_rsp_decode(rsp.data, rsp.len, &arena, &pr) != KVS_OK ||
+                         (pr.status == KVS_OK && pr.n != m)))
+        rc = KVS_PROTOCOL_ERROR;
+    if (rc == KVS_OK)
+        rc = pr.status;
+    if (rc != KVS_OK) {
+        rc = kvs__fail(rc, "read: lookup failed: %s", kvs_status_str(rc));
+        goto out;
+    }
+    reqs = kvs__calloc(m, sizeof(*reqs));
+    slots = kvs__malloc(m * sizeof(*slots));
+    batches = kvs__calloc(m, sizeof(*batches));
+    lease_until = kvs__malloc(k->n * sizeof(*lease_until));
+    if (reqs == NULL || slots == NULL || batches == NULL || lease_until == NULL) {
+        rc = kvs__fail(KVS_NO_MEMORY, "read: out of memory");
+        goto out;
+    }
+    /* Everything that can fail a key without I/O is decided before the first transfer. */
+    uint32_t ns = 0;
+    for (uint32_t j = 0; j < m; j++) {
+        const kvs__obj_desc_t *d = &pr.objs[j];
+        size_t i = map[j];
+        if (d->status != KVS_OK) {
+            k->res[i] = d->status;
+            continue;
+        }
+        if (exact ? k->total[i] != d->size : k->total[i] < d->size) {
+            k->res[i] = kvs__fail(KVS_INVALID_PARAMS,
+                                  "read '%s': the buffers hold %llu bytes, the object %llu",
+                                  k->keys[i], (unsigned long long)k->total[i],
+                                  (unsigned long long)d->size);
+            continue;
+        }
+        const kvs__seg_info_t *seg = NULL;
+        const kvs__replica_t *rep = pick_replica(c, &pr, d, grouped, &seg);
+        kvs_endpoint_t *ep = NULL;
+        if (rep == NULL) {
+            k->res[i] = KVS_OBJECT_NOT_FOUND; /* every replica's owner is gone */
+            continue;
+        }
+        if (ep_for(c, seg, &ep) != KVS_OK) {
+            k->res[i] = KVS_TRANSFER_FAIL;
+            continue;
+        }
+        /* Cut larger destinations of the single-buffer calls to the object. */
+        uint64_t left = d->size;
+        uint32_t used = 0;
+        struct iovec *iov = &k->iov[k->first[i]];
+        while (left > 0) {
+            if (iov[used].iov_len > left)
+                iov[used].iov_len = (size_t)left;
+            left -= iov[used++].iov_len;
+        }
+        k->cnt[i] = used;
+        k->total[i] = d->size;
+        lease_until[i] = t_lookup + d->lease_ms * KVS_NS_PER_MS;
+        slots[ns++] = (read_slot_t){ep, i, rep->segment_id, rep->offset, d->size};
+    }
+    if (grouped)
+        qsort(slots, ns, sizeof(*slots), cmp_slot_ep);
+    for (uint32_t s = 0; s < ns; s++) {
+        const read_slot_t *sl = &slots[s];
+        reqs[s] = (kvs_xfer_req_t){KVS_XFER_READ, sl->ep,       sl->segment_id,
+                                   sl->offset,    sl->size,     &k->iov[k->first[sl->key]],
+                                   k->cnt[sl->key], KVS_OK};
+    }
+    /* Submissions: direct = one per key, grouped = one per owner; all in flight together. */
+    uint32_t nb = 0;
+    for (uint32_t s = 0; s < ns;) {
+        uint32_t e = s + 1;
+        while (grouped && e < ns && slots[e].ep == slots[s].ep)
+            e++;
+        int src = c->tcp->ops->submit(c->tcp, &reqs[s], e - s, &batches[nb]);
+        if (src == KVS_OK) {
+            nb++;
+        } else {
+            for (uint32_t q = s; q < e; q++)
+                reqs[q].status = src;
+        }
+        s = e;
+    }
+    atomic_fetch_add(&c->st.get_submissions, nb);
+    uint64_t deadline = deadline_after_ms(c->transfer_timeout_ms);
+    for (uint32_t b = 0; b < nb; b++)
+        c->tcp->ops->wait(c->tcp, batches[b], deadline);
+    uint64_t now = kvs__now_ns();
+    for (uint32_t s = 0; s < ns; s++) {
+        size_t i = slots[s].key;
+        int st = reqs[s].status;
+        if (st == KVS_OK && now > lease_until[i])
+            st = KVS_LEASE_EXPIRED;
+        else if (st != KVS_OK && st != KVS_TIMED_OUT)
+            st = KVS_TRANSFER_FAIL;
+        k->res[i] = st;
+    }
+out:
+    kvs__arena_free(&arena);
+    kvs__wbuf_free(&rsp);
+    kvs__free(lease_until);
+    kvs__free(batches);
+    kvs__free(slots);
+    kvs__free(reqs);
+    kvs__free(ks);
+    kvs__free(map);
+    return rc;
+}
+
+/* Runs a read call and accounts for it. */
+static int get_run(kvs_client_t *c, const char *op, size_t n, const char *const keys[],
+                   const kvs_buf_t *const bufs[], const size_t nbufs[], bool registered,
+                   bool exact, bool grouped, int64_t results[])
+{
+    if (results == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS, "%s: results is NULL", op);
+    uint64_t t0 = kvs__now_ns();
+    call_t k;
+    int rc = call_init(c, op, n, keys, bufs, nbufs, registered, &k);
+    if (rc != KVS_OK)
+        return rc;
+    kvs__client_enter(c);
+    rc = get_call(c, &k, exact, grouped);
+    uint64_t bytes = 0, failed = 0, expired = 0, timed_out = 0, xfer = 0;
+    if (rc == KVS_OK) {
+        for (size_t i = 0; i < n; i++) {
+            results[i] = k.res[i] == 0 ? (int64_t)k.total[i] : k.res[i];
+            if (k.res[i] == 0) {
+                bytes += k.total[i];
+                continue;
+            }
+            failed++;
+            expired += k.res[i] == KVS_LEASE_EXPIRED;
+            timed_out += k.res[i] == KVS_TIMED_OUT;
+            xfer += k.res[i] == KVS_TRANSFER_FAIL;
+        }
+    }
+    kvs__client_stats_t *st = &c->st;
+    atomic_fetch_add(&st->get_calls, 1);
+    atomic_fetch_add(&st->get_grouped_calls, grouped);
+    atomic_fetch_add(&st->get_keys, n);
+    atomic_fetch_add(&st->get_bytes, bytes);
+    atomic_fetch_add(&st->get_failed_keys, rc == KVS_OK ? failed : n);
+    atomic_fetch_add(&st->get_lease_expired, expired);
+    atomic_fetch_add(&st->get_timed_out, timed_out);
+    atomic_fetch_add(&st->get_transfer_fail, xfer);
+    kvs__hist_add(&st->get_latency, kvs__now_ns() - t0);
+    call_free(c, &k);
+    kvs__client_leave(c);
+    return rc;
+}
+
+static int64_t get_single(kvs_client_t *c, const char *op, const char *key, void *buf,
+                          size_t size, bool registered)
+{
+    kvs_buf_t b = {buf, size};
+    const kvs_buf_t *bp = &b;
+    size_t one = 1;
+    int64_t result = 0;
+    int rc = get_run(c, op, 1, &key, &bp, &one, registered, false, false, &result);
+    if (rc != KVS_OK)
+        return rc;
+    if (result < 0 && result != KVS_INVALID_PARAMS)
+        return kvs__fail((int)result, "%s '%s': %s", op, key, kvs_status_str((int)result));
+    return result;
+}
+
+int64_t kvs_client_get_into(kvs_client_t *c, const char *key, void *buf, size_t size)
+{
+    return get_single(c, "get_into", key, buf, size, true);
+}
+
+int kvs_client_batch_get_into(kvs_client_t *c, size_t n, const char *const keys[],
+                              const kvs_buf_t bufs[], int64_t results[])
+{
+    const kvs_buf_t **ptrs;
+    size_t *counts;
+    int r = one_buf_each(n, bufs, &ptrs, &counts);
+    if (r != KVS_OK)
+        return kvs__fail(r, "batch_get_into: 1..%u keys with buffers are required",
+                         KVS_MAX_BATCH);
+    r = get_run(c, "batch_get_into", n, keys, ptrs, counts, true, false, false, results);
+    kvs__free(ptrs);
+    kvs__free(counts);
+    return r;
+}
+
+int kvs_client_batch_get_into_multi_buffers(kvs_client_t *c, size_t n,
+                                            const char *const keys[],
+                                            const kvs_buf_t *const bufs[], const size_t nbufs[],
+                                            bool prefer_alloc_in_same_node, int64_t results[])
+{
+    return get_run(c, "batch_get_into_multi_buffers", n, keys, bufs, nbufs, true, true,
+                   prefer_alloc_in_same_node, results);
+}
+
+int kvs_client_get(kvs_client_t *c, const char *key, void **data_p, size_t *size_p)
+{
+    if (data_p == NULL || size_p == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS, "get: data_p and size_p are required");
+    int64_t size = kvs_client_get_size(c, key);
+    if (size < 0)
+        return (int)size;
+    void *buf = kvs__malloc(size > 0 ? (size_t)size : 1);
+    if (buf == NULL)
+        return kvs__fail(KVS_NO_MEMORY, "get '%s': cannot allocate %lld bytes", key,
+                         (long long)size);
+    /* The object may have been replaced by a larger one in between: then its size is refused
+     * as INVALID_PARAMS and reported as such. */
+    int64_t got = get_single(c, "get", key, buf, (size_t)size, false);
+    if (got < 0) {
+        kvs__free(buf);
+        return (int)got;
+    }
+    *data_p = buf;
+    *size_p = (size_t)got;
+    return KVS_OK;
+}

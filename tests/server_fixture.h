@@ -1,0 +1,90 @@
+/* Test fixture: real kvstash-server processes on loopback. Each writes its port (the master
+ * port, or for --owner-only the data port) to a file the fixture waits for. */
+#ifndef KVS_SERVER_FIXTURE_H
+#define KVS_SERVER_FIXTURE_H
+
+#include "kvs_test.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef struct {
+    pid_t pid;
+    uint16_t port;
+    char port_file[96];
+} server_t;
+
+/* Starts kvstash-server with `args` (NULL-terminated, may be NULL) after "--port 0
+ * --port-file F --log-level error", and waits until it listens. */
+static inline void server_start(server_t *s, const char *const *args)
+{
+    static unsigned seq;
+    snprintf(s->port_file, sizeof(s->port_file), "/tmp/kvs-test-port-%d-%u", (int)getpid(),
+             seq++);
+    unlink(s->port_file);
+    const char *argv[40] = {KVS_SERVER_PATH, "--port",      "0",    "--port-file",
+                            s->port_file,    "--log-level", "error"};
+    int n = 7;
+    for (int i = 0; args && args[i] && n < 39; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    fflush(stdout);
+    s->pid = fork();
+    CHECK(s->pid >= 0);
+    if (s->pid == 0) {
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    for (int i = 0; i < 1000; i++) {
+        FILE *f = fopen(s->port_file, "r");
+        unsigned port = 0;
+        if (f != NULL) {
+            int got = fscanf(f, "%u", &port);
+            fclose(f);
+            if (got == 1 && port > 0) {
+                s->port = (uint16_t)port;
+                return;
+            }
+        }
+        int st;
+        CHECK_EQ_INT(waitpid(s->pid, &st, WNOHANG), 0); /* still starting, not dead */
+        usleep(10000);
+    }
+    kvs_test_fail(__FILE__, __LINE__, "server did not start");
+}
+
+static inline void server_check_alive(server_t *s)
+{
+    int st;
+    CHECK_EQ_INT(waitpid(s->pid, &st, WNOHANG), 0);
+}
+
+/* SIGTERM, and the server must exit 0 promptly. */
+static inline void server_stop(server_t *s)
+{
+    CHECK_EQ_INT(kill(s->pid, SIGTERM), 0);
+    int st = 0;
+    for (int i = 0; i < 1000; i++) {
+        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
+            unlink(s->port_file);
+            CHECK(WIFEXITED(st));
+            CHECK_EQ_INT(WEXITSTATUS(st), 0);
+            return;
+        }
+        usleep(10000);
+    }
+    kill(s->pid, SIGKILL);
+    kvs_test_fail(__FILE__, __LINE__, "server ignored SIGTERM");
+}
+
+static inline void server_kill(server_t *s)
+{
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, NULL, 0);
+    unlink(s->port_file);
+}
+
+#endif

@@ -1,0 +1,882 @@
+/* Integration: the public client API against real kvstash-server processes on loopback. Every
+ * read is checked byte for byte; refused calls must leave destinations and the store as they
+ * were. */
+#define _GNU_SOURCE
+#include "kvs_test.h"
+#include "server_fixture.h"
+#include "common/common_int.h"
+
+#include <kvstash/kvstash.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define GUARD 0xA5
+
+typedef struct {
+    server_t srv;
+    char master[64];
+} store_t;
+
+/* A store: owner + embedded master (default mode) with a segment of `seg`, or with `args`. */
+static void store_start(store_t *st, const char *seg, const char *const *extra)
+{
+    const char *args[24] = {"--segment-size", seg};
+    int n = 2;
+    for (int i = 0; extra && extra[i] && n < 23; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    server_start(&st->srv, args);
+    snprintf(st->master, sizeof(st->master), "127.0.0.1:%u", (unsigned)st->srv.port);
+}
+
+static kvs_client_t *client_open(const char *master, uint64_t transfer_ms)
+{
+    kvs_client_config_t cfg;
+    CHECK_STATUS(kvs_client_config_init(&cfg), KVS_OK);
+    cfg.master = master;
+    cfg.rpc_timeout_ms = 3000;
+    cfg.transfer_timeout_ms = transfer_ms;
+    kvs_client_t *c = NULL;
+    CHECK_STATUS(kvs_client_open(&cfg, &c), KVS_OK);
+    CHECK(c != NULL);
+    return c;
+}
+
+/* Object bytes are a function of the key and the offset, so any reader can check them. */
+static uint8_t pattern_byte(const char *key, uint64_t off)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = key; *p; p++)
+        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    uint64_t x = (off + h) * 0x9E3779B97F4A7C15ull;
+    return (uint8_t)(x >> 56);
+}
+
+static void fill(const char *key, void *buf, uint64_t len)
+{
+    uint8_t *b = buf;
+    for (uint64_t i = 0; i < len; i++)
+        b[i] = pattern_byte(key, i);
+}
+
+/* Offset of the first wrong byte of key's bytes [off, off + len) in buf, or -1. */
+static int64_t mismatch(const char *key, uint64_t off, const void *buf, uint64_t len)
+{
+    const uint8_t *b = buf;
+    for (uint64_t i = 0; i < len; i++) {
+        if (b[i] != pattern_byte(key, off + i))
+            return (int64_t)(off + i);
+    }
+    return -1;
+}
+
+static bool all_guard(const void *buf, size_t len)
+{
+    const uint8_t *b = buf;
+    for (size_t i = 0; i < len; i++) {
+        if (b[i] != GUARD)
+            return false;
+    }
+    return true;
+}
+
+static void put_pattern(kvs_client_t *c, const char *key, uint64_t size,
+                        const kvs_replicate_config_t *rc)
+{
+    uint8_t *buf = malloc(size);
+    CHECK(buf != NULL);
+    fill(key, buf, size);
+    CHECK_STATUS(kvs_client_put(c, key, buf, size, rc), KVS_OK);
+    free(buf);
+}
+
+/* ---- round trips ----------------------------------------------------------------------------- */
+
+static void test_round_trips_1_byte_to_64_mib(void)
+{
+    store_t st;
+    store_start(&st, "160MiB", NULL);
+    kvs_client_t *c = client_open(st.master, 5000);
+    const uint64_t sizes[] = {1, 7, 4096, 65537, (1u << 20) + 3, 64u << 20};
+    uint64_t max = 64u << 20;
+    uint8_t *src = malloc(max), *dst = malloc(max + 64);
+    CHECK(src && dst);
+    CHECK_STATUS(kvs_client_register_buffer(c, src, max), KVS_OK);
+    CHECK_STATUS(kvs_client_register_buffer(c, dst, max + 64), KVS_OK);
+    for (size_t i = 0; i < KVS_ARRAY_SIZE(sizes); i++) {
+        char key[32];
+        uint64_t n = sizes[i];
+        /* Copying put, then a zero-copy put of the same bytes under another key. */
+        snprintf(key, sizeof(key), "rt-copy-%zu", i);
+        put_pattern(c, key, n, NULL);
+        char key2[32];
+        snprintf(key2, sizeof(key2), "rt-zc-%zu", i);
+        fill(key, src, n);
+        CHECK_STATUS(kvs_client_put_from(c, key2, src, n, NULL), KVS_OK);
+        CHECK_EQ_INT(kvs_client_get_size(c, key), (int64_t)n);
+        CHECK_EQ_INT(kvs_client_exists(c, key2), 1);
+
+        /* get_into with a larger buffer: exactly the object's bytes land, the rest is kept. */
+        memset(dst, GUARD, n + 64);
+        CHECK_EQ_INT(kvs_client_get_into(c, key, dst, n + 64), (int64_t)n);
+        CHECK_EQ_INT(mismatch(key, 0, dst, n), -1);
+        CHECK(all_guard(dst + n, 64));
+        memset(dst, GUARD, n);
+        CHECK_EQ_INT(kvs_client_get_into(c, key2, dst, n), (int64_t)n);
+        CHECK_EQ_INT(mismatch(key, 0, dst, n), -1);
+
+        void *copy = NULL;
+        size_t got = 0;
+        CHECK_STATUS(kvs_client_get(c, key, &copy, &got), KVS_OK);
+        CHECK_EQ_U64(got, n);
+        CHECK_EQ_INT(mismatch(key, 0, copy, n), -1);
+        kvs_free(copy);
+        CHECK_STATUS(kvs_client_remove(c, key, true), KVS_OK);
+        CHECK_STATUS(kvs_client_remove(c, key2, true), KVS_OK);
+        CHECK_EQ_INT(kvs_client_exists(c, key), 0);
+    }
+    kvs_client_stats_t s;
+    CHECK_STATUS(kvs_client_get_stats(c, &s), KVS_OK);
+    CHECK_EQ_U64(s.put_calls, 2 * KVS_ARRAY_SIZE(sizes));
+    CHECK_EQ_U64(s.put_failed_keys, 0);
+    CHECK_EQ_U64(s.get_failed_keys, 0);
+    CHECK_EQ_U64(s.registered_buffers, 2);
+    CHECK_EQ_U64(s.put_latency.count, s.put_calls);
+    CHECK(kvs_histogram_quantile_us(&s.get_latency, 1.0) > 0);
+    kvs_client_close(c);
+    free(src);
+    free(dst);
+    server_stop(&st.srv);
+}
+
+static void test_batch_put_from_multi_gathers_in_order(void)
+{
+    store_t st;
+    store_start(&st, "64MiB", NULL);
+    kvs_client_t *c = client_open(st.master, 5000);
+    enum { NK = 5 };
+    uint64_t size = 300000;
+    uint8_t *pool = malloc(NK * size), *dst = malloc(size);
+    CHECK(pool && dst);
+    CHECK_STATUS(kvs_client_register_buffer(c, pool, NK * size), KVS_OK);
+    CHECK_STATUS(kvs_client_register_buffer(c, dst, size), KVS_OK);
+    const char *keys[NK] = {"g0", "g1", "g2", "g3", "g4"};
+    kvs_buf_t frags[NK][3];
+    const kvs_buf_t *bufs[NK];
+    size_t nbufs[NK];
+    /* Each object is gathered from 3 pieces stored in reverse order in the pool. */
+    for (int i = 0; i < NK; i++) {
+        uint8_t *base = pool + (uint64_t)i * size;
+        uint64_t a = 1000 + (uint64_t)i * 777, b = 150000;
+        uint64_t lens[3] = {a, b, size - a - b};
+        uint64_t off = 0;
+        for (int j = 0; j < 3; j++) {
+            uint8_t *p = base + size - off - lens[j];
+            fill(keys[i], dst, size);
+            memcpy(p, dst + off, lens[j]);
+            frags[i][j] = (kvs_buf_t){p, lens[j]};
+            off += lens[j];
+        }
+        bufs[i] = frags[i];
+        nbufs[i] = 3;
+    }
+    int results[NK];
+    kvs_replicate_config_t rc;
+    kvs_replicate_config_init(&rc);
+    rc.prefer_alloc_in_same_node = true;
+    CHECK_STATUS(kvs_client_batch_put_from_multi(c, NK, keys, bufs, nbufs, &rc, results), KVS_OK);
+    for (int i = 0; i < NK; i++) {
+        CHECK_STATUS(results[i], KVS_OK);
+        memset(dst, 0, size);
+        CHECK_EQ_INT(kvs_client_get_into(c, keys[i], dst, size), (int64_t)size);
+        CHECK_EQ_INT(mismatch(keys[i], 0, dst, size), -1);
+    }
+    /* batch_put_from: one buffer per key; a present key fails alone. */
+    const char *keys2[3] = {"h0", "g2", "h1"};
+    kvs_buf_t one[3] = {{pool, 100}, {pool, 100}, {pool + 100, 200}};
+    CHECK_STATUS(kvs_client_batch_put_from(c, 3, keys2, one, NULL, results), KVS_OK);
+    CHECK_STATUS(results[0], KVS_OK);
+    CHECK_STATUS(results[1], KVS_OBJECT_ALREADY_EXISTS);
+    CHECK_STATUS(results[2], KVS_OK);
+    CHECK_EQ_INT(kvs_client_get_size(c, "h1"), 200);
+    CHECK_EQ_INT(kvs_client_get_size(c, "g2"), (int64_t)size);
+    kvs_client_close(c);
+    free(pool);
+    free(dst);
+    server_stop(&st.srv);
+}
+
+/* ---- multi-buffer reads ---------------------------------------------------------------------- */
+
+/* Splits `size` bytes into fragments of irregular lengths placed at shuffled positions of
+ * `pool`; returns the count. */
+static size_t scatter_layout(uint8_t *pool, uint64_t size, kvs_buf_t *frags, size_t max)
+{
+    size_t n = 0;
+    uint64_t off = 0;
+    while (off < size) {
+        CHECK(n < max);
+        uint64_t want = 1 + kvs_test_rand() % 20000; /* KVS_MIN evaluates twice */
+        uint64_t len = KVS_MIN(want, size - off);
+        frags[n++] = (kvs_buf_t){NULL, len};
+        off += len;
+    }
+    /* Place the fragments in the pool in reverse order with gaps of guard bytes. */
+    uint64_t pos = 0;
+    for (size_t i = n; i-- > 0;) {
+        frags[i].ptr = pool + pos;
+        pos += frags[i].len + 1 + kvs_test_rand() % 64;
+    }
+    return n;
+}
+
+static bool frags_match(const char *key, const kvs_buf_t *f, size_t n)
+{
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (mismatch(key, off, f[i].ptr, f[i].len) != -1)
+            return false;
+        off += f[i].len;
+    }
+    return true;
+}
+
+static bool frags_guarded(const kvs_buf_t *f, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!all_guard(f[i].ptr, f[i].len))
+            return false;
+    }
+    return true;
+}
+
+static void multi_buffer_case(bool grouped)
+{
+    store_t st;
+    store_start(&st, "64MiB", NULL);
+    kvs_client_t *c = client_open(st.master, 5000);
+    const uint64_t size_a = 1000003, size_b = 77777;
+    put_pattern(c, "A", size_a, NULL);
+    put_pattern(c, "B", size_b, NULL);
+    size_t pool_len = 8u << 20;
+    uint8_t *pool = malloc(pool_len), *unreg = malloc(32768);
+    CHECK(pool && unreg);
+    memset(pool, GUARD, pool_len);
+    memset(unreg, GUARD, 32768);
+    CHECK_STATUS(kvs_client_register_buffer(c, pool, pool_len), KVS_OK);
+    /* Keys: A, missing, B, A again (other destinations), B with one byte too few, B with a
+     * fragment outside registered memory, another missing. */
+    enum { NK = 7 };
+    const char *keys[NK] = {"A", "nope", "B", "A", "B", "B", "nope2"};
+    kvs_buf_t f[NK][256];
+    size_t nbufs[NK];
+    const kvs_buf_t *bufs[NK];
+    uint64_t region = pool_len / NK;
+    for (int i = 0; i < NK; i++) {
+        uint64_t size = strcmp(keys[i], "A") == 0 ? size_a : size_b;
+        nbufs[i] = scatter_layout(pool + (uint64_t)i * region, size, f[i], 256);
+        bufs[i] = f[i];
+        CHECK(f[i][0].len + ((uint8_t *)f[i][0].ptr - pool) <= (uint64_t)(i + 1) * region);
+    }
+    f[4][nbufs[4] - 1].len -= 1;               /* sums to size_b - 1 */
+    f[5][0] = (kvs_buf_t){unreg, f[5][0].len}; /* not registered */
+    CHECK(f[5][0].len <= 32768);
+    int64_t res[NK];
+    CHECK_STATUS(kvs_client_batch_get_into_multi_buffers(c, NK, keys, bufs, nbufs, grouped, res),
+                 KVS_OK);
+    CHECK_EQ_INT(res[0], (int64_t)size_a);
+    CHECK_STATUS(res[1], KVS_OBJECT_NOT_FOUND);
+    CHECK_EQ_INT(res[2], (int64_t)size_b);
+    CHECK_EQ_INT(res[3], (int64_t)size_a);
+    CHECK_STATUS(res[4], KVS_INVALID_PARAMS);
+    CHECK_STATUS(res[5], KVS_INVALID_PARAMS);
+    CHECK_STATUS(res[6], KVS_OBJECT_NOT_FOUND);
+    CHECK(frags_match("A", f[0], nbufs[0]));
+    CHECK(frags_match("B", f[2], nbufs[2]));
+    CHECK(frags_match("A", f[3], nbufs[3]));
+    /* Refused and missing keys: not one destination byte written. */
+    CHECK(frags_guarded(f[1], nbufs[1]));
+    CHECK(frags_guarded(f[4], nbufs[4]));
+    CHECK(frags_guarded(f[5], nbufs[5]));
+    CHECK(frags_guarded(f[6], nbufs[6]));
+    /* The gaps between fragments were never written either. */
+    for (int i = 0; i < NK; i++) {
+        if (i == 5)
+            continue;
+        uint8_t *end = (uint8_t *)f[i][0].ptr + f[i][0].len;
+        for (size_t j = 0; j + 1 < nbufs[i]; j++) {
+            uint8_t *next = (uint8_t *)f[i][j + 1].ptr;
+            uint8_t *gap = (uint8_t *)f[i][j + 1].ptr + f[i][j + 1].len;
+            CHECK(gap < (uint8_t *)f[i][j].ptr);
+            CHECK(all_guard(gap, (size_t)((uint8_t *)f[i][j].ptr - gap)));
+            (void)next;
+        }
+        CHECK(all_guard(end, 1));
+    }
+    kvs_client_stats_t s;
+    CHECK_STATUS(kvs_client_get_stats(c, &s), KVS_OK);
+    CHECK_EQ_U64(s.get_failed_keys, 4);
+    /* Direct: one submission per readable key; grouped: one for the one owner. */
+    CHECK_EQ_U64(s.get_submissions, grouped ? 1 : 3);
+    CHECK_EQ_U64(s.get_grouped_calls, grouped ? 1 : 0);
+    kvs_client_close(c);
+    free(pool);
+    free(unreg);
+    server_stop(&st.srv);
+}
+
+static void test_multi_buffers_direct(void)
+{
+    multi_buffer_case(false);
+}
+
+static void test_multi_buffers_grouped(void)
+{
+    multi_buffer_case(true);
+}
+
+/* ---- bad input ------------------------------------------------------------------------------- */
+
+static void test_bad_input_is_refused_and_changes_nothing(void)
+{
+    store_t st;
+    store_start(&st, "16MiB", NULL);
+    kvs_client_t *c = client_open(st.master, 5000);
+    kvs_client_config_t cfg;
+    kvs_client_t *other = NULL;
+    CHECK_STATUS(kvs_client_config_init(&cfg), KVS_OK);
+    cfg.master = "not a host:port:x";
+    CHECK_STATUS(kvs_client_open(&cfg, &other), KVS_INVALID_PARAMS);
+    CHECK(strstr(kvs_last_error(), "HOST:PORT") != NULL);
+    cfg.master = st.master;
+    cfg.protocol = "carrier-pigeon";
+    CHECK_STATUS(kvs_client_open(&cfg, &other), KVS_INVALID_PARAMS);
+    cfg.protocol = "tcp";
+    cfg.transfer_timeout_ms = 0;
+    CHECK_STATUS(kvs_client_open(&cfg, &other), KVS_INVALID_PARAMS);
+    CHECK(other == NULL);
+    cfg.master = "127.0.0.1:1"; /* nothing listens there */
+    cfg.transfer_timeout_ms = 1000;
+    cfg.rpc_timeout_ms = 500;
+    CHECK_STATUS(kvs_client_open(&cfg, &other), KVS_RPC_FAIL);
+    CHECK(other == NULL);
+
+    char data[64] = "payload", longkey[1100];
+    memset(longkey, 'k', sizeof(longkey) - 1);
+    longkey[sizeof(longkey) - 1] = '\0';
+    CHECK_STATUS(kvs_client_put(NULL, "k", data, 8, NULL), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_put(c, NULL, data, 8, NULL), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_put(c, "", data, 8, NULL), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_put(c, longkey, data, 8, NULL), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_put(c, "k", NULL, 8, NULL), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_put(c, "k", data, 0, NULL), KVS_INVALID_PARAMS);
+    kvs_replicate_config_t rc;
+    kvs_replicate_config_init(&rc);
+    rc.replica_num = 0;
+    CHECK_STATUS(kvs_client_put(c, "k", data, 8, &rc), KVS_INVALID_PARAMS);
+    rc.replica_num = 17;
+    CHECK_STATUS(kvs_client_put(c, "k", data, 8, &rc), KVS_INVALID_PARAMS);
+    /* Zero-copy puts need registered memory. */
+    CHECK_STATUS(kvs_client_put_from(c, "k", data, 8, NULL), KVS_INVALID_PARAMS);
+    CHECK(strstr(kvs_last_error(), "registered") != NULL);
+    CHECK_STATUS(kvs_client_put(c, "big", data, (size_t)1 << 30, NULL), KVS_NO_AVAILABLE_HANDLE);
+    CHECK_EQ_INT(kvs_client_exists(c, "k"), 0);
+    CHECK_EQ_INT(kvs_client_exists(c, "big"), 0);
+
+    /* Registration. */
+    CHECK_STATUS(kvs_client_register_buffer(c, NULL, 10), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_register_buffer(c, data, 0), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_register_buffer(c, data, 32), KVS_OK);
+    CHECK_STATUS(kvs_client_register_buffer(c, data + 16, 32), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_register_buffer(c, data + 32, 32), KVS_OK);
+    CHECK_STATUS(kvs_client_unregister_buffer(c, data + 1), KVS_INVALID_PARAMS);
+    /* A fragment straddling two registered buffers is in no single one. */
+    CHECK_STATUS(kvs_client_put_from(c, "k", data + 16, 32, NULL), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_put_from(c, "k", data + 8, 8, NULL), KVS_OK);
+
+    /* An existing key is refused; objects are immutable. */
+    CHECK_STATUS(kvs_client_put(c, "k", data, 8, NULL), KVS_OBJECT_ALREADY_EXISTS);
+    /* Reads: too small a buffer is refused before any I/O and left untouched. */
+    memset(data, GUARD, 8);
+    CHECK_STATUS(kvs_client_get_into(c, "k", data, 7), KVS_INVALID_PARAMS);
+    CHECK(all_guard(data, 7));
+    CHECK_STATUS(kvs_client_get_into(c, "nope", data, 8), KVS_OBJECT_NOT_FOUND);
+    int64_t r64;
+    const char *keys[1] = {"k"};
+    CHECK_STATUS(kvs_client_batch_get_into_multi_buffers(c, 0, keys, NULL, NULL, false, &r64),
+                 KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_batch_get_into(c, 1, keys, NULL, &r64), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_get_size(c, ""), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_remove(c, NULL, false), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_remove(c, "nope", false), KVS_OBJECT_NOT_FOUND);
+    int r[2];
+    const char *two[2] = {"k", NULL};
+    CHECK_STATUS(kvs_client_batch_exists(c, 2, two, r), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_get_stats(c, NULL), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_mount_segment(c, 0, NULL, NULL), KVS_INVALID_PARAMS);
+    /* The store holds exactly the one object that was accepted. */
+    CHECK_EQ_INT(kvs_client_get_size(c, "k"), 8);
+    CHECK_STATUS(kvs_client_unregister_buffer(c, data), KVS_OK);
+    CHECK_STATUS(kvs_client_unregister_buffer(c, data), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_unregister_buffer(c, data + 32), KVS_OK);
+    kvs_client_close(c);
+    kvs_client_close(NULL);
+    server_stop(&st.srv);
+}
+
+/* ---- concurrency ----------------------------------------------------------------------------- */
+
+enum { WORKERS = 6, WORKER_KEYS = 24 };
+
+typedef struct {
+    kvs_client_t *c;
+    const char *prefix;
+    int id;
+    atomic_int *published;
+    int errors;
+} worker_t;
+
+static uint64_t worker_size(int w, int k)
+{
+    return 1 + (uint64_t)((w * 7919 + k * 104729) % 400000);
+}
+
+/* Puts its own keys and reads everyone's published keys into scattered registered pages. */
+static void *worker_main(void *arg)
+{
+    worker_t *w = arg;
+    uint8_t *pool = malloc(1 << 20);
+    if (pool == NULL || kvs_client_register_buffer(w->c, pool, 1 << 20) != KVS_OK) {
+        w->errors++;
+        free(pool);
+        return NULL;
+    }
+    for (int k = 0; k < WORKER_KEYS; k++) {
+        char key[64];
+        snprintf(key, sizeof(key), "%s-w%d-k%d", w->prefix, w->id, k);
+        uint64_t size = worker_size(w->id, k);
+        uint8_t *buf = malloc(size);
+        fill(key, buf, size);
+        if (kvs_client_put(w->c, key, buf, size, NULL) != KVS_OK)
+            w->errors++;
+        free(buf);
+        atomic_fetch_add(&w->published[w->id], 1);
+        /* Read a few keys of other workers. */
+        for (int o = 0; o < WORKERS; o++) {
+            int have = atomic_load(&w->published[o]);
+            if (have == 0)
+                continue;
+            int kk = (int)(kvs_test_rand() % (uint64_t)have);
+            char okey[64];
+            snprintf(okey, sizeof(okey), "%s-w%d-k%d", w->prefix, o, kk);
+            uint64_t osize = worker_size(o, kk);
+            kvs_buf_t frags[64];
+            size_t n = 0;
+            uint64_t page = 8192 + (uint64_t)o * 1000;
+            for (uint64_t off = 0; off < osize; off += page, n++)
+                frags[n] = (kvs_buf_t){pool + (1 << 20) - (n + 1) * 16384,
+                                       (size_t)KVS_MIN(page, osize - off)};
+            const kvs_buf_t *bp = frags;
+            const char *kp = okey;
+            int64_t res = 0;
+            int rc = kvs_client_batch_get_into_multi_buffers(w->c, 1, &kp, &bp, &n, o % 2, &res);
+            if (rc != KVS_OK || res != (int64_t)osize || !frags_match(okey, frags, n))
+                w->errors++;
+        }
+    }
+    if (kvs_client_unregister_buffer(w->c, pool) != KVS_OK)
+        w->errors++;
+    free(pool);
+    return NULL;
+}
+
+static int run_workers(const char *master, const char *prefix)
+{
+    kvs_client_t *c = client_open(master, 5000);
+    atomic_int published[WORKERS] = {0};
+    worker_t w[WORKERS];
+    pthread_t t[WORKERS];
+    for (int i = 0; i < WORKERS; i++) {
+        w[i] = (worker_t){c, prefix, i, published, 0};
+        CHECK_EQ_INT(pthread_create(&t[i], NULL, worker_main, &w[i]), 0);
+    }
+    int errors = 0;
+    for (int i = 0; i < WORKERS; i++) {
+        pthread_join(t[i], NULL);
+        errors += w[i].errors;
+    }
+    kvs_client_stats_t s;
+    CHECK_STATUS(kvs_client_get_stats(c, &s), KVS_OK);
+    CHECK_EQ_U64(s.put_keys, WORKERS * WORKER_KEYS);
+    CHECK_EQ_U64(s.registered_buffers, 0);
+    kvs_client_close(c);
+    return errors;
+}
+
+static void test_threads_share_one_client(void)
+{
+    store_t st;
+    store_start(&st, "128MiB", NULL);
+    CHECK_EQ_INT(run_workers(st.master, "thr"), 0);
+    server_stop(&st.srv);
+}
+
+static void test_processes_read_each_others_keys(void)
+{
+    store_t st;
+    store_start(&st, "256MiB", NULL);
+    enum { PROCS = 3 };
+    pid_t pids[PROCS];
+    fflush(stdout);
+    for (int p = 0; p < PROCS; p++) {
+        pids[p] = fork();
+        CHECK(pids[p] >= 0);
+        if (pids[p] == 0) {
+            char prefix[16];
+            snprintf(prefix, sizeof(prefix), "p%d", p);
+            int errors = run_workers(st.master, prefix);
+            /* Then every key of every process that has finished putting. */
+            _exit(errors == 0 ? 0 : 1);
+        }
+    }
+    for (int p = 0; p < PROCS; p++) {
+        int status;
+        CHECK_EQ_INT(waitpid(pids[p], &status, 0), pids[p]);
+        CHECK(WIFEXITED(status));
+        CHECK_EQ_INT(WEXITSTATUS(status), 0);
+    }
+    /* Cross-process: this process reads every key the others wrote. */
+    kvs_client_t *c = client_open(st.master, 5000);
+    for (int p = 0; p < PROCS; p++) {
+        for (int w = 0; w < WORKERS; w++) {
+            for (int k = 0; k < WORKER_KEYS; k += 5) {
+                char key[64];
+                snprintf(key, sizeof(key), "p%d-w%d-k%d", p, w, k);
+                void *data;
+                size_t size;
+                CHECK_STATUS(kvs_client_get(c, key, &data, &size), KVS_OK);
+                CHECK_EQ_U64(size, worker_size(w, k));
+                CHECK_EQ_INT(mismatch(key, 0, data, size), -1);
+                kvs_free(data);
+            }
+        }
+    }
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
+/* ---- eviction and leases --------------------------------------------------------------------- */
+
+static void test_eviction_makes_room_for_new_puts(void)
+{
+    store_t st;
+    store_start(&st, "16MiB", NULL);
+    kvs_client_t *c = client_open(st.master, 5000);
+    /* 64 MiB through a 16 MiB store: every put succeeds, old keys make way for new ones. */
+    enum { N = 64 };
+    for (int i = 0; i < N; i++) {
+        char key[32];
+        snprintf(key, sizeof(key), "ev-%d", i);
+        put_pattern(c, key, 1 << 20, NULL);
+    }
+    CHECK_EQ_INT(kvs_client_exists(c, "ev-0"), 0);
+    CHECK_STATUS(kvs_client_get_size(c, "ev-0"), KVS_OBJECT_NOT_FOUND);
+    int present = 0;
+    for (int i = 0; i < N; i++) {
+        char key[32];
+        snprintf(key, sizeof(key), "ev-%d", i);
+        present += kvs_client_exists(c, key) == 1;
+    }
+    CHECK(present >= 8 && present <= 16);
+    /* The newest key survived and reads back exactly. */
+    void *data;
+    size_t size;
+    CHECK_STATUS(kvs_client_get(c, "ev-63", &data, &size), KVS_OK);
+    CHECK_EQ_U64(size, 1 << 20);
+    CHECK_EQ_INT(mismatch("ev-63", 0, data, size), -1);
+    kvs_free(data);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
+static void test_leases_protect_reads_and_expire(void)
+{
+    /* Every data request stalls 400 ms; leases last 250 ms. */
+    setenv("KVS_DATA_INJECT_DELAY_US", "400000", 1);
+    const char *extra[] = {"--lease-ms", "250", NULL};
+    store_t st;
+    store_start(&st, "16MiB", extra);
+    unsetenv("KVS_DATA_INJECT_DELAY_US");
+    kvs_client_t *c = client_open(st.master, 3000);
+    put_pattern(c, "L", 5000, NULL);
+    /* A lookup leases the object: removal is refused until the lease ends or forced. */
+    CHECK_EQ_INT(kvs_client_get_size(c, "L"), 5000);
+    CHECK_STATUS(kvs_client_remove(c, "L", false), KVS_OBJECT_HAS_LEASE);
+    usleep(300000);
+    /* A read whose transfer outlasts the lease is refused: the owner may have reused space. */
+    uint8_t *buf = malloc(5000);
+    CHECK_STATUS(kvs_client_register_buffer(c, buf, 5000), KVS_OK);
+    CHECK_STATUS(kvs_client_get_into(c, "L", buf, 5000), KVS_LEASE_EXPIRED);
+    kvs_client_stats_t s;
+    CHECK_STATUS(kvs_client_get_stats(c, &s), KVS_OK);
+    CHECK_EQ_U64(s.get_lease_expired, 1);
+    usleep(300000);
+    CHECK_STATUS(kvs_client_remove(c, "L", false), KVS_OK);
+    CHECK_STATUS(kvs_client_unregister_buffer(c, buf), KVS_OK);
+    kvs_client_close(c);
+    free(buf);
+    server_stop(&st.srv);
+}
+
+static void test_transfer_deadline_bounds_a_slow_owner(void)
+{
+    setenv("KVS_DATA_INJECT_DELAY_US", "1500000", 1);
+    store_t st;
+    store_start(&st, "16MiB", NULL);
+    unsetenv("KVS_DATA_INJECT_DELAY_US");
+    kvs_client_t *writer = client_open(st.master, 5000);
+    put_pattern(writer, "slow", 10000, NULL);
+    kvs_client_close(writer);
+    kvs_client_t *c = client_open(st.master, 300);
+    uint8_t *buf = malloc(10000);
+    memset(buf, GUARD, 10000);
+    CHECK_STATUS(kvs_client_register_buffer(c, buf, 10000), KVS_OK);
+    uint64_t t0 = kvs__now_ns();
+    CHECK_STATUS(kvs_client_get_into(c, "slow", buf, 10000), KVS_TIMED_OUT);
+    uint64_t ms = (kvs__now_ns() - t0) / 1000000;
+    CHECK_CMP_U64(ms, >=, 250);
+    CHECK_CMP_U64(ms, <, 1200);
+    /* The cancelled read wrote nothing after returning: the buffer can go at once. */
+    CHECK(all_guard(buf, 10000));
+    CHECK_STATUS(kvs_client_unregister_buffer(c, buf), KVS_OK);
+    kvs_client_close(c);
+    free(buf);
+    server_stop(&st.srv);
+}
+
+typedef struct {
+    kvs_client_t *c;
+    void *buf;
+    atomic_int done;
+    int64_t result;
+} slow_read_t;
+
+static void *slow_read_main(void *arg)
+{
+    slow_read_t *r = arg;
+    r->result = kvs_client_get_into(r->c, "slow", r->buf, 10000);
+    atomic_store(&r->done, 1);
+    return NULL;
+}
+
+static void test_unregister_waits_for_reads_in_flight(void)
+{
+    setenv("KVS_DATA_INJECT_DELAY_US", "400000", 1);
+    store_t st;
+    store_start(&st, "16MiB", NULL);
+    unsetenv("KVS_DATA_INJECT_DELAY_US");
+    kvs_client_t *c = client_open(st.master, 5000);
+    put_pattern(c, "slow", 10000, NULL);
+    slow_read_t r = {c, malloc(10000), 0, 0};
+    CHECK_STATUS(kvs_client_register_buffer(c, r.buf, 10000), KVS_OK);
+    pthread_t t;
+    CHECK_EQ_INT(pthread_create(&t, NULL, slow_read_main, &r), 0);
+    usleep(150000); /* the read is now waiting on the owner */
+    CHECK_STATUS(kvs_client_unregister_buffer(c, r.buf), KVS_OK);
+    CHECK_EQ_INT(atomic_load(&r.done), 1);
+    pthread_join(t, NULL);
+    CHECK_EQ_INT(r.result, 10000);
+    CHECK_EQ_INT(mismatch("slow", 0, r.buf, 10000), -1);
+    kvs_client_close(c);
+    free(r.buf);
+    server_stop(&st.srv);
+}
+
+/* ---- owners ---------------------------------------------------------------------------------- */
+
+static void test_client_mounts_its_own_segment(void)
+{
+    server_t m;
+    const char *args[] = {"--master-only", NULL};
+    server_start(&m, args);
+    char master[64];
+    snprintf(master, sizeof(master), "127.0.0.1:%u", (unsigned)m.port);
+    kvs_client_t *owner = client_open(master, 5000);
+    CHECK_STATUS(kvs_client_mount_segment(owner, 8 << 20, "mine", NULL), KVS_OK);
+    CHECK_STATUS(kvs_client_mount_segment(owner, 8 << 20, "mine", NULL),
+                 KVS_SEGMENT_ALREADY_EXISTS);
+    kvs_client_t *reader = client_open(master, 5000);
+    kvs_replicate_config_t rc;
+    kvs_replicate_config_init(&rc);
+    rc.preferred_segment = "mine";
+    put_pattern(reader, "on-mine", 123456, &rc);
+    void *data;
+    size_t size;
+    CHECK_STATUS(kvs_client_get(reader, "on-mine", &data, &size), KVS_OK);
+    CHECK_EQ_U64(size, 123456);
+    CHECK_EQ_INT(mismatch("on-mine", 0, data, size), -1);
+    kvs_free(data);
+    /* Closing the owner unmounts its segment: its objects are gone. */
+    kvs_client_close(owner);
+    CHECK_STATUS(kvs_client_get_size(reader, "on-mine"), KVS_OBJECT_NOT_FOUND);
+    CHECK_STATUS(kvs_client_put(reader, "x", "x", 1, NULL), KVS_NO_AVAILABLE_HANDLE);
+    kvs_client_close(reader);
+    server_stop(&m);
+}
+
+typedef struct {
+    const char *master;
+    atomic_int *stop;
+    int wrong_bytes, hung, ok_a, failed_a, ok_b, failed_b, calls;
+} reader_t;
+
+enum { KILL_KEYS = 16 };
+static const uint64_t KILL_SIZE = 256u << 10;
+
+static void *killer_reader_main(void *arg)
+{
+    reader_t *r = arg;
+    kvs_client_t *c = client_open(r->master, 1000);
+    size_t pool_len = (size_t)KILL_KEYS * 2 * KILL_SIZE;
+    uint8_t *pool = malloc(pool_len);
+    CHECK_STATUS(kvs_client_register_buffer(c, pool, pool_len), KVS_OK);
+    char names[2 * KILL_KEYS][16];
+    const char *keys[2 * KILL_KEYS];
+    kvs_buf_t frags[2 * KILL_KEYS][32];
+    const kvs_buf_t *bufs[2 * KILL_KEYS];
+    size_t nbufs[2 * KILL_KEYS];
+    for (int i = 0; i < 2 * KILL_KEYS; i++) {
+        snprintf(names[i], sizeof(names[i]), "%c%d", i < KILL_KEYS ? 'a' : 'b', i % KILL_KEYS);
+        keys[i] = names[i];
+        for (int j = 0; j < 32; j++) /* 8 KiB pages, interleaved across keys */
+            frags[i][j] = (kvs_buf_t){pool + ((size_t)j * 2 * KILL_KEYS + (size_t)i) * 8192, 8192};
+        bufs[i] = frags[i];
+        nbufs[i] = 32;
+    }
+    for (int round = 0; !atomic_load(r->stop) || round < 2; round++) {
+        memset(pool, 0, pool_len);
+        int64_t res[2 * KILL_KEYS];
+        uint64_t t0 = kvs__now_ns();
+        int rc = kvs_client_batch_get_into_multi_buffers(c, 2 * KILL_KEYS, keys, bufs, nbufs,
+                                                         round % 2, res);
+        uint64_t ms = (kvs__now_ns() - t0) / 1000000;
+        r->calls++;
+        /* Lookup (rpc timeout 3 s) and the transfers (1 s) bound every call. */
+        if (ms > 4500)
+            r->hung++;
+        if (rc != KVS_OK)
+            continue;
+        for (int i = 0; i < 2 * KILL_KEYS; i++) {
+            bool a = i < KILL_KEYS;
+            if (res[i] == (int64_t)KILL_SIZE) {
+                if (!frags_match(keys[i], frags[i], 32))
+                    r->wrong_bytes++;
+                *(a ? &r->ok_a : &r->ok_b) += 1;
+            } else {
+                CHECK(res[i] < 0);
+                *(a ? &r->failed_a : &r->failed_b) += 1;
+            }
+        }
+    }
+    CHECK_STATUS(kvs_client_unregister_buffer(c, pool), KVS_OK);
+    kvs_client_close(c);
+    free(pool);
+    return NULL;
+}
+
+static void test_owner_killed_during_reads(void)
+{
+    server_t m, oa, ob;
+    const char *margs[] = {"--master-only", "--heartbeat-timeout-ms", "600", NULL};
+    server_start(&m, margs);
+    char master[64], port[16];
+    snprintf(master, sizeof(master), "127.0.0.1:%u", (unsigned)m.port);
+    snprintf(port, sizeof(port), "%u", (unsigned)m.port);
+    const char *aargs[] = {"--owner-only",   "--master", master, "--segment-name",
+                           "A",              "--segment-size", "32MiB", NULL};
+    const char *bargs[] = {"--owner-only",   "--master", master, "--segment-name",
+                           "B",              "--segment-size", "32MiB", NULL};
+    server_start(&oa, aargs);
+    server_start(&ob, bargs);
+    kvs_client_t *w = client_open(master, 5000);
+    kvs_replicate_config_t rc;
+    kvs_replicate_config_init(&rc);
+    for (int i = 0; i < 2 * KILL_KEYS; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "%c%d", i < KILL_KEYS ? 'a' : 'b', i % KILL_KEYS);
+        rc.preferred_segment = i < KILL_KEYS ? "A" : "B";
+        put_pattern(w, key, KILL_SIZE, &rc);
+    }
+    atomic_int stop = 0;
+    reader_t r[3];
+    pthread_t t[3];
+    for (int i = 0; i < 3; i++) {
+        r[i] = (reader_t){.master = master, .stop = &stop};
+        CHECK_EQ_INT(pthread_create(&t[i], NULL, killer_reader_main, &r[i]), 0);
+    }
+    usleep(300000);
+    server_kill(&ob);
+    /* A put placed on dead B fails and is revoked, not left half written. */
+    rc.preferred_segment = "B";
+    uint8_t small[1000] = {0};
+    int prc = kvs_client_put(w, "late", small, sizeof(small), &rc);
+    CHECK(prc == KVS_TRANSFER_FAIL || prc == KVS_NO_AVAILABLE_HANDLE);
+    CHECK_EQ_INT(kvs_client_exists(w, "late"), 0);
+    usleep(1200000); /* past the heartbeat time-out: the master drops B */
+    atomic_store(&stop, 1);
+    int ok_a = 0, failed_a = 0, ok_b = 0, failed_b = 0, calls = 0;
+    for (int i = 0; i < 3; i++) {
+        pthread_join(t[i], NULL);
+        CHECK_EQ_INT(r[i].wrong_bytes, 0);
+        CHECK_EQ_INT(r[i].hung, 0);
+        ok_a += r[i].ok_a;
+        failed_a += r[i].failed_a;
+        ok_b += r[i].ok_b;
+        failed_b += r[i].failed_b;
+        calls += r[i].calls;
+    }
+    /* A kept serving every read; B's keys were readable before and failed after. */
+    CHECK_EQ_INT(failed_a, 0);
+    CHECK(ok_a >= 3 * 2 * KILL_KEYS);
+    CHECK(ok_b > 0);
+    CHECK(failed_b > 0);
+    /* After the master dropped B its keys are simply gone; A's are all there. */
+    for (int i = 0; i < KILL_KEYS; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "a%d", i);
+        CHECK_EQ_INT(kvs_client_get_size(w, key), (int64_t)KILL_SIZE);
+        snprintf(key, sizeof(key), "b%d", i);
+        CHECK_STATUS(kvs_client_get_size(w, key), KVS_OBJECT_NOT_FOUND);
+    }
+    printf("  %d read calls; A: %d ok; B: %d ok, %d failed\n", calls, ok_a, ok_b, failed_b);
+    kvs_client_close(w);
+    server_check_alive(&oa);
+    server_stop(&oa);
+    server_stop(&m);
+    (void)port;
+}
+
+int main(int argc, char **argv)
+{
+    static const kvs_test_case_t cases[] = {
+        KVS_TEST_CASE(test_round_trips_1_byte_to_64_mib),
+        KVS_TEST_CASE(test_batch_put_from_multi_gathers_in_order),
+        KVS_TEST_CASE(test_multi_buffers_direct),
+        KVS_TEST_CASE(test_multi_buffers_grouped),
+        KVS_TEST_CASE(test_bad_input_is_refused_and_changes_nothing),
+        KVS_TEST_CASE(test_threads_share_one_client),
+        KVS_TEST_CASE(test_processes_read_each_others_keys),
+        KVS_TEST_CASE(test_eviction_makes_room_for_new_puts),
+        KVS_TEST_CASE(test_leases_protect_reads_and_expire),
+        KVS_TEST_CASE(test_transfer_deadline_bounds_a_slow_owner),
+        KVS_TEST_CASE(test_unregister_waits_for_reads_in_flight),
+        KVS_TEST_CASE(test_client_mounts_its_own_segment),
+        KVS_TEST_CASE(test_owner_killed_during_reads),
+    };
+    return kvs_test_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
+}
