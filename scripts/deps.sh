@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the build and test dependencies from Debian's packages when any is missing.
 # cmake, a C compiler and make build kvstash; clang and libclang-rt-14-dev build and run the
-# libFuzzer targets. CUDA (nvcc) is optional and never installed here.
+# libFuzzer targets; pkgconf checks the installed pkg-config file. CUDA (nvcc) is optional and never installed here.
 set -euo pipefail
 need=()
 command -v cmake >/dev/null || need+=(cmake)
@@ -10,6 +10,7 @@ command -v make >/dev/null || need+=(make)
 command -v clang >/dev/null || need+=(clang)
 dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
 command -v python3 >/dev/null || need+=(python3)
+command -v pkg-config >/dev/null || need+=(pkgconf)
 if ((${#need[@]})); then
     echo "deps: installing ${need[*]}"
     SUDO=""

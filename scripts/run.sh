@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job: builds kvstash, starts a store (an owner and its embedded master) on loopback,
-# shows it working with the command line, runs the benchmarks, and stops it.
+# stores and fetches a file with the command line, runs a client workload against it (batch
+# puts, multi-buffer gets with every byte checked, throughput), and stops it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -17,11 +18,16 @@ pid=$!
 for _ in $(seq 100); do [ -s "$tmp/port" ] && break; sleep 0.05; done
 [ -s "$tmp/port" ] || { echo "server did not start"; exit 1; }
 port=$(cat "$tmp/port")
-echo "--- kvstash stat"
-build/kvstash --master "127.0.0.1:$port" stat
+kvs() { build/kvstash --master "127.0.0.1:$port" "$@"; }
+echo "--- kvstash put / get / rm: a file in and out, byte for byte"
+head -c 3000000 /dev/urandom >"$tmp/in"
+kvs put demo-file "$tmp/in"
+kvs get demo-file "$tmp/out"
+cmp "$tmp/in" "$tmp/out" && echo "demo-file: $(stat -c %s "$tmp/out") bytes came back identical"
 echo "--- kvstash ls"
-build/kvstash --master "127.0.0.1:$port" ls
-echo "--- allocator benchmark (the master's per-segment allocator)"
-build/kvstash bench allocator --ops 200000
-echo "--- tcp transport benchmark (loopback, against plain sockets)"
-build/kvstash bench transport --size 128MiB --reps 3
+kvs ls
+kvs rm demo-file --force
+echo "--- client workload: batch puts, multi-buffer gets into scattered 64 KiB pages, checked"
+kvs bench client --keys 32 --size 4MiB --page 64KiB --reps 5
+echo "--- kvstash stat"
+kvs stat

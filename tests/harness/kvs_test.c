@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 static const char *current_case = "?";
-static uint64_t rng_state;
+/* Per thread, so threads of a test draw independent, reproducible sequences. */
+static _Thread_local uint64_t rng_state;
+static _Atomic uint64_t rng_threads;
 
 uint64_t kvs_test_seed(void)
 {
@@ -22,7 +24,7 @@ uint64_t kvs_test_seed(void)
 uint64_t kvs_test_rand(void)
 {
     if (rng_state == 0)
-        rng_state = kvs_test_seed() | 1;
+        rng_state = (kvs_test_seed() + 0x9e3779b97f4a7c15ull * rng_threads++) | 1;
     uint64_t x = rng_state;
     x ^= x << 13;
     x ^= x >> 7;

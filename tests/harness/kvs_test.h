@@ -86,7 +86,8 @@ void kvs_test_fail(const char *file, int line, const char *fmt, ...)
         }                                                                                          \
     } while (0)
 
-/* Deterministic xorshift random numbers for tests (seed from KVS_TEST_SEED or fixed). */
+/* Deterministic xorshift random numbers for tests (seed from KVS_TEST_SEED or fixed); each
+ * thread has its own sequence. */
 uint64_t kvs_test_rand(void);
 uint64_t kvs_test_seed(void);
 
