@@ -38,7 +38,7 @@ typedef struct {
 static int parse_opts(int argc, char **argv, bench_opts_t *o)
 {
     *o = (bench_opts_t){.keys = 32, .reps = 5, .size = 4u << 20, .page = 64u << 10};
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         uint64_t v = 0;
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         int ok = -1;
@@ -61,7 +61,6 @@ static int parse_opts(int argc, char **argv, bench_opts_t *o)
             bench_usage(stderr);
             return 2;
         }
-        i++;
     }
     if (o->page > o->size)
         o->page = o->size;

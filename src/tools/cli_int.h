@@ -11,4 +11,8 @@ int kvs__bench_transport_main(int argc, char **argv);
  * `master` (NULL: the client default). */
 int kvs__bench_client_main(const char *master, int argc, char **argv);
 
+/* `kvstash bench scatter [options]`: the GPU scatter kernel against CUDA's copy APIs and CUB
+ * (CUDA builds only). */
+int kvs__bench_scatter_main(int argc, char **argv);
+
 #endif

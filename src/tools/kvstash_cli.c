@@ -24,6 +24,7 @@ static void usage(FILE *f)
                "  bench allocator [...]     allocator replay benchmark (--help for options)\n"
                "  bench transport [...]     loopback tcp transport vs plain sockets\n"
                "  bench client [...]        put and multi-buffer get throughput against a store\n"
+               "  bench scatter [...]       GPU scatter kernel vs CUDA copy APIs (CUDA builds)\n"
                "\n"
                "The master defaults to $KVS_MASTER, else 127.0.0.1:50051.\n");
 }
@@ -271,8 +272,18 @@ int main(int argc, char **argv)
             return kvs__bench_transport_main(argc - i, argv + i);
         if (i < argc && strcmp(argv[i], "client") == 0)
             return kvs__bench_client_main(master, argc - i, argv + i);
+        if (i < argc && strcmp(argv[i], "scatter") == 0) {
+#ifdef KVS_HAVE_CUDA
+            return kvs__bench_scatter_main(argc - i, argv + i);
+#else
+            fprintf(stderr, "kvstash bench scatter: this build has no CUDA (nvcc was not found "
+                            "when it was configured)\n");
+            return 1;
+#endif
+        }
         fprintf(stderr,
-                "kvstash bench: unknown benchmark '%s' (known: allocator, transport, client)\n",
+                "kvstash bench: unknown benchmark '%s' (known: allocator, transport, client, "
+                "scatter)\n",
                 i < argc ? argv[i] : "");
         return 2;
     }

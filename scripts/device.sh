@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# GPU work on the device machine, one line per call: builds kvstash with CUDA in build-gpu/ and
+# runs the named suites, writing logs, CSVs and tables under $OUT (default build-gpu/out).
+# Usage: scripts/device.sh SUITE...
+#   scatter   GPU scatter tests, the same under compute-sanitizer memcheck, `kvstash bench scatter`
+# Every suite runs even when an earlier one failed; the exit status says whether all passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-build-gpu/out}
+mkdir -p "$out"
+(($#)) || { sed -n '2,7p' "$0"; exit 2; }
+{
+    date -u +"%Y-%m-%dT%H:%M:%SZ"
+    git log -1 --format='commit %h %s' 2>/dev/null || true
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    nvcc --version | tail -n 1
+} | tee "$out/machine.txt"
+echo "=== build (CUDA, Release)"
+if ! { cmake -S . -B build-gpu -DKVS_WERROR=ON -DCMAKE_BUILD_TYPE=Release &&
+    cmake --build build-gpu -j"$(nproc)"; } >"$out/build.log" 2>&1; then
+    tail -n 60 "$out/build.log"
+    exit 1
+fi
+grep -q "kvstash: CUDA ON" "$out/build.log" || { echo "CUDA was not found"; exit 1; }
+failed=()
+step() { # name, command...: runs, logs to $out/name.log, records a failure
+    local name=$1
+    shift
+    echo "=== $name: $*"
+    if "$@" 2>&1 | tee "$out/$name.log"; then :; else failed+=("$name"); fi
+}
+for suite in "$@"; do
+    case $suite in
+    scatter)
+        step scatter_test build-gpu/tests/test_gpu_scatter
+        if command -v compute-sanitizer >/dev/null; then
+            KVS_TEST_NOFORK=1 step scatter_memcheck timeout 480 compute-sanitizer \
+                --tool memcheck --error-exitcode 3 build-gpu/tests/test_gpu_scatter
+        else
+            echo "compute-sanitizer not found: memcheck skipped" | tee "$out/scatter_memcheck.log"
+        fi
+        step scatter_bench build-gpu/kvstash bench scatter --csv "$out/scatter.csv"
+        ;;
+    *) echo "unknown suite '$suite'"; failed+=("$suite") ;;
+    esac
+done
+if ((${#failed[@]})); then
+    echo "FAILED: ${failed[*]}"
+    exit 1
+fi
+echo "all suites passed: $*"

@@ -1,0 +1,32 @@
+/* The scatter module of builds without CUDA: every call says so. */
+#include "scatter.h"
+
+#include "../common/common_int.h"
+
+bool kvs__scatter_built(void)
+{
+    return false;
+}
+
+int kvs__scatter_create(const kvs__scatter_config_t *cfg, kvs__scatter_t **s_p)
+{
+    KVS_UNUSED(cfg);
+    KVS_UNUSED(s_p);
+    return KVS_UNSUPPORTED;
+}
+
+int kvs__scatter_launch(kvs__scatter_t *s, const void *src, const kvs__scatter_frag_t *frags,
+                        uint32_t n, void *stream)
+{
+    KVS_UNUSED(s);
+    KVS_UNUSED(src);
+    KVS_UNUSED(frags);
+    KVS_UNUSED(n);
+    KVS_UNUSED(stream);
+    return KVS_UNSUPPORTED;
+}
+
+void kvs__scatter_destroy(kvs__scatter_t *s)
+{
+    KVS_UNUSED(s);
+}

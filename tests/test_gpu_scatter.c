@@ -1,0 +1,231 @@
+/* GPU: the scatter kernel against random fragment sets (reordered, unaligned, odd sizes, 1 byte
+ * to 12 MiB). Every destination byte is checked, and so are guard bytes around every fragment.
+ * Without a GPU the program reports a skip (exit 77). */
+#define _GNU_SOURCE
+#include "kvs_test.h"
+#include "common/common_int.h"
+#include "gpu/scatter.h"
+
+#include <cuda_runtime_api.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define GUARD_BYTE 0xEE
+#define SKIP_CODE  77
+
+#define CHECK_CUDA(call) CHECK_EQ_INT((call), cudaSuccess)
+
+typedef struct {
+    uint64_t pool_off; /* where the fragment lies in the destination pool */
+    uint64_t len;
+} place_t;
+
+/* Builds `n` fragments with lengths from `len_fn`, places them in shuffled order in a pool with
+ * random gaps (guard bytes) and random misalignment, runs one scatter and checks everything. */
+static void run_case(kvs__scatter_t *s, uint32_t n, uint64_t (*len_fn)(void), unsigned src_mis,
+                     cudaStream_t stream)
+{
+    place_t *pl = calloc(n, sizeof(*pl));
+    uint32_t *order = calloc(n, sizeof(*order));
+    CHECK(pl && order);
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        pl[i].len = len_fn();
+        total += pl[i].len;
+        order[i] = i;
+    }
+    for (uint32_t i = n; i > 1; i--) {
+        uint32_t j = (uint32_t)(kvs_test_rand() % i), t = order[i - 1];
+        order[i - 1] = order[j];
+        order[j] = t;
+    }
+    uint64_t pos = 1 + kvs_test_rand() % 64;
+    for (uint32_t k = 0; k < n; k++) {
+        pl[order[k]].pool_off = pos;
+        pos += pl[order[k]].len + 1 + kvs_test_rand() % 40;
+    }
+    uint64_t pool_len = pos + 64;
+    uint8_t *h_src = malloc(total + 16), *h_pool = malloc(pool_len);
+    CHECK(h_src && h_pool);
+    for (uint64_t b = 0; b < total; b++)
+        h_src[b] = (uint8_t)(kvs_test_rand() >> 24);
+    char *d_src = NULL, *d_pool = NULL;
+    CHECK_CUDA(cudaMalloc((void **)&d_src, total + 16));
+    CHECK_CUDA(cudaMalloc((void **)&d_pool, pool_len));
+    CHECK_CUDA(cudaMemcpy(d_src + src_mis, h_src, total, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemset(d_pool, GUARD_BYTE, pool_len));
+    kvs__scatter_frag_t *frags = calloc(n, sizeof(*frags));
+    CHECK(frags);
+    for (uint32_t i = 0; i < n; i++)
+        frags[i] = (kvs__scatter_frag_t){d_pool + pl[i].pool_off, pl[i].len};
+    CHECK_STATUS(kvs__scatter_launch(s, d_src + src_mis, frags, n, stream), KVS_OK);
+    /* The caller may reuse its descriptor array at once. */
+    memset(frags, 0, n * sizeof(*frags));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaMemcpy(h_pool, d_pool, pool_len, cudaMemcpyDeviceToHost));
+    /* Fragment bytes equal the source slice; everything else is still guard. */
+    uint8_t *mark = calloc(pool_len, 1);
+    CHECK(mark);
+    uint64_t off = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        CHECK_EQ_MEM(h_pool + pl[i].pool_off, h_src + off, pl[i].len);
+        memset(mark + pl[i].pool_off, 1, pl[i].len);
+        off += pl[i].len;
+    }
+    for (uint64_t b = 0; b < pool_len; b++) {
+        if (!mark[b] && h_pool[b] != GUARD_BYTE)
+            kvs_test_fail(__FILE__, __LINE__, "guard byte %llu of %llu overwritten (0x%02x)",
+                          (unsigned long long)b, (unsigned long long)pool_len, h_pool[b]);
+    }
+    free(mark);
+    free(frags);
+    CHECK_CUDA(cudaFree(d_src));
+    CHECK_CUDA(cudaFree(d_pool));
+    free(h_src);
+    free(h_pool);
+    free(pl);
+    free(order);
+}
+
+static uint64_t len_small_odd(void)
+{
+    return 1 + kvs_test_rand() % 9000;
+}
+
+static uint64_t len_tiny(void)
+{
+    return 1 + kvs_test_rand() % 17;
+}
+
+static uint64_t len_pages(void)
+{
+    static const uint64_t sizes[] = {4096, 8192, 16384, 65536};
+    return sizes[kvs_test_rand() % 4];
+}
+
+static uint64_t len_wide(void)
+{
+    /* 1 byte to 12 MiB, log-uniform. */
+    unsigned bits = (unsigned)(kvs_test_rand() % 24);
+    uint64_t len = (1ull << bits) + kvs_test_rand() % (1ull << bits);
+    return KVS_MIN(len, 12ull << 20);
+}
+
+static uint64_t len_12mib(void)
+{
+    return 12ull << 20;
+}
+
+static kvs__scatter_t *make(uint32_t max_blocks)
+{
+    kvs__scatter_config_t cfg = {.device = 0, .max_blocks = max_blocks};
+    kvs__scatter_t *s = NULL;
+    CHECK_STATUS(kvs__scatter_create(&cfg, &s), KVS_OK);
+    return s;
+}
+
+static void test_inline_descriptors(void)
+{
+    kvs__scatter_t *s = make(0);
+    /* <= 64 units and <= 1280 units travel as kernel parameters. */
+    for (unsigned mis = 0; mis < 16; mis += 5) {
+        run_case(s, 1, len_tiny, mis, NULL);
+        run_case(s, 40, len_small_odd, mis, NULL);
+        run_case(s, 900, len_small_odd, mis, NULL);
+        run_case(s, 64, len_tiny, mis, NULL);
+    }
+    kvs__scatter_destroy(s);
+}
+
+static void test_uploaded_descriptors_and_reuse(void)
+{
+    kvs__scatter_t *s = make(0);
+    cudaStream_t st;
+    CHECK_CUDA(cudaStreamCreate(&st));
+    /* Above the inline limit: uploaded; several calls in a row reuse the pinned buffer. */
+    for (int r = 0; r < 4; r++) {
+        run_case(s, 3000, len_pages, (unsigned)r * 3, r % 2 ? st : NULL);
+        run_case(s, 20000, len_small_odd, 7, st);
+    }
+    CHECK_CUDA(cudaStreamDestroy(st));
+    kvs__scatter_destroy(s);
+}
+
+static void test_random_sets_1_byte_to_12_mib(void)
+{
+    kvs__scatter_t *s = make(0);
+    for (int r = 0; r < 12; r++)
+        run_case(s, 1 + (uint32_t)(kvs_test_rand() % 40), len_wide, (unsigned)(r % 16), NULL);
+    run_case(s, 3, len_12mib, 3, NULL);
+    kvs__scatter_destroy(s);
+}
+
+static void test_bounded_blocks(void)
+{
+    /* One block or a handful must still copy everything. */
+    kvs__scatter_t *one = make(1), *few = make(7);
+    run_case(one, 500, len_small_odd, 1, NULL);
+    run_case(few, 5000, len_pages, 0, NULL);
+    run_case(few, 4, len_12mib, 9, NULL);
+    kvs__scatter_destroy(one);
+    kvs__scatter_destroy(few);
+}
+
+static void test_bad_arguments(void)
+{
+    kvs__scatter_t *s = make(0);
+    char *d = NULL;
+    CHECK_CUDA(cudaMalloc((void **)&d, 4096));
+    kvs__scatter_frag_t f[2] = {{d, 100}, {NULL, 5}};
+    CHECK_STATUS(kvs__scatter_launch(NULL, d, f, 1, NULL), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__scatter_launch(s, NULL, f, 1, NULL), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__scatter_launch(s, d, NULL, 1, NULL), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__scatter_launch(s, d, f, 2, NULL), KVS_INVALID_PARAMS);
+    f[1] = (kvs__scatter_frag_t){NULL, 0}; /* empty fragments are skipped */
+    CHECK_STATUS(kvs__scatter_launch(s, d + 2048, f, 2, NULL), KVS_OK);
+    CHECK_STATUS(kvs__scatter_launch(s, d, f, 0, NULL), KVS_OK);
+    kvs__scatter_config_t bad = {.device = 4096};
+    kvs__scatter_t *none = NULL;
+    CHECK_STATUS(kvs__scatter_create(&bad, &none), KVS_UNSUPPORTED);
+    bad.device = -1;
+    CHECK_STATUS(kvs__scatter_create(&bad, &none), KVS_INVALID_PARAMS);
+    CHECK(none == NULL);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaFree(d));
+    kvs__scatter_destroy(s);
+    kvs__scatter_destroy(NULL);
+}
+
+/* Asks for a device in a child process: CUDA must not be initialised before the harness forks
+ * the cases. */
+static bool have_gpu(void)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int count = 0;
+        _exit(cudaGetDeviceCount(&count) == cudaSuccess && count > 0 ? 0 : 1);
+    }
+    int st = 0;
+    return pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (!have_gpu()) {
+        printf("SKIP: no CUDA device\n");
+        return SKIP_CODE;
+    }
+    static const kvs_test_case_t cases[] = {
+        KVS_TEST_CASE(test_inline_descriptors),
+        KVS_TEST_CASE(test_uploaded_descriptors_and_reuse),
+        KVS_TEST_CASE(test_random_sets_1_byte_to_12_mib),
+        KVS_TEST_CASE(test_bounded_blocks),
+        KVS_TEST_CASE(test_bad_arguments),
+    };
+    return kvs_test_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
+}
