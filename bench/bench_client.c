@@ -47,11 +47,10 @@ static int parse_opts(int argc, char **argv, bench_opts_t *o)
             return 1;
         }
         if (val != NULL && strcmp(a, "--keys") == 0)
-            ok = kvs__parse_u64(val, 65536, &v) == KVS_OK && v > 0 ? (o->keys = (uint32_t)v, 0)
-                                                                   : -1;
+            ok =
+                kvs__parse_u64(val, 65536, &v) == KVS_OK && v > 0 ? (o->keys = (uint32_t)v, 0) : -1;
         else if (val != NULL && strcmp(a, "--reps") == 0)
-            ok = kvs__parse_u64(val, 1000, &v) == KVS_OK && v > 0 ? (o->reps = (uint32_t)v, 0)
-                                                                  : -1;
+            ok = kvs__parse_u64(val, 1000, &v) == KVS_OK && v > 0 ? (o->reps = (uint32_t)v, 0) : -1;
         else if (val != NULL && strcmp(a, "--size") == 0)
             ok = kvs__parse_size(val, &o->size) == KVS_OK && o->size > 0 ? 0 : -1;
         else if (val != NULL && strcmp(a, "--page") == 0)
@@ -107,8 +106,7 @@ static int layout_build(const bench_opts_t *o, char *pool, layout_t *l)
 }
 
 /* Every fragment of every key holds the matching slice of its source. */
-static int verify(const bench_opts_t *o, const char *src, const layout_t *l,
-                  const int64_t *results)
+static int verify(const bench_opts_t *o, const char *src, const layout_t *l, const int64_t *results)
 {
     for (uint32_t i = 0; i < o->keys; i++) {
         if (results[i] != (int64_t)o->size) {
@@ -190,8 +188,8 @@ static int run(kvs_client_t *c, const bench_opts_t *o)
         for (int grouped = 0; grouped <= 1; grouped++) {
             memset(pool, 0, pool_len);
             t0 = kvs__now_ns();
-            rc = kvs_client_batch_get_into_multi_buffers(c, o->keys, keys, l.bufs, l.nbufs,
-                                                         grouped, results);
+            rc = kvs_client_batch_get_into_multi_buffers(c, o->keys, keys, l.bufs, l.nbufs, grouped,
+                                                         results);
             t1 = kvs__now_ns();
             if (rc != KVS_OK || verify(o, src, &l, results) != 0) {
                 fprintf(stderr, "kvstash bench client: %s read failed: %s\n",

@@ -22,8 +22,7 @@ typedef struct {
 static inline void server_start(server_t *s, const char *const *args)
 {
     static unsigned seq;
-    snprintf(s->port_file, sizeof(s->port_file), "/tmp/kvs-test-port-%d-%u", (int)getpid(),
-             seq++);
+    snprintf(s->port_file, sizeof(s->port_file), "/tmp/kvs-test-port-%d-%u", (int)getpid(), seq++);
     unlink(s->port_file);
     const char *argv[40] = {KVS_SERVER_PATH, "--port",      "0",    "--port-file",
                             s->port_file,    "--log-level", "error"};

@@ -797,10 +797,10 @@ static void test_owner_killed_during_reads(void)
     char master[64], port[16];
     snprintf(master, sizeof(master), "127.0.0.1:%u", (unsigned)m.port);
     snprintf(port, sizeof(port), "%u", (unsigned)m.port);
-    const char *aargs[] = {"--owner-only",   "--master", master, "--segment-name",
-                           "A",              "--segment-size", "32MiB", NULL};
-    const char *bargs[] = {"--owner-only",   "--master", master, "--segment-name",
-                           "B",              "--segment-size", "32MiB", NULL};
+    const char *aargs[] = {"--owner-only",   "--master", master, "--segment-name", "A",
+                           "--segment-size", "32MiB",    NULL};
+    const char *bargs[] = {"--owner-only",   "--master", master, "--segment-name", "B",
+                           "--segment-size", "32MiB",    NULL};
     server_start(&oa, aargs);
     server_start(&ob, bargs);
     kvs_client_t *w = client_open(master, 5000);

@@ -129,9 +129,9 @@ int kvs_client_batch_get_into(kvs_client_t *client, size_t n, const char *const 
  * keys read from one owner go in one submission. Otherwise each key is its own submission, all
  * in flight together. */
 int kvs_client_batch_get_into_multi_buffers(kvs_client_t *client, size_t n,
-                                            const char *const keys[],
-                                            const kvs_buf_t *const bufs[], const size_t nbufs[],
-                                            bool prefer_alloc_in_same_node, int64_t results[]);
+                                            const char *const keys[], const kvs_buf_t *const bufs[],
+                                            const size_t nbufs[], bool prefer_alloc_in_same_node,
+                                            int64_t results[]);
 
 /* Reads a whole object into new memory: *data_p (caller frees with kvs_free) and *size_p. */
 int kvs_client_get(kvs_client_t *client, const char *key, void **data_p, size_t *size_p);
@@ -172,11 +172,11 @@ double kvs_histogram_quantile_us(const kvs_histogram_t *h, double q);
 typedef struct {
     uint64_t put_calls, put_keys, put_bytes, put_failed_keys;
     uint64_t get_calls, get_keys, get_bytes, get_failed_keys;
-    uint64_t get_grouped_calls;  /* reads in grouped mode */
-    uint64_t get_submissions;    /* transport submissions of reads */
-    uint64_t get_lease_expired;  /* keys that failed with KVS_LEASE_EXPIRED */
-    uint64_t get_timed_out;      /* keys that failed with KVS_TIMED_OUT */
-    uint64_t get_transfer_fail;  /* keys that failed with KVS_TRANSFER_FAIL */
+    uint64_t get_grouped_calls; /* reads in grouped mode */
+    uint64_t get_submissions;   /* transport submissions of reads */
+    uint64_t get_lease_expired; /* keys that failed with KVS_LEASE_EXPIRED */
+    uint64_t get_timed_out;     /* keys that failed with KVS_TIMED_OUT */
+    uint64_t get_transfer_fail; /* keys that failed with KVS_TRANSFER_FAIL */
     uint64_t remove_calls, exists_calls, size_calls;
     uint64_t rpc_failures;       /* master calls that failed */
     uint64_t registered_buffers; /* currently registered */

@@ -58,8 +58,8 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
 {
     if (cfg == NULL || client_p == NULL)
         return kvs__fail(KVS_INVALID_PARAMS, "kvs_client_open: cfg and client_p are required");
-    if (cfg->rpc_timeout_ms == 0 || cfg->transfer_timeout_ms == 0 ||
-        cfg->rpc_timeout_ms > DAY_MS || cfg->transfer_timeout_ms > DAY_MS)
+    if (cfg->rpc_timeout_ms == 0 || cfg->transfer_timeout_ms == 0 || cfg->rpc_timeout_ms > DAY_MS ||
+        cfg->transfer_timeout_ms > DAY_MS)
         return kvs__fail(KVS_INVALID_PARAMS, "timeouts must be 1..%llu ms",
                          (unsigned long long)DAY_MS);
     int rc = check_protocol(cfg->protocol);
@@ -159,8 +159,7 @@ int kvs_client_mount_segment(kvs_client_t *c, uint64_t size, const char *name,
         return kvs__fail(KVS_INVALID_PARAMS, "kvs_client_mount_segment: client and size > 0 "
                                              "are required");
     if (name != NULL && (*name == '\0' || strlen(name) > KVS_MAX_NAME_LEN))
-        return kvs__fail(KVS_INVALID_PARAMS, "segment name must be 1..%u bytes",
-                         KVS_MAX_NAME_LEN);
+        return kvs__fail(KVS_INVALID_PARAMS, "segment name must be 1..%u bytes", KVS_MAX_NAME_LEN);
     kvs__owner_config_t oc = {
         .master_host = c->master_host,
         .master_port = c->master_port,
@@ -246,8 +245,9 @@ int kvs_client_register_buffer(kvs_client_t *c, void *addr, size_t len)
     size_t i = reg_upper_locked(c, r->start);
     int rc = KVS_OK;
     if ((i > 0 && c->regs[i - 1]->end > r->start) || (i < c->nregs && c->regs[i]->start < r->end))
-        rc = kvs__fail(KVS_INVALID_PARAMS, "register_buffer: [%p, +%zu) overlaps a registered "
-                                           "buffer",
+        rc = kvs__fail(KVS_INVALID_PARAMS,
+                       "register_buffer: [%p, +%zu) overlaps a registered "
+                       "buffer",
                        addr, len);
     if (rc == KVS_OK && c->nregs == c->regs_cap) {
         size_t cap = c->regs_cap ? c->regs_cap * 2 : 16;
@@ -286,8 +286,7 @@ int kvs_client_unregister_buffer(kvs_client_t *c, void *addr)
     }
     pthread_rwlock_unlock(&c->reg_lock);
     if (r == NULL)
-        return kvs__fail(KVS_INVALID_PARAMS, "unregister_buffer: no buffer registered at %p",
-                         addr);
+        return kvs__fail(KVS_INVALID_PARAMS, "unregister_buffer: no buffer registered at %p", addr);
     /* Calls that pinned it finish (or fail) within their transfer deadline. */
     pthread_mutex_lock(&c->wait_lock);
     while (atomic_load(&r->pins) > 0)
@@ -368,6 +367,28 @@ int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32
     return rc;
 }
 
+int kvs__client_placement_rsp(int rc, const kvs__wbuf_t *rsp, uint32_t n, kvs__arena_t *arena,
+                              kvs__placement_rsp_t *pr)
+{
+    if (rc != KVS_OK)
+        return rc;
+    if (kvs__placement_rsp_decode(rsp->data, rsp->len, arena, pr) != KVS_OK ||
+        (pr->status == KVS_OK && pr->n != n))
+        return KVS_PROTOCOL_ERROR;
+    return pr->status;
+}
+
+int kvs__client_status_list_rsp(int rc, const kvs__wbuf_t *rsp, uint32_t n, kvs__arena_t *arena,
+                                kvs__status_list_rsp_t *sl)
+{
+    if (rc != KVS_OK)
+        return rc;
+    if (kvs__status_list_rsp_decode(rsp->data, rsp->len, arena, sl) != KVS_OK ||
+        (sl->status == KVS_OK && sl->n != n))
+        return KVS_PROTOCOL_ERROR;
+    return sl->status;
+}
+
 /* A keys call whose answer is one status per key: results[i] for keys[i]. */
 static int status_list_call(kvs_client_t *c, uint16_t type, uint32_t flags, size_t n,
                             const char *const keys[], int results[])
@@ -390,13 +411,10 @@ static int status_list_call(kvs_client_t *c, uint16_t type, uint32_t flags, size
     kvs__wbuf_init(&rsp);
     kvs__arena_t arena;
     kvs__arena_init(&arena);
-    int rc = kvs__client_keys_call(c, type, flags, (uint32_t)n, ks, &rsp);
     kvs__status_list_rsp_t sl;
-    if (rc == KVS_OK && (kvs__status_list_rsp_decode(rsp.data, rsp.len, &arena, &sl) != KVS_OK ||
-                         (sl.status == KVS_OK && sl.n != n)))
-        rc = KVS_PROTOCOL_ERROR;
-    if (rc == KVS_OK)
-        rc = sl.status;
+    int rc =
+        kvs__client_status_list_rsp(kvs__client_keys_call(c, type, flags, (uint32_t)n, ks, &rsp),
+                                    &rsp, (uint32_t)n, &arena, &sl);
     if (rc == KVS_OK) {
         for (size_t i = 0; i < n; i++)
             results[i] = sl.results[i];
@@ -416,8 +434,7 @@ int kvs_client_remove(kvs_client_t *c, const char *key, bool force)
     kvs__client_enter(c);
     atomic_fetch_add(&c->st.remove_calls, 1);
     int result = 0;
-    int rc = status_list_call(c, KVS_MSG_REMOVE, force ? KVS_KEYS_FLAG_FORCE : 0, 1, &key,
-                              &result);
+    int rc = status_list_call(c, KVS_MSG_REMOVE, force ? KVS_KEYS_FLAG_FORCE : 0, 1, &key, &result);
     kvs__client_leave(c);
     if (rc == KVS_OK && result != KVS_OK)
         rc = kvs__fail(result, "remove '%s': %s", key, kvs_status_str(result));
@@ -454,13 +471,11 @@ int64_t kvs_client_get_size(kvs_client_t *c, const char *key)
     kvs__arena_t arena;
     kvs__arena_init(&arena);
     int64_t result;
-    int rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, 1, &k, &rsp);
     kvs__placement_rsp_t pr;
-    if (rc == KVS_OK && (kvs__placement_rsp_decode(rsp.data, rsp.len, &arena, &pr) != KVS_OK ||
-                         (pr.status == KVS_OK && pr.n != 1)))
-        rc = KVS_PROTOCOL_ERROR;
+    int rc = kvs__client_placement_rsp(kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, 1, &k, &rsp),
+                                       &rsp, 1, &arena, &pr);
     if (rc == KVS_OK)
-        rc = pr.status != KVS_OK ? pr.status : pr.objs[0].status;
+        rc = pr.objs[0].status;
     if (rc == KVS_OK)
         result = (int64_t)pr.objs[0].size;
     else

@@ -88,4 +88,11 @@ int kvs__client_call(kvs_client_t *c, kvs__wbuf_t *req, kvs__wbuf_t *rsp);
 int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
                           const kvs__str_t *keys, kvs__wbuf_t *rsp);
 
+/* Decode the answer to a call that returned `rc`, expecting one entry per key (`n`): `rc` if it
+ * failed, PROTOCOL_ERROR if the answer is malformed or has another count, else its status. */
+int kvs__client_placement_rsp(int rc, const kvs__wbuf_t *rsp, uint32_t n, kvs__arena_t *arena,
+                              kvs__placement_rsp_t *pr);
+int kvs__client_status_list_rsp(int rc, const kvs__wbuf_t *rsp, uint32_t n, kvs__arena_t *arena,
+                                kvs__status_list_rsp_t *sl);
+
 #endif

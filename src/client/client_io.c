@@ -15,8 +15,8 @@ typedef struct {
     struct iovec *iov; /* every fragment, key after key */
     size_t *first;     /* key i owns iov[first[i] .. first[i] + cnt[i]) */
     uint32_t *cnt;
-    uint64_t *total;  /* bytes of key i's fragments */
-    int64_t *res;     /* 0 while the key is usable, else its failure */
+    uint64_t *total; /* bytes of key i's fragments */
+    int64_t *res;    /* 0 while the key is usable, else its failure */
     kvs__pinset_t pins;
 } call_t;
 
@@ -43,8 +43,7 @@ static int call_init(kvs_client_t *c, const char *op, size_t n, const char *cons
                      call_t *k)
 {
     memset(k, 0, sizeof(*k));
-    if (c == NULL || n == 0 || n > KVS_MAX_BATCH || keys == NULL || bufs == NULL ||
-        nbufs == NULL)
+    if (c == NULL || n == 0 || n > KVS_MAX_BATCH || keys == NULL || bufs == NULL || nbufs == NULL)
         return kvs__fail(KVS_INVALID_PARAMS,
                          "%s: a client, 1..%u keys and their buffers are required", op,
                          KVS_MAX_BATCH);
@@ -74,8 +73,9 @@ static int call_init(kvs_client_t *c, const char *op, size_t n, const char *cons
         k->cnt[i] = (uint32_t)nbufs[i];
         uint64_t total = 0;
         if (keys[i] == NULL || kvs__key_check(keys[i], strlen(keys[i])) != KVS_OK) {
-            k->res[i] = kvs__fail(KVS_INVALID_PARAMS, "%s: key %zu is NULL, empty or longer "
-                                                      "than %u bytes",
+            k->res[i] = kvs__fail(KVS_INVALID_PARAMS,
+                                  "%s: key %zu is NULL, empty or longer "
+                                  "than %u bytes",
                                   op, i, KVS_MAX_KEY_LEN);
         } else if (nbufs[i] == 0 || bufs[i] == NULL) {
             key_refuse(k, i, op, "has no buffer");
@@ -163,11 +163,7 @@ static void put_finish(kvs_client_t *c, call_t *k, const size_t *idx, uint32_t m
     if (rc == KVS_OK)
         rc = kvs__client_keys_call(c, ok ? KVS_MSG_PUT_END : KVS_MSG_PUT_REVOKE, 0, m, ks, &rsp);
     kvs__status_list_rsp_t sl;
-    if (rc == KVS_OK && (kvs__status_list_rsp_decode(rsp.data, rsp.len, &arena, &sl) != KVS_OK ||
-                         (sl.status == KVS_OK && sl.n != m)))
-        rc = KVS_PROTOCOL_ERROR;
-    if (rc == KVS_OK)
-        rc = sl.status;
+    rc = kvs__client_status_list_rsp(rc, &rsp, m, &arena, &sl);
     if (ok) {
         /* A put whose end was not confirmed is not readable; the master revokes it in time. */
         for (uint32_t j = 0; j < m; j++)
@@ -221,13 +217,8 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
     };
     kvs__frame_begin(&req, KVS_MSG_PUT_START, 0);
     kvs__put_start_req_encode(&req, &ps);
-    rc = kvs__client_call(c, &req, &rsp);
     kvs__placement_rsp_t pr;
-    if (rc == KVS_OK && (kvs__placement_rsp_decode(rsp.data, rsp.len, &arena, &pr) != KVS_OK ||
-                         (pr.status == KVS_OK && pr.n != m)))
-        rc = KVS_PROTOCOL_ERROR;
-    if (rc == KVS_OK)
-        rc = pr.status;
+    rc = kvs__client_placement_rsp(kvs__client_call(c, &req, &rsp), &rsp, m, &arena, &pr);
     if (rc != KVS_OK) {
         rc = kvs__fail(rc, "put: the master refused the batch: %s", kvs_status_str(rc));
         goto out;
@@ -258,9 +249,9 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
                 k->res[i] = erc;
                 continue;
             }
-            reqs[r] = (kvs_xfer_req_t){KVS_XFER_WRITE,     ep, d->reps[q].segment_id,
-                                       d->reps[q].offset,  k->total[i], &k->iov[k->first[i]],
-                                       k->cnt[i],          KVS_OK};
+            reqs[r] = (kvs_xfer_req_t){KVS_XFER_WRITE,    ep,          d->reps[q].segment_id,
+                                       d->reps[q].offset, k->total[i], &k->iov[k->first[i]],
+                                       k->cnt[i],         KVS_OK};
             req_key[r++] = i;
         }
     }
@@ -398,8 +389,7 @@ int kvs_client_batch_put_from(kvs_client_t *c, size_t n, const char *const keys[
     size_t *counts;
     int r = one_buf_each(n, bufs, &ptrs, &counts);
     if (r != KVS_OK)
-        return kvs__fail(r, "batch_put_from: 1..%u keys with buffers are required",
-                         KVS_MAX_BATCH);
+        return kvs__fail(r, "batch_put_from: 1..%u keys with buffers are required", KVS_MAX_BATCH);
     r = put_run(c, "batch_put_from", n, keys, ptrs, counts, true, rc, results);
     kvs__free(ptrs);
     kvs__free(counts);
@@ -478,13 +468,9 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped)
         goto out;
     /* Leases run from before the lookup was sent: never later than the master's clock. */
     uint64_t t_lookup = kvs__now_ns();
-    rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, m, ks, &rsp);
     kvs__placement_rsp_t pr;
-    if (rc == KVS_OK && (kvs__placement_rsp_decode(rsp.data, rsp.len, &arena, &pr) != KVS_OK ||
-                         (pr.status == KVS_OK && pr.n != m)))
-        rc = KVS_PROTOCOL_ERROR;
-    if (rc == KVS_OK)
-        rc = pr.status;
+    rc = kvs__client_placement_rsp(kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, m, ks, &rsp), &rsp,
+                                   m, &arena, &pr);
     if (rc != KVS_OK) {
         rc = kvs__fail(rc, "read: lookup failed: %s", kvs_status_str(rc));
         goto out;
@@ -507,10 +493,9 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped)
             continue;
         }
         if (exact ? k->total[i] != d->size : k->total[i] < d->size) {
-            k->res[i] = kvs__fail(KVS_INVALID_PARAMS,
-                                  "read '%s': the buffers hold %llu bytes, the object %llu",
-                                  k->keys[i], (unsigned long long)k->total[i],
-                                  (unsigned long long)d->size);
+            k->res[i] = kvs__fail(
+                KVS_INVALID_PARAMS, "read '%s': the buffers hold %llu bytes, the object %llu",
+                k->keys[i], (unsigned long long)k->total[i], (unsigned long long)d->size);
             continue;
         }
         const kvs__seg_info_t *seg = NULL;
@@ -542,8 +527,8 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped)
         qsort(slots, ns, sizeof(*slots), cmp_slot_ep);
     for (uint32_t s = 0; s < ns; s++) {
         const read_slot_t *sl = &slots[s];
-        reqs[s] = (kvs_xfer_req_t){KVS_XFER_READ, sl->ep,       sl->segment_id,
-                                   sl->offset,    sl->size,     &k->iov[k->first[sl->key]],
+        reqs[s] = (kvs_xfer_req_t){KVS_XFER_READ,   sl->ep,   sl->segment_id,
+                                   sl->offset,      sl->size, &k->iov[k->first[sl->key]],
                                    k->cnt[sl->key], KVS_OK};
     }
     /* Submissions: direct = one per key, grouped = one per owner; all in flight together. */
@@ -589,8 +574,8 @@ out:
 
 /* Runs a read call and accounts for it. */
 static int get_run(kvs_client_t *c, const char *op, size_t n, const char *const keys[],
-                   const kvs_buf_t *const bufs[], const size_t nbufs[], bool registered,
-                   bool exact, bool grouped, int64_t results[])
+                   const kvs_buf_t *const bufs[], const size_t nbufs[], bool registered, bool exact,
+                   bool grouped, int64_t results[])
 {
     if (results == NULL)
         return kvs__fail(KVS_INVALID_PARAMS, "%s: results is NULL", op);
@@ -630,8 +615,8 @@ static int get_run(kvs_client_t *c, const char *op, size_t n, const char *const 
     return rc;
 }
 
-static int64_t get_single(kvs_client_t *c, const char *op, const char *key, void *buf,
-                          size_t size, bool registered)
+static int64_t get_single(kvs_client_t *c, const char *op, const char *key, void *buf, size_t size,
+                          bool registered)
 {
     kvs_buf_t b = {buf, size};
     const kvs_buf_t *bp = &b;
@@ -657,16 +642,14 @@ int kvs_client_batch_get_into(kvs_client_t *c, size_t n, const char *const keys[
     size_t *counts;
     int r = one_buf_each(n, bufs, &ptrs, &counts);
     if (r != KVS_OK)
-        return kvs__fail(r, "batch_get_into: 1..%u keys with buffers are required",
-                         KVS_MAX_BATCH);
+        return kvs__fail(r, "batch_get_into: 1..%u keys with buffers are required", KVS_MAX_BATCH);
     r = get_run(c, "batch_get_into", n, keys, ptrs, counts, true, false, false, results);
     kvs__free(ptrs);
     kvs__free(counts);
     return r;
 }
 
-int kvs_client_batch_get_into_multi_buffers(kvs_client_t *c, size_t n,
-                                            const char *const keys[],
+int kvs_client_batch_get_into_multi_buffers(kvs_client_t *c, size_t n, const char *const keys[],
                                             const kvs_buf_t *const bufs[], const size_t nbufs[],
                                             bool prefer_alloc_in_same_node, int64_t results[])
 {

@@ -213,8 +213,7 @@ static int client_cmd(const char *master, uint64_t timeout_ms, const char *cmd, 
     bool force = argc == 2 && strcmp(cmd, "rm") == 0 && strcmp(argv[1], "--force") == 0;
     int want = strcmp(cmd, "rm") == 0 ? 1 : 2;
     if (argc != want && !force) {
-        fprintf(stderr, "kvstash %s: wants %s\n", cmd,
-                want == 1 ? "KEY [--force]" : "KEY FILE|-");
+        fprintf(stderr, "kvstash %s: wants %s\n", cmd, want == 1 ? "KEY [--force]" : "KEY FILE|-");
         return 2;
     }
     kvs_client_config_t cfg;
