@@ -25,8 +25,8 @@ typedef struct {
 
 /* Builds `n` fragments with lengths from `len_fn`, places them in shuffled order in a pool with
  * random gaps (guard bytes) and random misalignment, runs one scatter and checks everything. */
-static void run_case(kvs__scatter_t *s, uint32_t n, uint64_t (*len_fn)(void), unsigned src_mis,
-                     cudaStream_t stream)
+static void run_case_skipping(kvs__scatter_t *s, uint32_t n, uint64_t (*len_fn)(void),
+                              unsigned src_mis, cudaStream_t stream, unsigned skip_every)
 {
     place_t *pl = calloc(n, sizeof(*pl));
     uint32_t *order = calloc(n, sizeof(*order));
@@ -59,8 +59,11 @@ static void run_case(kvs__scatter_t *s, uint32_t n, uint64_t (*len_fn)(void), un
     CHECK_CUDA(cudaMemset(d_pool, GUARD_BYTE, pool_len));
     kvs__scatter_frag_t *frags = calloc(n, sizeof(*frags));
     CHECK(frags);
-    for (uint32_t i = 0; i < n; i++)
-        frags[i] = (kvs__scatter_frag_t){d_pool + pl[i].pool_off, pl[i].len};
+    /* Every skip_every-th fragment has no destination: its source bytes are passed over. */
+    for (uint32_t i = 0; i < n; i++) {
+        bool skip = skip_every && i % skip_every == skip_every - 1;
+        frags[i] = (kvs__scatter_frag_t){skip ? NULL : d_pool + pl[i].pool_off, pl[i].len};
+    }
     CHECK_STATUS(kvs__scatter_launch(s, d_src + src_mis, frags, n, stream), KVS_OK);
     /* The caller may reuse its descriptor array at once. */
     memset(frags, 0, n * sizeof(*frags));
@@ -72,8 +75,10 @@ static void run_case(kvs__scatter_t *s, uint32_t n, uint64_t (*len_fn)(void), un
     CHECK(mark);
     uint64_t off = 0;
     for (uint32_t i = 0; i < n; i++) {
-        CHECK_EQ_MEM(h_pool + pl[i].pool_off, h_src + off, pl[i].len);
-        memset(mark + pl[i].pool_off, 1, pl[i].len);
+        if (!(skip_every && i % skip_every == skip_every - 1)) {
+            CHECK_EQ_MEM(h_pool + pl[i].pool_off, h_src + off, pl[i].len);
+            memset(mark + pl[i].pool_off, 1, pl[i].len);
+        }
         off += pl[i].len;
     }
     for (uint64_t b = 0; b < pool_len; b++) {
@@ -89,6 +94,12 @@ static void run_case(kvs__scatter_t *s, uint32_t n, uint64_t (*len_fn)(void), un
     free(h_pool);
     free(pl);
     free(order);
+}
+
+static void run_case(kvs__scatter_t *s, uint32_t n, uint64_t (*len_fn)(void), unsigned src_mis,
+                     cudaStream_t stream)
+{
+    run_case_skipping(s, n, len_fn, src_mis, stream, 0);
 }
 
 static uint64_t len_small_odd(void)
@@ -175,6 +186,16 @@ static void test_bounded_blocks(void)
     kvs__scatter_destroy(few);
 }
 
+static void test_skipped_source_ranges(void)
+{
+    /* Fragments without a destination (staging padding, failed keys) leave their bytes out. */
+    kvs__scatter_t *s = make(0);
+    run_case_skipping(s, 30, len_small_odd, 0, NULL, 3);
+    run_case_skipping(s, 1000, len_pages, 5, NULL, 2);
+    run_case_skipping(s, 4000, len_small_odd, 1, NULL, 7);
+    kvs__scatter_destroy(s);
+}
+
 static void test_bad_arguments(void)
 {
     kvs__scatter_t *s = make(0);
@@ -184,7 +205,9 @@ static void test_bad_arguments(void)
     CHECK_STATUS(kvs__scatter_launch(NULL, d, f, 1, NULL), KVS_INVALID_PARAMS);
     CHECK_STATUS(kvs__scatter_launch(s, NULL, f, 1, NULL), KVS_INVALID_PARAMS);
     CHECK_STATUS(kvs__scatter_launch(s, d, NULL, 1, NULL), KVS_INVALID_PARAMS);
-    CHECK_STATUS(kvs__scatter_launch(s, d, f, 2, NULL), KVS_INVALID_PARAMS);
+    /* Source offsets that would wrap around the address space. */
+    kvs__scatter_frag_t wrap = {d, UINT64_MAX - 8};
+    CHECK_STATUS(kvs__scatter_launch(s, d + 2048, &wrap, 1, NULL), KVS_INVALID_PARAMS);
     f[1] = (kvs__scatter_frag_t){NULL, 0}; /* empty fragments are skipped */
     CHECK_STATUS(kvs__scatter_launch(s, d + 2048, f, 2, NULL), KVS_OK);
     CHECK_STATUS(kvs__scatter_launch(s, d, f, 0, NULL), KVS_OK);
@@ -225,6 +248,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_uploaded_descriptors_and_reuse),
         KVS_TEST_CASE(test_random_sets_1_byte_to_12_mib),
         KVS_TEST_CASE(test_bounded_blocks),
+        KVS_TEST_CASE(test_skipped_source_ranges),
         KVS_TEST_CASE(test_bad_arguments),
     };
     return kvs_test_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));

@@ -181,6 +181,18 @@ typedef struct {
     uint64_t rpc_failures;       /* master calls that failed */
     uint64_t registered_buffers; /* currently registered */
     uint64_t registered_bytes;
+    /* GPU read staging (all 0 while it is off). */
+    uint64_t staged_reads;     /* read calls that took the staged path */
+    uint64_t staged_keys;      /* keys they carried */
+    uint64_t fills;            /* staging buffer fills (one submission each) */
+    uint64_t scatter_launches; /* one per fill that had keys to scatter */
+    /* Calls that fell back to direct reads, by the first reason found: */
+    uint64_t fallback_busy;         /* another call held the buffer (after the busy wait) */
+    uint64_t fallback_too_large;    /* a key larger than the buffer */
+    uint64_t fallback_overlap;      /* two fragments of the call overlap */
+    uint64_t fallback_other_domain; /* a fragment outside the backend's memory, or mixed */
+    uint64_t fallback_other_gpu;    /* the buffer lives on another device */
+    uint64_t fallback_alloc_failed; /* the buffer could not be allocated (staging now off) */
     kvs_histogram_t put_latency; /* per put call, end to end */
     kvs_histogram_t get_latency; /* per read call, end to end */
 } kvs_client_stats_t;

@@ -75,6 +75,14 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
         goto err_free;
     }
     c->transfer_timeout_ms = cfg->transfer_timeout_ms;
+    /* Staging settings are read once, here. */
+    kvs__staging_config_t scfg;
+    kvs__staging_config_init(&scfg);
+    rc = kvs__staging_create(&scfg, &c->staging);
+    if (rc != KVS_OK) {
+        rc = kvs__fail(rc, "kvs_client_open: out of memory");
+        goto err_free;
+    }
     kvs__tcp_config_t tcfg;
     rc = kvs__tcp_config_init(&tcfg);
     if (rc == KVS_OK)
@@ -107,6 +115,7 @@ err_rpc:
 err_tcp:
     c->tcp->ops->destroy(c->tcp);
 err_free:
+    kvs__staging_destroy(c->staging);
     kvs__free(c->master_host);
     kvs__free(c);
     return rc;
@@ -119,11 +128,11 @@ void kvs__client_enter(kvs_client_t *c)
 
 void kvs__client_leave(kvs_client_t *c)
 {
-    if (atomic_fetch_sub(&c->calls, 1) == 1) {
-        pthread_mutex_lock(&c->wait_lock);
+    /* Under the lock: once close sees no call left, no leaving call touches the client. */
+    pthread_mutex_lock(&c->wait_lock);
+    if (atomic_fetch_sub(&c->calls, 1) == 1)
         pthread_cond_broadcast(&c->wait_cond);
-        pthread_mutex_unlock(&c->wait_lock);
-    }
+    pthread_mutex_unlock(&c->wait_lock);
 }
 
 void kvs_client_close(kvs_client_t *c)
@@ -140,6 +149,7 @@ void kvs_client_close(kvs_client_t *c)
     kvs__free(c->owners);
     c->tcp->ops->destroy(c->tcp);
     kvs__rpc_close(c->rpc);
+    kvs__staging_destroy(c->staging);
     for (size_t i = 0; i < c->nregs; i++)
         kvs__free(c->regs[i]);
     kvs__free(c->regs);
@@ -296,7 +306,8 @@ int kvs_client_unregister_buffer(kvs_client_t *c, void *addr)
     return KVS_OK;
 }
 
-bool kvs__reg_pin_locked(kvs_client_t *c, const void *ptr, size_t len, kvs__pinset_t *ps)
+bool kvs__reg_pin_locked(kvs_client_t *c, const void *ptr, size_t len, kvs__pinset_t *ps,
+                         int *domain_p)
 {
     uintptr_t p = (uintptr_t)ptr;
     if (ptr == NULL || len == 0 || p > UINTPTR_MAX - len)
@@ -305,6 +316,7 @@ bool kvs__reg_pin_locked(kvs_client_t *c, const void *ptr, size_t len, kvs__pins
     if (i == 0 || c->regs[i - 1]->end < p + len)
         return false;
     kvs__reg_t *r = c->regs[i - 1];
+    *domain_p = r->domain;
     /* Fragments of one call mostly share a buffer: pin it once. */
     if (ps->n > 0 && ps->regs[ps->n - 1] == r)
         return true;
@@ -323,15 +335,18 @@ bool kvs__reg_pin_locked(kvs_client_t *c, const void *ptr, size_t len, kvs__pins
 
 void kvs__pinset_release(kvs_client_t *c, kvs__pinset_t *ps)
 {
-    bool wake = false;
-    for (size_t i = 0; i < ps->n; i++) {
-        kvs__reg_t *r = ps->regs[i];
-        if (atomic_fetch_sub(&r->pins, 1) == 1 && atomic_load(&r->dead))
-            wake = true;
-    }
-    if (wake) {
+    /* Under the lock: unregister frees a buffer once it sees no pin, so a buffer may not be
+     * read after its last pin goes except while the lock is held. */
+    if (ps->n > 0) {
+        bool wake = false;
         pthread_mutex_lock(&c->wait_lock);
-        pthread_cond_broadcast(&c->wait_cond);
+        for (size_t i = 0; i < ps->n; i++) {
+            kvs__reg_t *r = ps->regs[i];
+            if (atomic_fetch_sub(&r->pins, 1) == 1 && atomic_load(&r->dead))
+                wake = true;
+        }
+        if (wake)
+            pthread_cond_broadcast(&c->wait_cond);
         pthread_mutex_unlock(&c->wait_lock);
     }
     kvs__free(ps->regs);
@@ -486,6 +501,11 @@ int64_t kvs_client_get_size(kvs_client_t *c, const char *key)
     return result;
 }
 
+kvs__staging_t *kvs__client_staging(kvs_client_t *c)
+{
+    return c->staging;
+}
+
 void kvs_free(void *ptr)
 {
     kvs__free(ptr);
@@ -565,6 +585,19 @@ int kvs_client_get_stats(kvs_client_t *c, kvs_client_stats_t *s)
     s->registered_buffers = c->nregs;
     s->registered_bytes = c->reg_bytes;
     pthread_rwlock_unlock(&c->reg_lock);
+    if (c->staging != NULL) {
+        const kvs__staging_stats_t *ss = kvs__staging_stats(c->staging);
+        s->staged_reads = atomic_load(&ss->staged_reads);
+        s->staged_keys = atomic_load(&ss->staged_keys);
+        s->fills = atomic_load(&ss->fills);
+        s->scatter_launches = atomic_load(&ss->scatter_launches);
+        s->fallback_busy = atomic_load(&ss->fallback[KVS_FALLBACK_busy]);
+        s->fallback_too_large = atomic_load(&ss->fallback[KVS_FALLBACK_too_large]);
+        s->fallback_overlap = atomic_load(&ss->fallback[KVS_FALLBACK_overlap]);
+        s->fallback_other_domain = atomic_load(&ss->fallback[KVS_FALLBACK_other_domain]);
+        s->fallback_other_gpu = atomic_load(&ss->fallback[KVS_FALLBACK_other_gpu]);
+        s->fallback_alloc_failed = atomic_load(&ss->fallback[KVS_FALLBACK_alloc_failed]);
+    }
     hist_copy(&s->put_latency, &t->put_latency);
     hist_copy(&s->get_latency, &t->get_latency);
     return KVS_OK;

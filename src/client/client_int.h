@@ -6,14 +6,12 @@
 #include <kvstash/client.h>
 
 #include "../owner/owner_int.h"
+#include "../staging/staging_int.h"
 #include "../transport/transport_int.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/uio.h>
-
-/* Memory domain of a registered buffer: host, or a device ordinal (>= 0). */
-#define KVS_DOMAIN_HOST (-1)
 
 typedef struct {
     uintptr_t start;
@@ -51,6 +49,7 @@ struct kvs_client {
     uint64_t transfer_timeout_ms;
     kvs__rpc_t *rpc;
     kvs_transport_t *tcp;
+    kvs__staging_t *staging; /* NULL unless MC_STORE_GPU_STAGING is on */
 
     /* Registered buffers, sorted by start, never overlapping. */
     pthread_rwlock_t reg_lock;
@@ -73,10 +72,14 @@ struct kvs_client {
 void kvs__client_enter(kvs_client_t *c);
 void kvs__client_leave(kvs_client_t *c);
 
-/* Finds the registered buffer holding all of [ptr, ptr + len) and pins it into `ps`. Returns
- * false (nothing pinned) when no single registered buffer holds it. Caller holds reg_lock for
- * reading. */
-bool kvs__reg_pin_locked(kvs_client_t *c, const void *ptr, size_t len, kvs__pinset_t *ps);
+/* Finds the registered buffer holding all of [ptr, ptr + len), pins it into `ps` and gives its
+ * memory domain. Returns false (nothing pinned) when no single registered buffer holds it.
+ * Caller holds reg_lock for reading. */
+bool kvs__reg_pin_locked(kvs_client_t *c, const void *ptr, size_t len, kvs__pinset_t *ps,
+                         int *domain_p);
+
+/* The client's staging state (NULL when off); for tests. */
+kvs__staging_t *kvs__client_staging(kvs_client_t *c);
 /* Lets go of every buffer in `ps` and frees its array. */
 void kvs__pinset_release(kvs_client_t *c, kvs__pinset_t *ps);
 

@@ -17,6 +17,7 @@ typedef struct {
     uint32_t *cnt;
     uint64_t *total; /* bytes of key i's fragments */
     int64_t *res;    /* 0 while the key is usable, else its failure */
+    int *domain;     /* memory domain of all of key i's fragments, or KVS_DOMAIN_MIXED */
     kvs__pinset_t pins;
 } call_t;
 
@@ -28,6 +29,7 @@ static void call_free(kvs_client_t *c, call_t *k)
     kvs__free(k->cnt);
     kvs__free(k->total);
     kvs__free(k->res);
+    kvs__free(k->domain);
 }
 
 /* Refuses key i of a call with INVALID_PARAMS, saying why. */
@@ -60,8 +62,9 @@ static int call_init(kvs_client_t *c, const char *op, size_t n, const char *cons
     k->cnt = kvs__malloc(n * sizeof(*k->cnt));
     k->total = kvs__malloc(n * sizeof(*k->total));
     k->res = kvs__calloc(n, sizeof(*k->res));
+    k->domain = kvs__malloc(n * sizeof(*k->domain));
     if (k->iov == NULL || k->first == NULL || k->cnt == NULL || k->total == NULL ||
-        k->res == NULL) {
+        k->res == NULL || k->domain == NULL) {
         call_free(c, k);
         return kvs__fail(KVS_NO_MEMORY, "%s: out of memory", op);
     }
@@ -71,6 +74,7 @@ static int call_init(kvs_client_t *c, const char *op, size_t n, const char *cons
     for (size_t i = 0; i < n; i++) {
         k->first[i] = f;
         k->cnt[i] = (uint32_t)nbufs[i];
+        k->domain[i] = KVS_DOMAIN_MIXED; /* unregistered memory belongs to no domain */
         uint64_t total = 0;
         if (keys[i] == NULL || kvs__key_check(keys[i], strlen(keys[i])) != KVS_OK) {
             k->res[i] = kvs__fail(KVS_INVALID_PARAMS,
@@ -82,11 +86,14 @@ static int call_init(kvs_client_t *c, const char *op, size_t n, const char *cons
         }
         for (size_t j = 0; j < nbufs[i] && k->res[i] == 0; j++) {
             const kvs_buf_t *b = &bufs[i][j];
+            int dom = KVS_DOMAIN_MIXED;
             k->iov[f + j] = (struct iovec){b->ptr, b->len};
             if (b->ptr == NULL || b->len == 0 || total + b->len < total)
                 key_refuse(k, i, op, "has a NULL or empty fragment");
-            else if (registered && !kvs__reg_pin_locked(c, b->ptr, b->len, &k->pins))
+            else if (registered && !kvs__reg_pin_locked(c, b->ptr, b->len, &k->pins, &dom))
                 key_refuse(k, i, op, "has a fragment not inside one registered buffer");
+            if (registered)
+                k->domain[i] = j == 0 || k->domain[i] == dom ? dom : KVS_DOMAIN_MIXED;
             total += b->len;
         }
         k->total[i] = total;
@@ -445,6 +452,29 @@ static const kvs__replica_t *pick_replica(kvs_client_t *c, const kvs__placement_
     return best;
 }
 
+/* The staged path for the keys of `slots` (call order). KVS_UNSUPPORTED: fall back, nothing was
+ * submitted; KVS_OK: the keys' results are set; else a failure of the whole call. */
+static int read_staged(kvs_client_t *c, call_t *k, const read_slot_t *slots, uint32_t ns,
+                       const uint64_t *lease_until, uint64_t deadline)
+{
+    kvs__staged_key_t *sk = kvs__malloc(ns * sizeof(*sk));
+    if (sk == NULL)
+        return kvs__fail(KVS_NO_MEMORY, "read: out of memory");
+    for (uint32_t s = 0; s < ns; s++) {
+        size_t i = slots[s].key;
+        sk[s] = (kvs__staged_key_t){slots[s].ep,         slots[s].segment_id, slots[s].offset,
+                                    slots[s].size,       &k->iov[k->first[i]], k->cnt[i],
+                                    k->domain[i],        lease_until[i],      KVS_OK};
+    }
+    int rc = kvs__staging_read(c->staging, c->tcp, sk, ns, deadline);
+    if (rc == KVS_OK) {
+        for (uint32_t s = 0; s < ns; s++)
+            k->res[slots[s].key] = sk[s].status;
+    }
+    kvs__free(sk);
+    return rc;
+}
+
 /* `exact`: fragments must add up to the object; otherwise they may be larger and are cut. */
 static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped)
 {
@@ -523,6 +553,13 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped)
         lease_until[i] = t_lookup + d->lease_ms * KVS_NS_PER_MS;
         slots[ns++] = (read_slot_t){ep, i, rep->segment_id, rep->offset, d->size};
     }
+    uint64_t deadline = deadline_after_ms(c->transfer_timeout_ms);
+    if (exact && c->staging != NULL && ns > 0) {
+        rc = read_staged(c, k, slots, ns, lease_until, deadline);
+        if (rc != KVS_UNSUPPORTED)
+            goto out;
+        rc = KVS_OK; /* fell back before anything was submitted */
+    }
     if (grouped)
         qsort(slots, ns, sizeof(*slots), cmp_slot_ep);
     for (uint32_t s = 0; s < ns; s++) {
@@ -547,7 +584,6 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped)
         s = e;
     }
     atomic_fetch_add(&c->st.get_submissions, nb);
-    uint64_t deadline = deadline_after_ms(c->transfer_timeout_ms);
     for (uint32_t b = 0; b < nb; b++)
         c->tcp->ops->wait(c->tcp, batches[b], deadline);
     uint64_t now = kvs__now_ns();

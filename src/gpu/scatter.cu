@@ -228,7 +228,7 @@ static void build_units(const kvs__scatter_frag_t *frags, uint32_t n, unit_t *ou
     size_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint64_t len = frags[i].len;
-        for (uint64_t o = 0; o < len; o += KVS_SCATTER_UNIT_BYTES) {
+        for (uint64_t o = 0; frags[i].dst != NULL && o < len; o += KVS_SCATTER_UNIT_BYTES) {
             uint64_t l = len - o < KVS_SCATTER_UNIT_BYTES ? len - o : KVS_SCATTER_UNIT_BYTES;
             out[k++] = unit_t{(unsigned long long)(uintptr_t)frags[i].dst + o,
                               (unsigned long long)(off + o), (unsigned)l, 0u};
@@ -258,12 +258,11 @@ extern "C" int kvs__scatter_launch(kvs__scatter_t *s, const void *src,
     uint64_t total = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint64_t len = frags[i].len;
-        if (len > 0 && frags[i].dst == NULL)
-            return KVS_INVALID_PARAMS;
         if (len > UINT64_MAX - total || (uintptr_t)src > UINTPTR_MAX - (total + len))
             return KVS_INVALID_PARAMS;
         total += len;
-        nunits += (len + KVS_SCATTER_UNIT_BYTES - 1) / KVS_SCATTER_UNIT_BYTES;
+        if (frags[i].dst != NULL)
+            nunits += (len + KVS_SCATTER_UNIT_BYTES - 1) / KVS_SCATTER_UNIT_BYTES;
     }
     if (nunits == 0)
         return KVS_OK;

@@ -34,7 +34,9 @@ int kvs__scatter_create(const kvs__scatter_config_t *cfg, kvs__scatter_t **s_p);
 /* Enqueues one kernel on `stream` (a cudaStream_t; NULL: the legacy default stream) that
  * copies bytes [off_i, off_i + len_i) of `src` to frags[i].dst, where off_i is the sum of the
  * earlier lengths: the source is read in order, the destinations may lie anywhere, in any order
- * and at any alignment; zero-length fragments are skipped. Fragments must not overlap each other
+ * and at any alignment; zero-length fragments are skipped, and a fragment whose dst is NULL
+ * skips its `len` bytes of the source (padding, or a key that is not to be written). Fragments
+ * must not overlap each other
  * or the source. `frags` is borrowed for the call only; `src` and the destinations must stay
  * valid until the stream passes the kernel. Few descriptors travel as kernel parameters; more
  * are uploaded from a pinned buffer of the context, reused once its previous upload and kernel

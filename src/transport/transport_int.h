@@ -17,6 +17,11 @@ typedef enum {
     KVS_XFER_WRITE = 1, /* local fragments -> remote segment */
 } kvs_xfer_op_t;
 
+/* Memory domain of registered memory: host, or a device ordinal (>= 0); MIXED for a set of
+ * fragments that spans more than one. */
+#define KVS_DOMAIN_HOST  (-1)
+#define KVS_DOMAIN_MIXED (-2)
+
 /* Capability bits. */
 #define KVS_TRANSPORT_CAP_SAME_HOST 0x1u /* only reaches owners on this host */
 #define KVS_TRANSPORT_CAP_GPU_DEST  0x2u /* local fragments may be device memory */

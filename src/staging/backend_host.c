@@ -1,0 +1,50 @@
+/* The host-memory staging backend: registered host memory is its one domain (0), the buffer is
+ * plain memory and the scatter is memcpy. Selected only by MC_STORE_GPU_STAGING_BACKEND=host, so
+ * that CI runs the planner, fills, counters and failure paths without a GPU. */
+#define _GNU_SOURCE
+#include "staging_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int host_domain_of(int reg_domain)
+{
+    return reg_domain == KVS_DOMAIN_HOST ? 0 : -1;
+}
+
+static int host_alloc(int domain, uint64_t bytes, void **buf_p)
+{
+    KVS_UNUSED(domain);
+    void *p = NULL;
+    if (bytes > SIZE_MAX || posix_memalign(&p, 4096, (size_t)bytes) != 0)
+        return KVS_NO_MEMORY;
+    *buf_p = p;
+    return KVS_OK;
+}
+
+static void host_free(int domain, void *buf)
+{
+    KVS_UNUSED(domain);
+    free(buf);
+}
+
+static int host_scatter(int domain, const void *src, const kvs__scatter_frag_t *frags,
+                        uint32_t n)
+{
+    KVS_UNUSED(domain);
+    const char *s = src;
+    for (uint32_t i = 0; i < n; i++) {
+        if (frags[i].dst != NULL)
+            memcpy(frags[i].dst, s, (size_t)frags[i].len);
+        s += frags[i].len;
+    }
+    return KVS_OK;
+}
+
+const kvs__staging_backend_t kvs__staging_backend_host = {
+    .name = "host",
+    .domain_of = host_domain_of,
+    .alloc = host_alloc,
+    .free = host_free,
+    .scatter = host_scatter,
+};

@@ -1,0 +1,41 @@
+/* The staging backend of builds without a GPU one: no memory is its domain, so every call
+ * takes the direct path (counted as other_domain). */
+#include "staging_int.h"
+
+static int none_domain_of(int reg_domain)
+{
+    KVS_UNUSED(reg_domain);
+    return -1;
+}
+
+static int none_alloc(int domain, uint64_t bytes, void **buf_p)
+{
+    KVS_UNUSED(domain);
+    KVS_UNUSED(bytes);
+    KVS_UNUSED(buf_p);
+    return KVS_UNSUPPORTED;
+}
+
+static void none_free(int domain, void *buf)
+{
+    KVS_UNUSED(domain);
+    KVS_UNUSED(buf);
+}
+
+static int none_scatter(int domain, const void *src, const kvs__scatter_frag_t *frags,
+                        uint32_t n)
+{
+    KVS_UNUSED(domain);
+    KVS_UNUSED(src);
+    KVS_UNUSED(frags);
+    KVS_UNUSED(n);
+    return KVS_UNSUPPORTED;
+}
+
+const kvs__staging_backend_t kvs__staging_backend_none = {
+    .name = "none",
+    .domain_of = none_domain_of,
+    .alloc = none_alloc,
+    .free = none_free,
+    .scatter = none_scatter,
+};

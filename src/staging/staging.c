@@ -1,0 +1,367 @@
+/* The staging planner: eligibility per call, greedy fills, one submission and one scatter per
+ * fill, lease checks before scattering, and every fallback decided before anything is
+ * submitted. Backends (host memcpy, CUDA) only allocate and scatter. */
+#define _GNU_SOURCE
+#include "staging_int.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define DEFAULT_BUFFER_BYTES (256ull << 20)
+
+struct kvs__staging {
+    kvs__staging_config_t cfg;
+    const kvs__staging_backend_t *be;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool busy;      /* a call (or the hold hook) owns the buffer */
+    bool disabled;  /* the allocation failed: never again */
+    void *buf;      /* allocated on the first staged call */
+    int buf_domain; /* the domain it was allocated in */
+    kvs__staging_hooks_t hooks;
+    kvs__staging_stats_t st;
+};
+
+static const char *const fallback_names[] = {
+#define KVS_FB_NAME_(name) #name,
+    KVS_STAGING_FALLBACKS(KVS_FB_NAME_)
+#undef KVS_FB_NAME_
+};
+
+const char *kvs__staging_fallback_name(kvs__fallback_t f)
+{
+    return (unsigned)f < KVS_FALLBACK_COUNT_ ? fallback_names[f] : "unknown";
+}
+
+int kvs__staging_config_init(kvs__staging_config_t *cfg)
+{
+    *cfg = (kvs__staging_config_t){.buffer_bytes = DEFAULT_BUFFER_BYTES};
+    int rc = KVS_OK;
+    if (kvs__env_bool("MC_STORE_GPU_STAGING", &cfg->enabled) != KVS_OK)
+        rc = KVS_INVALID_PARAMS;
+    if (kvs__env_size("MC_STORE_GPU_STAGING_BUFFER_BYTES", &cfg->buffer_bytes) != KVS_OK ||
+        cfg->buffer_bytes == 0) {
+        cfg->buffer_bytes = DEFAULT_BUFFER_BYTES;
+        rc = KVS_INVALID_PARAMS;
+    }
+    if (kvs__env_u64("MC_STORE_GPU_STAGING_BUSY_WAIT_US", 60000000, &cfg->busy_wait_us) !=
+        KVS_OK)
+        rc = KVS_INVALID_PARAMS;
+    const char *be = getenv("MC_STORE_GPU_STAGING_BACKEND");
+    if (be != NULL && *be != '\0') {
+        if (strcmp(be, "host") == 0) {
+            cfg->backend = "host";
+        } else {
+            kvs_warn("MC_STORE_GPU_STAGING_BACKEND=%s is not 'host'; using the GPU backend", be);
+            rc = KVS_INVALID_PARAMS;
+        }
+    }
+    if (rc != KVS_OK)
+        kvs__fail(rc, "a MC_STORE_GPU_STAGING* variable is malformed; its default is used");
+    return rc;
+}
+
+int kvs__staging_create(const kvs__staging_config_t *cfg, kvs__staging_t **st_p)
+{
+    *st_p = NULL;
+    if (!cfg->enabled)
+        return KVS_OK;
+    kvs__staging_t *st = kvs__calloc(1, sizeof(*st));
+    if (st == NULL)
+        return KVS_NO_MEMORY;
+    st->cfg = *cfg;
+    st->be = cfg->backend != NULL ? &kvs__staging_backend_host : &kvs__staging_backend_none;
+    st->hooks.fail_receive_key = -1;
+    pthread_mutex_init(&st->lock, NULL);
+    pthread_cond_init(&st->cond, NULL);
+    if (st->be == &kvs__staging_backend_none)
+        kvs_warn("GPU read staging was asked for, but this build has no GPU staging backend: "
+                 "reads take the direct path");
+    else
+        kvs_info("GPU read staging on: %s backend, %llu-byte buffer (allocated on first use)",
+                 st->be->name, (unsigned long long)cfg->buffer_bytes);
+    *st_p = st;
+    return KVS_OK;
+}
+
+void kvs__staging_destroy(kvs__staging_t *st)
+{
+    if (st == NULL)
+        return;
+    if (st->buf != NULL)
+        st->be->free(st->buf_domain, st->buf);
+    pthread_mutex_destroy(&st->lock);
+    pthread_cond_destroy(&st->cond);
+    kvs__free(st);
+}
+
+const kvs__staging_stats_t *kvs__staging_stats(const kvs__staging_t *st)
+{
+    return &st->st;
+}
+
+/* ---- the buffer ------------------------------------------------------------------------------ */
+
+/* Takes the buffer, waiting up to busy_wait_us for another call to let go. */
+static bool buffer_acquire(kvs__staging_t *st)
+{
+    pthread_mutex_lock(&st->lock);
+    if (st->busy && st->cfg.busy_wait_us > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + st->cfg.busy_wait_us * 1000;
+        ts.tv_sec += (time_t)(ns / KVS_NS_PER_S);
+        ts.tv_nsec = (long)(ns % KVS_NS_PER_S);
+        while (st->busy && pthread_cond_timedwait(&st->cond, &st->lock, &ts) == 0)
+            ;
+    }
+    bool got = !st->busy;
+    if (got)
+        st->busy = true;
+    pthread_mutex_unlock(&st->lock);
+    return got;
+}
+
+static void buffer_release(kvs__staging_t *st)
+{
+    pthread_mutex_lock(&st->lock);
+    st->busy = false;
+    pthread_cond_signal(&st->cond);
+    pthread_mutex_unlock(&st->lock);
+}
+
+int kvs__staging_hold(kvs__staging_t *st, bool on)
+{
+    if (st == NULL)
+        return KVS_INVALID_PARAMS;
+    if (on)
+        return buffer_acquire(st) ? KVS_OK : KVS_INVALID_PARAMS;
+    buffer_release(st);
+    return KVS_OK;
+}
+
+void kvs__staging_set_hooks(kvs__staging_t *st, const kvs__staging_hooks_t *hooks)
+{
+    pthread_mutex_lock(&st->lock);
+    st->hooks = *hooks;
+    pthread_mutex_unlock(&st->lock);
+}
+
+void *kvs__staging_buffer(kvs__staging_t *st, uint64_t *bytes_p)
+{
+    *bytes_p = st->cfg.buffer_bytes;
+    return st->buf;
+}
+
+/* ---- eligibility ----------------------------------------------------------------------------- */
+
+typedef struct {
+    uintptr_t start, end;
+} span_t;
+
+static int cmp_span(const void *a, const void *b)
+{
+    const span_t *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* True when two fragments of the call share a byte. */
+static bool fragments_overlap(const kvs__staged_key_t *keys, uint32_t n, bool *oom_p)
+{
+    size_t nf = 0;
+    for (uint32_t i = 0; i < n; i++)
+        nf += keys[i].iovcnt;
+    span_t *s = kvs__malloc(KVS_MAX(nf, 1) * sizeof(*s));
+    if (s == NULL) {
+        *oom_p = true;
+        return false;
+    }
+    size_t k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t j = 0; j < keys[i].iovcnt; j++) {
+            uintptr_t p = (uintptr_t)keys[i].iov[j].iov_base;
+            s[k++] = (span_t){p, p + keys[i].iov[j].iov_len};
+        }
+    }
+    qsort(s, nf, sizeof(*s), cmp_span);
+    bool overlap = false;
+    for (size_t i = 1; i < nf && !overlap; i++)
+        overlap = s[i].start < s[i - 1].end;
+    kvs__free(s);
+    return overlap;
+}
+
+/* The first reason the call cannot stage, or -1 if it can; *domain_p is the call's domain. */
+static int check_eligible(const kvs__staging_t *st, const kvs__staged_key_t *keys, uint32_t n,
+                          int *domain_p)
+{
+    int domain = -1;
+    for (uint32_t i = 0; i < n; i++) {
+        const kvs__staged_key_t *k = &keys[i];
+        if (!KVS_STAGING_REPLICA_IS_MEMORY || KVS_STAGING_HOT_CACHE_ON)
+            return KVS_FALLBACK_other_domain;
+        int d = k->domain == KVS_DOMAIN_MIXED ? -1 : st->be->domain_of(k->domain);
+        if (d < 0 || (domain >= 0 && d != domain))
+            return KVS_FALLBACK_other_domain;
+        domain = d;
+        if (k->size > st->cfg.buffer_bytes)
+            return KVS_FALLBACK_too_large;
+    }
+    bool oom = false;
+    if (fragments_overlap(keys, n, &oom))
+        return KVS_FALLBACK_overlap;
+    if (oom)
+        return KVS_FALLBACK_alloc_failed;
+    *domain_p = domain;
+    return -1;
+}
+
+static int fall_back(kvs__staging_t *st, kvs__fallback_t why)
+{
+    atomic_fetch_add(&st->st.fallback[why], 1);
+    kvs_debug("staging: call falls back to direct reads (%s)", fallback_names[why]);
+    return KVS_UNSUPPORTED;
+}
+
+/* ---- fills ----------------------------------------------------------------------------------- */
+
+/* Receives keys [a, b) at offsets off[] and scatters the ones that arrived in time. */
+static void run_fill(kvs__staging_t *st, kvs_transport_t *t, kvs__staged_key_t *keys,
+                     uint32_t a, uint32_t b, const uint64_t *off, uint64_t deadline_ns,
+                     kvs_xfer_req_t *reqs, struct iovec *bufv, kvs__scatter_frag_t *frags)
+{
+    char *buf = st->buf;
+    uint32_t nr = b - a;
+    for (uint32_t i = a; i < b; i++) {
+        bufv[i - a] = (struct iovec){buf + off[i], (size_t)keys[i].size};
+        reqs[i - a] = (kvs_xfer_req_t){KVS_XFER_READ,  keys[i].ep, keys[i].segment_id,
+                                       keys[i].offset, keys[i].size, &bufv[i - a],
+                                       1,              KVS_OK};
+    }
+    if (kvs__now_ns() >= deadline_ns) {
+        for (uint32_t i = a; i < b; i++)
+            keys[i].status = KVS_TIMED_OUT;
+        return;
+    }
+    /* One submission per fill; the wait drains it (cancels at the deadline) before returning. */
+    kvs_batch_t *batch = NULL;
+    int src = t->ops->submit(t, reqs, nr, &batch);
+    if (src == KVS_OK)
+        t->ops->wait(t, batch, deadline_ns);
+    atomic_fetch_add(&st->st.fills, 1);
+    uint64_t now = kvs__now_ns();
+    uint32_t nf = 0, scatter_keys = 0;
+    uint64_t pos = 0;
+    for (uint32_t i = a; i < b; i++) {
+        int s = src != KVS_OK ? src : reqs[i - a].status;
+        if ((int64_t)i == st->hooks.fail_receive_key)
+            s = KVS_TRANSFER_FAIL;
+        if (s == KVS_OK && now > keys[i].lease_until_ns)
+            s = KVS_LEASE_EXPIRED; /* the owner may have reused the space: never scatter */
+        else if (s != KVS_OK && s != KVS_TIMED_OUT)
+            s = KVS_TRANSFER_FAIL;
+        keys[i].status = s;
+        if (off[i] > pos)
+            frags[nf++] = (kvs__scatter_frag_t){NULL, off[i] - pos}; /* padding */
+        if (s == KVS_OK) {
+            for (uint32_t j = 0; j < keys[i].iovcnt; j++)
+                frags[nf++] = (kvs__scatter_frag_t){keys[i].iov[j].iov_base,
+                                                    keys[i].iov[j].iov_len};
+            scatter_keys++;
+        } else {
+            frags[nf++] = (kvs__scatter_frag_t){NULL, keys[i].size};
+        }
+        pos = off[i] + keys[i].size;
+    }
+    if (scatter_keys == 0)
+        return;
+    int rc = st->hooks.fail_scatter ? KVS_TRANSFER_FAIL
+                                    : st->be->scatter(st->buf_domain, buf, frags, nf);
+    atomic_fetch_add(&st->st.scatter_launches, 1);
+    if (rc != KVS_OK) {
+        /* Never replayed through direct reads: the keys fail. */
+        kvs_warn("staging: scatter failed (%s); %u key(s) fail", kvs_status_str(rc),
+                 scatter_keys);
+        for (uint32_t i = a; i < b; i++) {
+            if (keys[i].status == KVS_OK)
+                keys[i].status = KVS_TRANSFER_FAIL;
+        }
+    }
+}
+
+int kvs__staging_read(kvs__staging_t *st, kvs_transport_t *t, kvs__staged_key_t *keys,
+                      uint32_t n, uint64_t deadline_ns)
+{
+    if (st == NULL || n == 0)
+        return KVS_UNSUPPORTED;
+    int domain = -1;
+    int why = check_eligible(st, keys, n, &domain);
+    if (why >= 0)
+        return fall_back(st, (kvs__fallback_t)why);
+    if (!buffer_acquire(st))
+        return fall_back(st, KVS_FALLBACK_busy);
+    int ret = KVS_UNSUPPORTED;
+    if (st->disabled) {
+        fall_back(st, KVS_FALLBACK_alloc_failed);
+        goto release;
+    }
+    if (st->buf == NULL) {
+        int rc = st->hooks.fail_alloc ? KVS_NO_MEMORY
+                                      : st->be->alloc(domain, st->cfg.buffer_bytes, &st->buf);
+        if (rc != KVS_OK) {
+            st->buf = NULL;
+            st->disabled = true;
+            kvs_warn("staging: cannot allocate the %llu-byte %s staging buffer (%s); staging is "
+                     "off for this client",
+                     (unsigned long long)st->cfg.buffer_bytes, st->be->name, kvs_status_str(rc));
+            fall_back(st, KVS_FALLBACK_alloc_failed);
+            goto release;
+        }
+        st->buf_domain = domain;
+    } else if (domain != st->buf_domain) {
+        fall_back(st, KVS_FALLBACK_other_gpu);
+        goto release;
+    }
+    /* Plan every fill before the first submission. */
+    uint64_t *off = kvs__malloc(n * sizeof(*off));
+    uint32_t *fill_end = kvs__malloc(n * sizeof(*fill_end));
+    kvs_xfer_req_t *reqs = kvs__malloc(n * sizeof(*reqs));
+    struct iovec *bufv = kvs__malloc(n * sizeof(*bufv));
+    size_t maxf = 0;
+    for (uint32_t i = 0; i < n; i++)
+        maxf += keys[i].iovcnt + 1;
+    kvs__scatter_frag_t *frags = kvs__malloc(maxf * sizeof(*frags));
+    if (off == NULL || fill_end == NULL || reqs == NULL || bufv == NULL || frags == NULL) {
+        fall_back(st, KVS_FALLBACK_alloc_failed);
+        goto free_plan;
+    }
+    uint32_t nfills = 0;
+    uint64_t cur = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t at = KVS_ALIGN_UP(cur, KVS_STAGING_ALIGN);
+        if (i > 0 && at + keys[i].size > st->cfg.buffer_bytes) {
+            fill_end[nfills++] = i; /* a key that does not fit closes the fill */
+            at = 0;
+        }
+        off[i] = at;
+        cur = at + keys[i].size;
+    }
+    fill_end[nfills++] = n;
+    atomic_fetch_add(&st->st.staged_reads, 1);
+    atomic_fetch_add(&st->st.staged_keys, n);
+    kvs_debug("staging: %u key(s) in %u fill(s)", n, nfills);
+    for (uint32_t f = 0, a = 0; f < nfills; a = fill_end[f++])
+        run_fill(st, t, keys, a, fill_end[f], off, deadline_ns, reqs, bufv, frags);
+    ret = KVS_OK;
+free_plan:
+    kvs__free(frags);
+    kvs__free(bufv);
+    kvs__free(reqs);
+    kvs__free(fill_end);
+    kvs__free(off);
+release:
+    buffer_release(st);
+    return ret;
+}

@@ -1,0 +1,109 @@
+/* GPU read staging (DESIGN §1): each object of a multi-buffer read is received whole into one
+ * reusable staging buffer, then the objects of a buffer fill are scattered to the caller's
+ * fragments with one launch. The planner (eligibility, fills, lease checks, fallbacks) is here;
+ * how memory is allocated and scattered belongs to a backend: the host backend (memcpy; tests
+ * and CI, selected only by MC_STORE_GPU_STAGING_BACKEND=host), the CUDA backend (next), or
+ * none, which stages nothing. */
+#ifndef KVS_STAGING_INT_H
+#define KVS_STAGING_INT_H
+
+#include "../gpu/scatter.h"
+#include "../transport/transport_int.h"
+
+#include <stdatomic.h>
+
+/* kvstash v1 has only complete memory replicas and no hot cache; the eligibility rules that
+ * depend on them stay as these constants so that adding either later cannot be missed. */
+#define KVS_STAGING_REPLICA_IS_MEMORY true
+#define KVS_STAGING_HOT_CACHE_ON      false
+
+/* Keys are placed at this alignment in the buffer; padding counts against the budget. */
+#define KVS_STAGING_ALIGN 16u
+
+typedef struct {
+    bool enabled;         /* MC_STORE_GPU_STAGING (default off) */
+    uint64_t buffer_bytes; /* MC_STORE_GPU_STAGING_BUFFER_BYTES (default 256 MiB) */
+    uint64_t busy_wait_us; /* MC_STORE_GPU_STAGING_BUSY_WAIT_US (default 0) */
+    const char *backend;   /* MC_STORE_GPU_STAGING_BACKEND: "host", or NULL for the GPU one */
+} kvs__staging_config_t;
+
+/* Reads the MC_STORE_GPU_STAGING* variables (once, at client setup). */
+int kvs__staging_config_init(kvs__staging_config_t *cfg);
+
+/* Why a call did not stage. The first reason found is counted. */
+#define KVS_STAGING_FALLBACKS(X)                                                                   \
+    X(busy)                                                                                        \
+    X(too_large)                                                                                   \
+    X(overlap)                                                                                     \
+    X(other_domain)                                                                                \
+    X(other_gpu)                                                                                   \
+    X(alloc_failed)
+
+typedef enum {
+#define KVS_FB_ENUM_(name) KVS_FALLBACK_##name,
+    KVS_STAGING_FALLBACKS(KVS_FB_ENUM_)
+#undef KVS_FB_ENUM_
+        KVS_FALLBACK_COUNT_
+} kvs__fallback_t;
+
+typedef struct {
+    atomic_uint_fast64_t staged_reads, staged_keys, fills, scatter_launches;
+    atomic_uint_fast64_t fallback[KVS_FALLBACK_COUNT_];
+} kvs__staging_stats_t;
+
+/* A memory backend. Domains: the backend's id for a registered buffer's memory (host backend:
+ * 0 for host memory; CUDA backend: the device ordinal), or -1 when the memory is not its. */
+typedef struct {
+    const char *name;
+    int (*domain_of)(int reg_domain);
+    int (*alloc)(int domain, uint64_t bytes, void **buf_p);
+    void (*free)(int domain, void *buf);
+    /* Copies src to the fragments (dst NULL: skip those source bytes) and waits for it. */
+    int (*scatter)(int domain, const void *src, const kvs__scatter_frag_t *frags, uint32_t n);
+} kvs__staging_backend_t;
+
+extern const kvs__staging_backend_t kvs__staging_backend_host;
+extern const kvs__staging_backend_t kvs__staging_backend_none;
+
+/* One key of a staged read, in call order: where to read it and where it goes. */
+typedef struct {
+    kvs_endpoint_t *ep;
+    uint64_t segment_id, offset, size;
+    const struct iovec *iov; /* destination fragments, adding up to size */
+    uint32_t iovcnt;
+    int domain;              /* registry domain of every fragment, or KVS_DOMAIN_MIXED */
+    uint64_t lease_until_ns; /* the lease from the lookup */
+    int status;              /* out: OK, LEASE_EXPIRED, TIMED_OUT, TRANSFER_FAIL */
+} kvs__staged_key_t;
+
+typedef struct kvs__staging kvs__staging_t;
+
+/* NULL in *st_p when staging is off. */
+int kvs__staging_create(const kvs__staging_config_t *cfg, kvs__staging_t **st_p);
+/* Frees the buffer. The caller has waited for every read. NULL is a no-op. */
+void kvs__staging_destroy(kvs__staging_t *st);
+
+/* Runs keys[0..n) through the staged path: KVS_OK when it did (each key's status set), else
+ * KVS_UNSUPPORTED with nothing submitted (the call falls back; the reason is counted). */
+int kvs__staging_read(kvs__staging_t *st, kvs_transport_t *t, kvs__staged_key_t *keys,
+                      uint32_t n, uint64_t deadline_ns);
+
+const kvs__staging_stats_t *kvs__staging_stats(const kvs__staging_t *st);
+const char *kvs__staging_fallback_name(kvs__fallback_t f);
+
+/* ---- test hooks (internal interface; tests only) ------------------------------------------ */
+
+typedef struct {
+    int64_t fail_receive_key; /* index among the staged keys whose receive fails, or -1 */
+    bool fail_scatter;        /* the next scatters fail */
+    bool fail_alloc;          /* the buffer allocation fails */
+} kvs__staging_hooks_t;
+
+void kvs__staging_set_hooks(kvs__staging_t *st, const kvs__staging_hooks_t *hooks);
+/* Takes (on) or gives back (off) the buffer as if another call held it. BUSY-free: returns
+ * INVALID_PARAMS when it is already in that state. */
+int kvs__staging_hold(kvs__staging_t *st, bool on);
+/* The buffer (NULL before the first staged call) and its size. */
+void *kvs__staging_buffer(kvs__staging_t *st, uint64_t *bytes_p);
+
+#endif

@@ -1,0 +1,632 @@
+/* GPU read staging through the host-memory backend (DESIGN §1), against a real kvstash-server:
+ * capacity, fills, fallbacks, failure injection, late completions, and unregister/close while a
+ * staged read is in flight. Counters prove which path ran. */
+#define _GNU_SOURCE
+#include "kvs_test.h"
+#include "server_fixture.h"
+#include "client/client_int.h"
+
+#include <kvstash/kvstash.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define GUARD  0x5A
+#define BUDGET (1u << 20)
+
+typedef struct {
+    server_t srv;
+    char master[64];
+} store_t;
+
+static void store_start(store_t *st, const char *delay_us)
+{
+    if (delay_us)
+        setenv("KVS_DATA_INJECT_DELAY_US", delay_us, 1);
+    const char *args[] = {"--segment-size", "64MiB", NULL};
+    server_start(&st->srv, args);
+    unsetenv("KVS_DATA_INJECT_DELAY_US");
+    snprintf(st->master, sizeof(st->master), "127.0.0.1:%u", (unsigned)st->srv.port);
+}
+
+/* A client with host-backend staging and a BUDGET-byte buffer (environment read at open). */
+static kvs_client_t *staged_client(const store_t *st, uint64_t transfer_ms, const char *busy_us)
+{
+    setenv("MC_STORE_GPU_STAGING", "1", 1);
+    setenv("MC_STORE_GPU_STAGING_BACKEND", "host", 1);
+    setenv("MC_STORE_GPU_STAGING_BUFFER_BYTES", "1MiB", 1);
+    setenv("MC_STORE_GPU_STAGING_BUSY_WAIT_US", busy_us ? busy_us : "0", 1);
+    kvs_client_config_t cfg;
+    CHECK_STATUS(kvs_client_config_init(&cfg), KVS_OK);
+    cfg.master = st->master;
+    cfg.transfer_timeout_ms = transfer_ms;
+    kvs_client_t *c = NULL;
+    CHECK_STATUS(kvs_client_open(&cfg, &c), KVS_OK);
+    CHECK(kvs__client_staging(c) != NULL);
+    return c;
+}
+
+static uint8_t byte_of(const char *key, uint64_t off)
+{
+    uint64_t h = 14695981039346656037ull;
+    for (const char *p = key; *p; p++)
+        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    return (uint8_t)(((off + h) * 0x9E3779B97F4A7C15ull) >> 56);
+}
+
+static void put_key(kvs_client_t *c, const char *key, uint64_t size)
+{
+    uint8_t *b = malloc(size);
+    CHECK(b != NULL);
+    for (uint64_t i = 0; i < size; i++)
+        b[i] = byte_of(key, i);
+    CHECK_STATUS(kvs_client_put(c, key, b, size, NULL), KVS_OK);
+    free(b);
+}
+
+/* Destinations: each key's object split into irregular fragments, placed in reverse order in a
+ * registered pool with guard gaps. */
+typedef struct {
+    uint8_t *pool;
+    size_t pool_len;
+    kvs_buf_t frags[16][600];
+    const kvs_buf_t *bufs[16];
+    size_t nbufs[16];
+} dest_t;
+
+static void dest_init(kvs_client_t *c, dest_t *d, const uint64_t *sizes, int n)
+{
+    d->pool_len = 0;
+    for (int i = 0; i < n; i++)
+        d->pool_len += sizes[i] + sizes[i] / 64 + 4096;
+    d->pool = malloc(d->pool_len);
+    CHECK(d->pool != NULL);
+    memset(d->pool, GUARD, d->pool_len);
+    CHECK_STATUS(kvs_client_register_buffer(c, d->pool, d->pool_len), KVS_OK);
+    uint64_t base = 0;
+    for (int i = 0; i < n; i++) {
+        size_t nf = 0;
+        uint64_t off = 0;
+        while (off < sizes[i]) {
+            uint64_t want = 1 + kvs_test_rand() % 9000;
+            uint64_t len = KVS_MIN(want, sizes[i] - off);
+            CHECK(nf < 600);
+            d->frags[i][nf++] = (kvs_buf_t){NULL, len};
+            off += len;
+        }
+        uint64_t pos = base + 7;
+        for (size_t j = nf; j-- > 0;) {
+            d->frags[i][j].ptr = d->pool + pos;
+            pos += d->frags[i][j].len + 1 + kvs_test_rand() % 50;
+        }
+        CHECK(pos <= d->pool_len);
+        base = pos;
+        d->bufs[i] = d->frags[i];
+        d->nbufs[i] = nf;
+    }
+}
+
+static void dest_free(kvs_client_t *c, dest_t *d)
+{
+    CHECK_STATUS(kvs_client_unregister_buffer(c, d->pool), KVS_OK);
+    free(d->pool);
+}
+
+static bool key_exact(const dest_t *d, int i, const char *key)
+{
+    uint64_t off = 0;
+    for (size_t j = 0; j < d->nbufs[i]; j++) {
+        const uint8_t *p = d->frags[i][j].ptr;
+        for (size_t b = 0; b < d->frags[i][j].len; b++) {
+            if (p[b] != byte_of(key, off + b))
+                return false;
+        }
+        off += d->frags[i][j].len;
+    }
+    return true;
+}
+
+static bool key_guarded(const dest_t *d, int i)
+{
+    for (size_t j = 0; j < d->nbufs[i]; j++) {
+        const uint8_t *p = d->frags[i][j].ptr;
+        for (size_t b = 0; b < d->frags[i][j].len; b++) {
+            if (p[b] != GUARD)
+                return false;
+        }
+    }
+    return true;
+}
+
+static kvs_client_stats_t stats(kvs_client_t *c)
+{
+    kvs_client_stats_t s;
+    CHECK_STATUS(kvs_client_get_stats(c, &s), KVS_OK);
+    return s;
+}
+
+static int read_keys(kvs_client_t *c, dest_t *d, const char *const *keys, int n,
+                     int64_t *res)
+{
+    return kvs_client_batch_get_into_multi_buffers(c, (size_t)n, keys, d->bufs, d->nbufs, false,
+                                                   res);
+}
+
+/* ---- capacity and fills ---------------------------------------------------------------------- */
+
+static void test_staging_exact_capacity(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    kvs_client_t *c = staged_client(&st, 5000, NULL);
+    put_key(c, "full", BUDGET);
+    put_key(c, "over", BUDGET + 1);
+    uint64_t s1[] = {BUDGET}, s2[] = {BUDGET + 1};
+    const char *k1[] = {"full"}, *k2[] = {"over"};
+    int64_t r;
+    dest_t d;
+    dest_init(c, &d, s1, 1);
+    CHECK_STATUS(read_keys(c, &d, k1, 1, &r), KVS_OK);
+    CHECK_EQ_INT(r, BUDGET);
+    CHECK(key_exact(&d, 0, "full"));
+    kvs_client_stats_t s = stats(c);
+    CHECK_EQ_U64(s.staged_reads, 1);
+    CHECK_EQ_U64(s.fills, 1);
+    CHECK_EQ_U64(s.scatter_launches, 1);
+    CHECK_EQ_U64(s.get_submissions, 0);
+    dest_free(c, &d);
+    /* One byte more: the direct path, counted as too_large, bytes still exact. */
+    dest_init(c, &d, s2, 1);
+    CHECK_STATUS(read_keys(c, &d, k2, 1, &r), KVS_OK);
+    CHECK_EQ_INT(r, BUDGET + 1);
+    CHECK(key_exact(&d, 0, "over"));
+    s = stats(c);
+    CHECK_EQ_U64(s.staged_reads, 1);
+    CHECK_EQ_U64(s.fallback_too_large, 1);
+    CHECK_EQ_U64(s.get_submissions, 1);
+    dest_free(c, &d);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
+static void test_staging_seven_keys_four_fills(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    kvs_client_t *c = staged_client(&st, 5000, NULL);
+    /* Fills (1 MiB, 16-byte aligned offsets): {k0,k1} {k2,k3} {k4} {k5,k6}. */
+    uint64_t sizes[7] = {600001, 300000, 512000, 512000, BUDGET, 100000, 50000};
+    const char *keys[7] = {"s0", "s1", "s2", "s3", "s4", "s5", "s6"};
+    for (int i = 0; i < 7; i++)
+        put_key(c, keys[i], sizes[i]);
+    dest_t d;
+    dest_init(c, &d, sizes, 7);
+    int64_t res[7];
+    CHECK_STATUS(read_keys(c, &d, keys, 7, res), KVS_OK);
+    for (int i = 0; i < 7; i++) {
+        CHECK_EQ_INT(res[i], (int64_t)sizes[i]);
+        CHECK(key_exact(&d, i, keys[i]));
+    }
+    kvs_client_stats_t s = stats(c);
+    CHECK_EQ_U64(s.staged_reads, 1);
+    CHECK_EQ_U64(s.staged_keys, 7);
+    CHECK_EQ_U64(s.fills, 4);
+    CHECK_EQ_U64(s.scatter_launches, 4);
+    CHECK_EQ_U64(s.get_submissions, 0);
+    dest_free(c, &d);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
+static void test_staging_changing_destinations_duplicates_and_missing(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    kvs_client_t *c = staged_client(&st, 5000, NULL);
+    put_key(c, "a", 200000);
+    put_key(c, "b", 77777);
+    /* a, missing, b, a again into other fragments, another missing. */
+    const char *keys[5] = {"a", "gone", "b", "a", "gone2"};
+    uint64_t sizes[5] = {200000, 5000, 77777, 200000, 300};
+    for (int round = 0; round < 3; round++) {
+        /* New destination memory each round: registered, used, unregistered. */
+        dest_t d;
+        dest_init(c, &d, sizes, 5);
+        int64_t res[5];
+        CHECK_STATUS(read_keys(c, &d, keys, 5, res), KVS_OK);
+        CHECK_EQ_INT(res[0], 200000);
+        CHECK_STATUS(res[1], KVS_OBJECT_NOT_FOUND);
+        CHECK_EQ_INT(res[2], 77777);
+        CHECK_EQ_INT(res[3], 200000);
+        CHECK_STATUS(res[4], KVS_OBJECT_NOT_FOUND);
+        CHECK(key_exact(&d, 0, "a"));
+        CHECK(key_exact(&d, 2, "b"));
+        CHECK(key_exact(&d, 3, "a"));
+        CHECK(key_guarded(&d, 1));
+        CHECK(key_guarded(&d, 4));
+        dest_free(c, &d);
+    }
+    kvs_client_stats_t s = stats(c);
+    CHECK_EQ_U64(s.staged_reads, 3);
+    CHECK_EQ_U64(s.staged_keys, 9); /* only the present keys were planned */
+    CHECK_EQ_U64(s.fills, 3);
+    CHECK_EQ_U64(s.get_submissions, 0);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
+static void test_staging_overlap_and_other_domain_fall_back(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    kvs_client_t *c = staged_client(&st, 5000, NULL);
+    put_key(c, "x", 5000);
+    uint8_t *pool = malloc(8192);
+    CHECK_STATUS(kvs_client_register_buffer(c, pool, 8192), KVS_OK);
+    /* The same key twice into overlapping destinations: not stageable, read directly. */
+    kvs_buf_t f1 = {pool, 5000}, f2 = {pool + 1000, 5000};
+    const kvs_buf_t *bufs[2] = {&f1, &f2};
+    size_t nb[2] = {1, 1};
+    const char *keys[2] = {"x", "x"};
+    int64_t res[2];
+    CHECK_STATUS(kvs_client_batch_get_into_multi_buffers(c, 2, keys, bufs, nb, false, res),
+                 KVS_OK);
+    CHECK_EQ_INT(res[0], 5000);
+    CHECK_EQ_INT(res[1], 5000);
+    kvs_client_stats_t s = stats(c);
+    CHECK_EQ_U64(s.fallback_overlap, 1);
+    CHECK_EQ_U64(s.staged_reads, 0);
+    CHECK_STATUS(kvs_client_unregister_buffer(c, pool), KVS_OK);
+    kvs_client_close(c);
+    /* Without the host backend this build's staging has no domain: every call falls back. */
+    setenv("MC_STORE_GPU_STAGING", "1", 1);
+    unsetenv("MC_STORE_GPU_STAGING_BACKEND");
+    kvs_client_config_t cfg;
+    kvs_client_config_init(&cfg);
+    cfg.master = st.master;
+    CHECK_STATUS(kvs_client_open(&cfg, &c), KVS_OK);
+    CHECK_STATUS(kvs_client_register_buffer(c, pool, 8192), KVS_OK);
+    CHECK_STATUS(kvs_client_batch_get_into_multi_buffers(c, 1, keys, bufs, nb, false, res),
+                 KVS_OK);
+    CHECK_EQ_INT(res[0], 5000);
+    s = stats(c);
+    CHECK_EQ_U64(s.fallback_other_domain, 1);
+    CHECK_EQ_U64(s.staged_reads, 0);
+    CHECK_STATUS(kvs_client_unregister_buffer(c, pool), KVS_OK);
+    kvs_client_close(c);
+    /* Off by default. */
+    unsetenv("MC_STORE_GPU_STAGING");
+    CHECK_STATUS(kvs_client_open(&cfg, &c), KVS_OK);
+    CHECK(kvs__client_staging(c) == NULL);
+    kvs_client_close(c);
+    free(pool);
+    server_stop(&st.srv);
+}
+
+/* ---- the buffer is busy ---------------------------------------------------------------------- */
+
+typedef struct {
+    kvs_client_t *c;
+    dest_t *d;
+    const char *const *keys;
+    int n;
+    int64_t res[8];
+    int rc;
+    atomic_int done;
+    uint64_t ms;
+} reader_t;
+
+static void *reader_main(void *arg)
+{
+    reader_t *r = arg;
+    uint64_t t0 = kvs__now_ns();
+    r->rc = read_keys(r->c, r->d, r->keys, r->n, r->res);
+    r->ms = (kvs__now_ns() - t0) / 1000000;
+    atomic_store(&r->done, 1);
+    return NULL;
+}
+
+static void test_staging_busy_buffer_falls_back(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    kvs_client_t *c = staged_client(&st, 5000, NULL);
+    put_key(c, "k", 30000);
+    uint64_t sizes[1] = {30000};
+    const char *keys[1] = {"k"};
+    dest_t d;
+    dest_init(c, &d, sizes, 1);
+    CHECK_STATUS(kvs__staging_hold(kvs__client_staging(c), true), KVS_OK);
+    int64_t r;
+    CHECK_STATUS(read_keys(c, &d, keys, 1, &r), KVS_OK);
+    CHECK_EQ_INT(r, 30000);
+    CHECK(key_exact(&d, 0, "k"));
+    kvs_client_stats_t s = stats(c);
+    CHECK_EQ_U64(s.fallback_busy, 1);
+    CHECK_EQ_U64(s.staged_reads, 0);
+    CHECK_STATUS(kvs__staging_hold(kvs__client_staging(c), false), KVS_OK);
+    memset(d.pool, GUARD, d.pool_len);
+    CHECK_STATUS(read_keys(c, &d, keys, 1, &r), KVS_OK);
+    CHECK(key_exact(&d, 0, "k"));
+    CHECK_EQ_U64(stats(c).staged_reads, 1);
+    dest_free(c, &d);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
+static void test_staging_busy_wait_is_honoured(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    kvs_client_t *c = staged_client(&st, 5000, "400000");
+    put_key(c, "k", 30000);
+    uint64_t sizes[1] = {30000};
+    const char *keys[1] = {"k"};
+    dest_t d;
+    dest_init(c, &d, sizes, 1);
+    kvs__staging_t *sg = kvs__client_staging(c);
+    /* Released within the wait: the call stages. */
+    CHECK_STATUS(kvs__staging_hold(sg, true), KVS_OK);
+    reader_t r = {.c = c, .d = &d, .keys = keys, .n = 1};
+    pthread_t t;
+    CHECK_EQ_INT(pthread_create(&t, NULL, reader_main, &r), 0);
+    usleep(100000);
+    CHECK_EQ_INT(atomic_load(&r.done), 0);
+    CHECK_STATUS(kvs__staging_hold(sg, false), KVS_OK);
+    pthread_join(t, NULL);
+    CHECK_STATUS(r.rc, KVS_OK);
+    CHECK_EQ_INT(r.res[0], 30000);
+    CHECK_EQ_U64(stats(c).staged_reads, 1);
+    CHECK_EQ_U64(stats(c).fallback_busy, 0);
+    /* Never released: after the wait, the direct path. */
+    CHECK_STATUS(kvs__staging_hold(sg, true), KVS_OK);
+    r.done = 0;
+    CHECK_EQ_INT(pthread_create(&t, NULL, reader_main, &r), 0);
+    pthread_join(t, NULL);
+    CHECK_STATUS(r.rc, KVS_OK);
+    CHECK_CMP_U64(r.ms, >=, 350);
+    CHECK_EQ_U64(stats(c).fallback_busy, 1);
+    CHECK(key_exact(&d, 0, "k"));
+    CHECK_STATUS(kvs__staging_hold(sg, false), KVS_OK);
+    dest_free(c, &d);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
+static void test_staging_concurrent_threads(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    kvs_client_t *c = staged_client(&st, 5000, "200000");
+    enum { T = 4, ROUNDS = 6 };
+    static const char *keys[T][2] = {{"t0a", "t0b"}, {"t1a", "t1b"}, {"t2a", "t2b"},
+                                     {"t3a", "t3b"}};
+    uint64_t sizes[2] = {123457, 65536};
+    dest_t d[T];
+    for (int i = 0; i < T; i++) {
+        put_key(c, keys[i][0], sizes[0]);
+        put_key(c, keys[i][1], sizes[1]);
+        dest_init(c, &d[i], sizes, 2);
+    }
+    for (int round = 0; round < ROUNDS; round++) {
+        reader_t r[T];
+        pthread_t t[T];
+        for (int i = 0; i < T; i++) {
+            memset(d[i].pool, GUARD, d[i].pool_len);
+            r[i] = (reader_t){.c = c, .d = &d[i], .keys = keys[i], .n = 2};
+            CHECK_EQ_INT(pthread_create(&t[i], NULL, reader_main, &r[i]), 0);
+        }
+        for (int i = 0; i < T; i++) {
+            pthread_join(t[i], NULL);
+            CHECK_STATUS(r[i].rc, KVS_OK);
+            CHECK(key_exact(&d[i], 0, keys[i][0]));
+            CHECK(key_exact(&d[i], 1, keys[i][1]));
+        }
+    }
+    kvs_client_stats_t s = stats(c);
+    CHECK_EQ_U64(s.staged_reads + s.fallback_busy, T * ROUNDS);
+    CHECK(s.staged_reads > 0);
+    for (int i = 0; i < T; i++)
+        dest_free(c, &d[i]);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
+/* ---- failures -------------------------------------------------------------------------------- */
+
+static void test_staging_injected_receive_failure(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    kvs_client_t *c = staged_client(&st, 5000, NULL);
+    const char *keys[3] = {"r0", "r1", "r2"};
+    uint64_t sizes[3] = {10000, 20000, 30000};
+    for (int i = 0; i < 3; i++)
+        put_key(c, keys[i], sizes[i]);
+    dest_t d;
+    dest_init(c, &d, sizes, 3);
+    kvs__staging_hooks_t h = {.fail_receive_key = 1};
+    kvs__staging_set_hooks(kvs__client_staging(c), &h);
+    int64_t res[3];
+    CHECK_STATUS(read_keys(c, &d, keys, 3, res), KVS_OK);
+    CHECK_EQ_INT(res[0], 10000);
+    CHECK_STATUS(res[1], KVS_TRANSFER_FAIL);
+    CHECK_EQ_INT(res[2], 30000);
+    CHECK(key_exact(&d, 0, "r0"));
+    CHECK(key_guarded(&d, 1)); /* never scattered, never replayed */
+    CHECK(key_exact(&d, 2, "r2"));
+    kvs_client_stats_t s = stats(c);
+    CHECK_EQ_U64(s.staged_reads, 1);
+    CHECK_EQ_U64(s.scatter_launches, 1);
+    CHECK_EQ_U64(s.get_submissions, 0); /* no direct read happened */
+    dest_free(c, &d);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
+static void test_staging_injected_scatter_failure(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    kvs_client_t *c = staged_client(&st, 5000, NULL);
+    const char *keys[3] = {"f0", "f1", "missing"};
+    uint64_t sizes[3] = {40000, 50000, 100};
+    put_key(c, "f0", sizes[0]);
+    put_key(c, "f1", sizes[1]);
+    dest_t d;
+    dest_init(c, &d, sizes, 3);
+    kvs__staging_hooks_t h = {.fail_receive_key = -1, .fail_scatter = true};
+    kvs__staging_set_hooks(kvs__client_staging(c), &h);
+    int64_t res[3];
+    CHECK_STATUS(read_keys(c, &d, keys, 3, res), KVS_OK);
+    CHECK_STATUS(res[0], KVS_TRANSFER_FAIL);
+    CHECK_STATUS(res[1], KVS_TRANSFER_FAIL);
+    CHECK_STATUS(res[2], KVS_OBJECT_NOT_FOUND);
+    for (int i = 0; i < 3; i++)
+        CHECK(key_guarded(&d, i));
+    kvs_client_stats_t s = stats(c);
+    CHECK_EQ_U64(s.get_submissions, 0);
+    CHECK_EQ_U64(s.get_transfer_fail, 2);
+    /* Without the fault the same call is exact. */
+    h.fail_scatter = false;
+    kvs__staging_set_hooks(kvs__client_staging(c), &h);
+    CHECK_STATUS(read_keys(c, &d, keys, 2, res), KVS_OK);
+    CHECK(key_exact(&d, 0, "f0"));
+    CHECK(key_exact(&d, 1, "f1"));
+    dest_free(c, &d);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
+static void test_staging_alloc_failure_disables_staging(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    kvs_client_t *c = staged_client(&st, 5000, NULL);
+    put_key(c, "k", 5000);
+    uint64_t sizes[1] = {5000};
+    const char *keys[1] = {"k"};
+    dest_t d;
+    dest_init(c, &d, sizes, 1);
+    kvs__staging_hooks_t h = {.fail_receive_key = -1, .fail_alloc = true};
+    kvs__staging_set_hooks(kvs__client_staging(c), &h);
+    int64_t r;
+    for (int i = 0; i < 3; i++) {
+        memset(d.pool, GUARD, d.pool_len);
+        CHECK_STATUS(read_keys(c, &d, keys, 1, &r), KVS_OK);
+        CHECK_EQ_INT(r, 5000);
+        CHECK(key_exact(&d, 0, "k"));
+        if (i == 0) { /* the allocation is never tried again, fault or not */
+            h.fail_alloc = false;
+            kvs__staging_set_hooks(kvs__client_staging(c), &h);
+        }
+    }
+    kvs_client_stats_t s = stats(c);
+    CHECK_EQ_U64(s.fallback_alloc_failed, 3);
+    CHECK_EQ_U64(s.staged_reads, 0);
+    uint64_t bytes;
+    CHECK(kvs__staging_buffer(kvs__client_staging(c), &bytes) == NULL);
+    dest_free(c, &d);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
+static void test_staging_late_completion_lands_nowhere(void)
+{
+    /* Every data request of the owner stalls 600 ms; reads give up after 200 ms. */
+    store_t st;
+    store_start(&st, "600000");
+    kvs_client_t *w = staged_client(&st, 5000, NULL);
+    put_key(w, "late", 64000);
+    kvs_client_close(w);
+    kvs_client_t *c = staged_client(&st, 200, NULL);
+    uint64_t sizes[1] = {64000};
+    const char *keys[1] = {"late"};
+    dest_t d;
+    dest_init(c, &d, sizes, 1);
+    int64_t r;
+    CHECK_STATUS(read_keys(c, &d, keys, 1, &r), KVS_OK);
+    CHECK_STATUS(r, KVS_TIMED_OUT);
+    uint64_t bytes = 0;
+    uint8_t *buf = kvs__staging_buffer(kvs__client_staging(c), &bytes);
+    CHECK(buf != NULL);
+    memset(buf, GUARD, bytes);
+    uint64_t t0 = kvs__now_ns();
+    CHECK_STATUS(read_keys(c, &d, keys, 1, &r), KVS_OK);
+    CHECK_STATUS(r, KVS_TIMED_OUT);
+    CHECK_CMP_U64((kvs__now_ns() - t0) / 1000000, <, 500);
+    /* Well past the owner's answer: nothing arrived in the buffer or the destinations. */
+    usleep(900000);
+    for (uint64_t i = 0; i < bytes; i++) {
+        if (buf[i] != GUARD)
+            kvs_test_fail(__FILE__, __LINE__, "staging byte %llu written after return",
+                          (unsigned long long)i);
+    }
+    CHECK(key_guarded(&d, 0));
+    CHECK_EQ_U64(stats(c).get_timed_out, 2);
+    CHECK_EQ_U64(stats(c).scatter_launches, 0);
+    dest_free(c, &d);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
+/* ---- unregister and close during a staged read ----------------------------------------------- */
+
+static void test_staging_unregister_and_close_wait_for_reads(void)
+{
+    store_t st;
+    store_start(&st, "300000");
+    kvs_client_t *c = staged_client(&st, 5000, NULL);
+    put_key(c, "u", 100000);
+    uint64_t sizes[1] = {100000};
+    const char *keys[1] = {"u"};
+    dest_t d;
+    dest_init(c, &d, sizes, 1);
+    reader_t r = {.c = c, .d = &d, .keys = keys, .n = 1};
+    pthread_t t;
+    CHECK_EQ_INT(pthread_create(&t, NULL, reader_main, &r), 0);
+    usleep(100000);
+    CHECK_STATUS(kvs_client_unregister_buffer(c, d.pool), KVS_OK);
+    /* It returned only after the read was done with the memory. */
+    CHECK_EQ_INT(atomic_load(&r.done), 1);
+    pthread_join(t, NULL);
+    CHECK_STATUS(r.rc, KVS_OK);
+    CHECK_EQ_INT(r.res[0], 100000);
+    CHECK(key_exact(&d, 0, "u"));
+    CHECK_EQ_U64(stats(c).staged_reads, 1);
+    /* close while a staged read is in flight. */
+    memset(d.pool, GUARD, d.pool_len);
+    CHECK_STATUS(kvs_client_register_buffer(c, d.pool, d.pool_len), KVS_OK);
+    r.done = 0;
+    CHECK_EQ_INT(pthread_create(&t, NULL, reader_main, &r), 0);
+    usleep(100000);
+    kvs_client_close(c);
+    CHECK_EQ_INT(atomic_load(&r.done), 1);
+    pthread_join(t, NULL);
+    CHECK_STATUS(r.rc, KVS_OK);
+    CHECK(key_exact(&d, 0, "u"));
+    free(d.pool);
+    server_stop(&st.srv);
+}
+
+int main(int argc, char **argv)
+{
+    static const kvs_test_case_t cases[] = {
+        KVS_TEST_CASE(test_staging_exact_capacity),
+        KVS_TEST_CASE(test_staging_seven_keys_four_fills),
+        KVS_TEST_CASE(test_staging_changing_destinations_duplicates_and_missing),
+        KVS_TEST_CASE(test_staging_overlap_and_other_domain_fall_back),
+        KVS_TEST_CASE(test_staging_busy_buffer_falls_back),
+        KVS_TEST_CASE(test_staging_busy_wait_is_honoured),
+        KVS_TEST_CASE(test_staging_concurrent_threads),
+        KVS_TEST_CASE(test_staging_injected_receive_failure),
+        KVS_TEST_CASE(test_staging_injected_scatter_failure),
+        KVS_TEST_CASE(test_staging_alloc_failure_disables_staging),
+        KVS_TEST_CASE(test_staging_late_completion_lands_nowhere),
+        KVS_TEST_CASE(test_staging_unregister_and_close_wait_for_reads),
+    };
+    return kvs_test_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
+}
