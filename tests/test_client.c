@@ -733,6 +733,7 @@ typedef struct {
     const char *master;
     atomic_int *stop;
     int wrong_bytes, hung, ok_a, failed_a, ok_b, failed_b, calls;
+    atomic_int completed; /* calls finished, for the main thread to watch */
 } reader_t;
 
 enum { KILL_KEYS = 16 };
@@ -766,6 +767,7 @@ static void *killer_reader_main(void *arg)
                                                          round % 2, res);
         uint64_t ms = (kvs__now_ns() - t0) / 1000000;
         r->calls++;
+        atomic_fetch_add(&r->completed, 1);
         /* Lookup (rpc timeout 3 s) and the transfers (1 s) bound every call. */
         if (ms > 4500)
             r->hung++;
@@ -819,7 +821,12 @@ static void test_owner_killed_during_reads(void)
         r[i] = (reader_t){.master = master, .stop = &stop};
         CHECK_EQ_INT(pthread_create(&t[i], NULL, killer_reader_main, &r[i]), 0);
     }
-    usleep(300000);
+    /* Every reader completes a call with both owners up (slow under sanitizers), then B dies. */
+    for (int i = 0; i < 3; i++) {
+        for (int t_ = 0; t_ < 3000 && atomic_load(&r[i].completed) < 2; t_++)
+            usleep(10000);
+        CHECK(atomic_load(&r[i].completed) >= 2);
+    }
     server_kill(&ob);
     /* A put placed on dead B fails and is revoked, not left half written. */
     rc.preferred_segment = "B";

@@ -193,8 +193,8 @@ typedef struct {
     uint64_t fallback_other_domain; /* a fragment outside the backend's memory, or mixed */
     uint64_t fallback_other_gpu;    /* the buffer lives on another device */
     uint64_t fallback_alloc_failed; /* the buffer could not be allocated (staging now off) */
-    kvs_histogram_t put_latency; /* per put call, end to end */
-    kvs_histogram_t get_latency; /* per read call, end to end */
+    kvs_histogram_t put_latency;    /* per put call, end to end */
+    kvs_histogram_t get_latency;    /* per read call, end to end */
 } kvs_client_stats_t;
 
 /* Copies a snapshot of the counters into *stats_p. */

@@ -462,9 +462,9 @@ static int read_staged(kvs_client_t *c, call_t *k, const read_slot_t *slots, uin
         return kvs__fail(KVS_NO_MEMORY, "read: out of memory");
     for (uint32_t s = 0; s < ns; s++) {
         size_t i = slots[s].key;
-        sk[s] = (kvs__staged_key_t){slots[s].ep,         slots[s].segment_id, slots[s].offset,
-                                    slots[s].size,       &k->iov[k->first[i]], k->cnt[i],
-                                    k->domain[i],        lease_until[i],      KVS_OK};
+        sk[s] = (kvs__staged_key_t){slots[s].ep,   slots[s].segment_id,  slots[s].offset,
+                                    slots[s].size, &k->iov[k->first[i]], k->cnt[i],
+                                    k->domain[i],  lease_until[i],       KVS_OK};
     }
     int rc = kvs__staging_read(c->staging, c->tcp, sk, ns, deadline);
     if (rc == KVS_OK) {

@@ -28,8 +28,7 @@ static void host_free(int domain, void *buf)
     free(buf);
 }
 
-static int host_scatter(int domain, const void *src, const kvs__scatter_frag_t *frags,
-                        uint32_t n)
+static int host_scatter(int domain, const void *src, const kvs__scatter_frag_t *frags, uint32_t n)
 {
     KVS_UNUSED(domain);
     const char *s = src;

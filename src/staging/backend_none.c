@@ -22,8 +22,7 @@ static void none_free(int domain, void *buf)
     KVS_UNUSED(buf);
 }
 
-static int none_scatter(int domain, const void *src, const kvs__scatter_frag_t *frags,
-                        uint32_t n)
+static int none_scatter(int domain, const void *src, const kvs__scatter_frag_t *frags, uint32_t n)
 {
     KVS_UNUSED(domain);
     KVS_UNUSED(src);

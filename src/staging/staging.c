@@ -46,8 +46,7 @@ int kvs__staging_config_init(kvs__staging_config_t *cfg)
         cfg->buffer_bytes = DEFAULT_BUFFER_BYTES;
         rc = KVS_INVALID_PARAMS;
     }
-    if (kvs__env_u64("MC_STORE_GPU_STAGING_BUSY_WAIT_US", 60000000, &cfg->busy_wait_us) !=
-        KVS_OK)
+    if (kvs__env_u64("MC_STORE_GPU_STAGING_BUSY_WAIT_US", 60000000, &cfg->busy_wait_us) != KVS_OK)
         rc = KVS_INVALID_PARAMS;
     const char *be = getenv("MC_STORE_GPU_STAGING_BACKEND");
     if (be != NULL && *be != '\0') {
@@ -228,17 +227,22 @@ static int fall_back(kvs__staging_t *st, kvs__fallback_t why)
 /* ---- fills ----------------------------------------------------------------------------------- */
 
 /* Receives keys [a, b) at offsets off[] and scatters the ones that arrived in time. */
-static void run_fill(kvs__staging_t *st, kvs_transport_t *t, kvs__staged_key_t *keys,
-                     uint32_t a, uint32_t b, const uint64_t *off, uint64_t deadline_ns,
-                     kvs_xfer_req_t *reqs, struct iovec *bufv, kvs__scatter_frag_t *frags)
+static void run_fill(kvs__staging_t *st, kvs_transport_t *t, kvs__staged_key_t *keys, uint32_t a,
+                     uint32_t b, const uint64_t *off, uint64_t deadline_ns, kvs_xfer_req_t *reqs,
+                     struct iovec *bufv, kvs__scatter_frag_t *frags)
 {
     char *buf = st->buf;
     uint32_t nr = b - a;
     for (uint32_t i = a; i < b; i++) {
         bufv[i - a] = (struct iovec){buf + off[i], (size_t)keys[i].size};
-        reqs[i - a] = (kvs_xfer_req_t){KVS_XFER_READ,  keys[i].ep, keys[i].segment_id,
-                                       keys[i].offset, keys[i].size, &bufv[i - a],
-                                       1,              KVS_OK};
+        reqs[i - a] = (kvs_xfer_req_t){KVS_XFER_READ,
+                                       keys[i].ep,
+                                       keys[i].segment_id,
+                                       keys[i].offset,
+                                       keys[i].size,
+                                       &bufv[i - a],
+                                       1,
+                                       KVS_OK};
     }
     if (kvs__now_ns() >= deadline_ns) {
         for (uint32_t i = a; i < b; i++)
@@ -267,8 +271,8 @@ static void run_fill(kvs__staging_t *st, kvs_transport_t *t, kvs__staged_key_t *
             frags[nf++] = (kvs__scatter_frag_t){NULL, off[i] - pos}; /* padding */
         if (s == KVS_OK) {
             for (uint32_t j = 0; j < keys[i].iovcnt; j++)
-                frags[nf++] = (kvs__scatter_frag_t){keys[i].iov[j].iov_base,
-                                                    keys[i].iov[j].iov_len};
+                frags[nf++] =
+                    (kvs__scatter_frag_t){keys[i].iov[j].iov_base, keys[i].iov[j].iov_len};
             scatter_keys++;
         } else {
             frags[nf++] = (kvs__scatter_frag_t){NULL, keys[i].size};
@@ -282,8 +286,7 @@ static void run_fill(kvs__staging_t *st, kvs_transport_t *t, kvs__staged_key_t *
     atomic_fetch_add(&st->st.scatter_launches, 1);
     if (rc != KVS_OK) {
         /* Never replayed through direct reads: the keys fail. */
-        kvs_warn("staging: scatter failed (%s); %u key(s) fail", kvs_status_str(rc),
-                 scatter_keys);
+        kvs_warn("staging: scatter failed (%s); %u key(s) fail", kvs_status_str(rc), scatter_keys);
         for (uint32_t i = a; i < b; i++) {
             if (keys[i].status == KVS_OK)
                 keys[i].status = KVS_TRANSFER_FAIL;
@@ -291,8 +294,8 @@ static void run_fill(kvs__staging_t *st, kvs_transport_t *t, kvs__staged_key_t *
     }
 }
 
-int kvs__staging_read(kvs__staging_t *st, kvs_transport_t *t, kvs__staged_key_t *keys,
-                      uint32_t n, uint64_t deadline_ns)
+int kvs__staging_read(kvs__staging_t *st, kvs_transport_t *t, kvs__staged_key_t *keys, uint32_t n,
+                      uint64_t deadline_ns)
 {
     if (st == NULL || n == 0)
         return KVS_UNSUPPORTED;

@@ -21,7 +21,7 @@
 #define KVS_STAGING_ALIGN 16u
 
 typedef struct {
-    bool enabled;         /* MC_STORE_GPU_STAGING (default off) */
+    bool enabled;          /* MC_STORE_GPU_STAGING (default off) */
     uint64_t buffer_bytes; /* MC_STORE_GPU_STAGING_BUFFER_BYTES (default 256 MiB) */
     uint64_t busy_wait_us; /* MC_STORE_GPU_STAGING_BUSY_WAIT_US (default 0) */
     const char *backend;   /* MC_STORE_GPU_STAGING_BACKEND: "host", or NULL for the GPU one */
@@ -85,8 +85,8 @@ void kvs__staging_destroy(kvs__staging_t *st);
 
 /* Runs keys[0..n) through the staged path: KVS_OK when it did (each key's status set), else
  * KVS_UNSUPPORTED with nothing submitted (the call falls back; the reason is counted). */
-int kvs__staging_read(kvs__staging_t *st, kvs_transport_t *t, kvs__staged_key_t *keys,
-                      uint32_t n, uint64_t deadline_ns);
+int kvs__staging_read(kvs__staging_t *st, kvs_transport_t *t, kvs__staged_key_t *keys, uint32_t n,
+                      uint64_t deadline_ns);
 
 const kvs__staging_stats_t *kvs__staging_stats(const kvs__staging_t *st);
 const char *kvs__staging_fallback_name(kvs__fallback_t f);
