@@ -2,13 +2,14 @@
 # GPU work on the device machine, one line per call: builds kvstash with CUDA in build-gpu/ and
 # runs the named suites, writing logs, CSVs and tables under $OUT (default build-gpu/out).
 # Usage: scripts/device.sh SUITE...
-#   scatter   GPU scatter tests, the same under compute-sanitizer memcheck, `kvstash bench scatter`
+#   scatter        GPU scatter tests, the same under compute-sanitizer memcheck, `kvstash bench scatter`
+#   scatter-test   the tests and memcheck only (no benchmark)
 # Every suite runs even when an earlier one failed; the exit status says whether all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build-gpu/out}
 mkdir -p "$out"
-(($#)) || { sed -n '2,7p' "$0"; exit 2; }
+(($#)) || { sed -n '2,8p' "$0"; exit 2; }
 {
     date -u +"%Y-%m-%dT%H:%M:%SZ"
     git log -1 --format='commit %h %s' 2>/dev/null || true
@@ -31,7 +32,7 @@ step() { # name, command...: runs, logs to $out/name.log, records a failure
 }
 for suite in "$@"; do
     case $suite in
-    scatter)
+    scatter | scatter-test)
         step scatter_test build-gpu/tests/test_gpu_scatter
         if command -v compute-sanitizer >/dev/null; then
             KVS_TEST_NOFORK=1 step scatter_memcheck timeout 480 compute-sanitizer \
@@ -39,7 +40,8 @@ for suite in "$@"; do
         else
             echo "compute-sanitizer not found: memcheck skipped" | tee "$out/scatter_memcheck.log"
         fi
-        step scatter_bench build-gpu/kvstash bench scatter --csv "$out/scatter.csv"
+        [ "$suite" = scatter ] && step scatter_bench build-gpu/kvstash bench scatter \
+            --csv "$out/scatter.csv"
         ;;
     *) echo "unknown suite '$suite'"; failed+=("$suite") ;;
     esac
