@@ -12,7 +12,7 @@ mkdir -p "$out"
 (($#)) || { sed -n '2,8p' "$0"; exit 2; }
 {
     date -u +"%Y-%m-%dT%H:%M:%SZ"
-    git log -1 --format='commit %h %s' 2>/dev/null || true
+    # (no commit line: the device machine's copy of .git may lag behind the tree it runs)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     nvcc --version | tail -n 1
 } | tee "$out/machine.txt"
