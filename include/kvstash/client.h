@@ -63,7 +63,7 @@ int kvs_client_mount_segment(kvs_client_t *client, uint64_t size, const char *na
 
 /* Registers [addr, addr + len) for zero-copy calls. Its memory type is decided here, once.
  * Registrations may not overlap (KVS_INVALID_PARAMS). Device memory is refused with
- * KVS_UNSUPPORTED by this build. The memory stays the caller's. */
+ * KVS_INVALID_PARAMS (and a message) by this version, which has no GPU data path yet. The memory stays the caller's. */
 int kvs_client_register_buffer(kvs_client_t *client, void *addr, size_t len);
 
 /* Unregisters the buffer registered at `addr`, waiting first for in-flight calls that use it

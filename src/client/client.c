@@ -241,9 +241,9 @@ int kvs_client_register_buffer(kvs_client_t *c, void *addr, size_t len)
     int domain;
     classify_memory(addr, &domain);
     if (domain != KVS_DOMAIN_HOST)
-        return kvs__fail(KVS_UNSUPPORTED,
-                         "register_buffer: %p is memory of GPU %d, and this build of kvstash "
-                         "has no GPU data path",
+        return kvs__fail(KVS_INVALID_PARAMS,
+                         "register_buffer: %p is memory of GPU %d; GPU memory needs a CUDA "
+                         "build of kvstash with a GPU data path",
                          addr, domain);
     kvs__reg_t *r = kvs__calloc(1, sizeof(*r));
     if (r == NULL)
