@@ -1,0 +1,263 @@
+"""The kvstash Python module against a real kvstash-server (standard library unittest only)."""
+import ctypes
+import os
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+import warnings
+
+import kvstash
+
+SERVER = os.environ.get("KVS_SERVER_PATH", "kvstash-server")
+GUARD = 0x5A
+
+
+def pattern(key: str, size: int) -> bytes:
+    seed = sum(key.encode()) % 251
+    return bytes((seed + i * 7) % 256 for i in range(size))
+
+
+class Server:
+    """kvstash-server (owner + embedded master) on a free port."""
+
+    def __init__(self, segment="64MiB"):
+        self.dir = tempfile.TemporaryDirectory()
+        port_file = os.path.join(self.dir.name, "port")
+        self.proc = subprocess.Popen(
+            [SERVER, "--port", "0", "--port-file", port_file, "--segment-size", segment,
+             "--log-level", "error"], stdout=subprocess.DEVNULL)
+        for _ in range(500):
+            if os.path.exists(port_file) and open(port_file).read().strip():
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError("kvstash-server exited")
+            time.sleep(0.01)
+        self.master = "127.0.0.1:" + open(port_file).read().strip()
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.dir.cleanup()
+
+
+class Buffer:
+    """Plain memory with its address, filled with guard bytes."""
+
+    def __init__(self, size):
+        self.mem = ctypes.create_string_buffer(bytes([GUARD]) * size, size)
+        self.ptr = ctypes.addressof(self.mem)
+        self.size = size
+
+    def bytes(self, off, n):
+        return ctypes.string_at(self.ptr + off, n)
+
+    def write(self, off, data):
+        ctypes.memmove(self.ptr + off, data, len(data))
+
+
+class StoreTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def setUp(self):
+        self.store = kvstash.MooncakeDistributedStore()
+        rc = self.store.setup("localhost", "http://ignored:8080/metadata", 0, "16MB", "tcp", "",
+                              self.server.master)
+        self.assertEqual(rc, 0)
+        self.prefix = self.id().rsplit(".", 1)[-1] + "-"
+
+    def tearDown(self):
+        self.assertEqual(self.store.close(), 0)
+
+    def k(self, name):
+        return self.prefix + name
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def test_setup_forms_and_errors(self):
+        s = kvstash.MooncakeDistributedStore()
+        self.assertEqual(s.put("x", b"1"), -600)  # not set up yet
+        self.assertEqual(s.get("x"), b"")
+        cfg = {"local_hostname": "localhost", "metadata_server": "P2PHANDSHAKE",
+               "global_segment_size": "8MB", "local_buffer_size": "1GiB", "protocol": "rdma",
+               "device_name": "mlx5_0", "master_server_address": self.server.master}
+        with self.assertRaises(ValueError):
+            s.setup(dict(cfg, global_segment_size="10%"))
+        with self.assertRaises(TypeError):
+            s.setup(dict(cfg, protocol=5))
+        self.assertEqual(s.setup(cfg), 0)  # rdma means auto (one warning line on stderr)
+        self.assertEqual(s.setup(cfg), -600)  # twice
+        self.assertEqual(s.get_hostname(), "localhost")
+        # global_segment_size > 0: this process serves a segment and objects can live there.
+        self.assertEqual(s.put(self.k("on-me"), b"abc"), 0)
+        self.assertEqual(s.get(self.k("on-me")), b"abc")
+        self.assertEqual(s.close(), 0)
+        self.assertEqual(s.get_size(self.k("x")), -600)
+        bad = kvstash.MooncakeDistributedStore()
+        self.assertEqual(bad.setup("localhost", "", 0, 0, "tcp", "", "127.0.0.1:1"), -900)
+        self.assertEqual(bad.setup("localhost", "", 0, 0, "carrier-pigeon", "",
+                                   self.server.master), -600)
+
+    # -- copying calls -----------------------------------------------------------------------
+
+    def test_put_get_size_exist_remove(self):
+        s, key = self.store, self.k("a")
+        data = pattern(key, 100000)
+        self.assertEqual(s.put(key, data), 0)
+        self.assertEqual(s.put(key, data), -705)  # immutable
+        self.assertEqual(s.get(key), data)
+        self.assertEqual(s.get_size(key), len(data))
+        self.assertEqual(s.is_exist(key), 1)
+        self.assertEqual(s.batch_is_exist([key, self.k("none")]), [1, 0])
+        self.assertEqual(s.get(self.k("none")), b"")
+        self.assertEqual(s.get_size(self.k("none")), -704)
+        self.assertEqual(s.remove(key), -706)  # leased by the reads above
+        self.assertEqual(s.remove(key, force=True), 0)
+        self.assertEqual(s.is_exist(key), 0)
+        self.assertEqual(s.put("", b"x"), -600)
+        self.assertEqual(s.put(self.k("empty"), b""), -600)
+        with self.assertRaises(TypeError):
+            s.put(self.k("t"), "not bytes")
+        with self.assertRaises(TypeError):
+            s.put(self.k("t"), b"x", config="replica_num=2")
+
+    def test_replicate_config(self):
+        s = self.store
+        c = kvstash.ReplicateConfig()
+        self.assertEqual((c.replica_num, c.preferred_segment, c.prefer_alloc_in_same_node),
+                         (1, "", False))
+        c.replica_num = 2  # clamped to the one segment there is
+        c.prefer_alloc_in_same_node = True
+        self.assertEqual(s.put(self.k("r"), b"xyz", c), 0)
+        c = kvstash.ReplicateConfig(replica_num=0)
+        self.assertEqual(s.put(self.k("r0"), b"xyz", c), -600)
+        c = kvstash.ReplicateConfig(preferred_segment="no-such-segment")
+        self.assertEqual(s.put(self.k("pref"), b"xyz", c), 0)  # a preference, not a demand
+
+    # -- zero-copy calls ---------------------------------------------------------------------
+
+    def test_put_from_get_into_and_batches(self):
+        s = self.store
+        src, dst = Buffer(1 << 20), Buffer(1 << 20)
+        self.assertEqual(s.register_buffer(src.ptr, src.size), 0)
+        self.assertEqual(s.register_buffer(dst.ptr, dst.size), 0)
+        keys = [self.k(f"b{i}") for i in range(4)]
+        sizes = [1, 4097, 70000, 200003]
+        offs = [0, 16, 8192, 100000]
+        for key, off, n in zip(keys, offs, sizes):
+            src.write(off, pattern(key, n))
+        self.assertEqual(s.put_from(keys[0], src.ptr, 1), 0)
+        self.assertEqual(s.batch_put_from(keys[1:], [src.ptr + o for o in offs[1:]], sizes[1:]),
+                         [0, 0, 0])
+        self.assertEqual(s.get_into(keys[3], dst.ptr, dst.size), sizes[3])
+        self.assertEqual(dst.bytes(0, sizes[3]), pattern(keys[3], sizes[3]))
+        self.assertEqual(s.get_into(keys[3], dst.ptr, 10), -600)  # too small
+        got = s.batch_get_into(keys + [self.k("none")],
+                               [dst.ptr + 300000 + o for o in offs] + [dst.ptr], sizes + [10])
+        self.assertEqual(got, sizes + [-704])
+        for key, off, n in zip(keys, offs, sizes):
+            self.assertEqual(dst.bytes(300000 + off, n), pattern(key, n))
+        # Unregistered memory is refused before any I/O.
+        other = Buffer(100)
+        self.assertEqual(s.put_from(self.k("u"), other.ptr, 100), -600)
+        self.assertEqual(s.get_into(keys[0], other.ptr, 100), -600)
+        self.assertEqual(s.unregister_buffer(other.ptr), -600)
+        # Mismatched list lengths: -600 per key, nothing done.
+        self.assertEqual(s.batch_put_from([self.k("m1"), self.k("m2")], [src.ptr], [1, 2]),
+                         [-600, -600])
+        self.assertEqual(s.is_exist(self.k("m1")), 0)
+        with self.assertRaises(TypeError):
+            s.batch_get_into(keys, ["0"] * 4, sizes)
+        with self.assertRaises(TypeError):
+            s.batch_get_into("notalist", [0], [1])
+        self.assertEqual(s.unregister_buffer(src.ptr), 0)
+        self.assertEqual(s.unregister_buffer(dst.ptr), 0)
+
+    def test_multi_buffers(self):
+        s = self.store
+        pool = Buffer(4 << 20)
+        self.assertEqual(s.register_buffer(pool.ptr, pool.size), 0)
+        key, size = self.k("multi"), 300001
+        data = pattern(key, size)
+        # Put gathered from three pieces kept in reverse order.
+        cuts = [0, 1000, 150000, size]
+        pieces = [data[cuts[i]:cuts[i + 1]] for i in range(3)]
+        where = [2000000 + 200000 * (2 - i) for i in range(3)]
+        for w, p in zip(where, pieces):
+            pool.write(w, p)
+        self.assertEqual(s.batch_put_from_multi_buffers(
+            [key], [[pool.ptr + w for w in where]], [[len(p) for p in pieces]]), [0])
+        # Read into 8 KiB pages in shuffled order, the same key twice, a missing key, a size
+        # mismatch and a fragment outside registered memory.
+        pages = list(range(0, 1 << 20, 8192))
+        pages.reverse()
+        frag_sizes = [8192] * (size // 8192) + [size % 8192]
+        a = [pool.ptr + pages[i] for i in range(len(frag_sizes))]
+        b = [pool.ptr + (1 << 20) + 8192 * i for i in range(len(frag_sizes))]
+        short = [pool.ptr + 3000000]
+        outside = Buffer(size)
+        for rounds in (False, True):
+            got = s.batch_get_into_multi_buffers(
+                [key, key, self.k("gone"), key, key],
+                [a, b, [pool.ptr + 3500000], short, [outside.ptr]],
+                [frag_sizes, frag_sizes, [100], [size - 1], [size]],
+                prefer_alloc_in_same_node=rounds)
+            self.assertEqual(got, [size, size, -704, -600, -600])
+            got_a = b"".join(pool.bytes(p - pool.ptr, n) for p, n in zip(a, frag_sizes))
+            got_b = b"".join(pool.bytes(p - pool.ptr, n) for p, n in zip(b, frag_sizes))
+            self.assertEqual(got_a, data)
+            self.assertEqual(got_b, data)
+            self.assertEqual(pool.bytes(3000000, size - 1), bytes([GUARD]) * (size - 1))
+            self.assertEqual(outside.bytes(0, size), bytes([GUARD]) * size)
+        self.assertEqual(s.batch_get_into_multi_buffers([key], [a, b], [frag_sizes]), [-600])
+        self.assertEqual(s.batch_get_into_multi_buffers([key], [a], [frag_sizes[:-1]]), [-600])
+        with self.assertRaises(TypeError):
+            s.batch_get_into_multi_buffers([key], [a[0]], [frag_sizes])
+        stats = s.get_stats()
+        self.assertGreaterEqual(stats["get_calls"], 2)
+        self.assertEqual(stats["registered_buffers"], 1)
+        self.assertEqual(s.unregister_buffer(pool.ptr), 0)
+
+    # -- threads -----------------------------------------------------------------------------
+
+    def test_threads_share_one_store(self):
+        s = self.store
+        errors = []
+
+        def worker(t):
+            buf = Buffer(300000)
+            if s.register_buffer(buf.ptr, buf.size) != 0:
+                errors.append("register")
+                return
+            for i in range(20):
+                key = self.k(f"t{t}-{i}")
+                data = pattern(key, 1000 + 9973 * i % 250000)
+                if s.put(key, data) != 0:
+                    errors.append(("put", key))
+                if s.get_into(key, buf.ptr, buf.size) != len(data) or \
+                        buf.bytes(0, len(data)) != data:
+                    errors.append(("get_into", key))
+                if s.get(key) != data:
+                    errors.append(("get", key))
+            if s.unregister_buffer(buf.ptr) != 0:
+                errors.append("unregister")
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(s.get_stats()["put_keys"], 160)
+
+
+if __name__ == "__main__":
+    warnings.simplefilter("default")
+    unittest.main()
