@@ -101,7 +101,7 @@ int kvs__bench_transport_main(int argc, char **argv)
     kvs__data_server_config_init(&dcfg);
     kvs__data_server_t *srv;
     if (kvs__data_server_create(&dcfg, &srv) != KVS_OK ||
-        kvs__data_server_add(srv, 1, mem.base, size) != KVS_OK)
+        kvs__data_server_add(srv, 1, mem.base, size, mem.fd) != KVS_OK)
         return 1;
     char ep_name[64];
     snprintf(ep_name, sizeof(ep_name), "127.0.0.1:%u", (unsigned)kvs__data_server_port(srv));

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "kvs_test.h"
 #include "server_fixture.h"
+#include "client/client_int.h"
 #include "common/common_int.h"
 
 #include <kvstash/kvstash.h>
@@ -606,7 +607,9 @@ static void test_eviction_makes_room_for_new_puts(void)
 
 static void test_leases_protect_reads_and_expire(void)
 {
-    /* Every data request stalls 400 ms; leases last 250 ms. */
+    /* Every data request stalls 400 ms; leases last 250 ms. Over tcp: the stall is on its data
+     * path (shm reads never ask the owner). */
+    setenv("KVS_PROTOCOL", "tcp", 1);
     setenv("KVS_DATA_INJECT_DELAY_US", "400000", 1);
     const char *extra[] = {"--lease-ms", "250", NULL};
     store_t st;
@@ -635,6 +638,7 @@ static void test_leases_protect_reads_and_expire(void)
 
 static void test_transfer_deadline_bounds_a_slow_owner(void)
 {
+    setenv("KVS_PROTOCOL", "tcp", 1);
     setenv("KVS_DATA_INJECT_DELAY_US", "1500000", 1);
     store_t st;
     store_start(&st, "16MiB", NULL);
@@ -676,6 +680,7 @@ static void *slow_read_main(void *arg)
 
 static void test_unregister_waits_for_reads_in_flight(void)
 {
+    setenv("KVS_PROTOCOL", "tcp", 1); /* a slow owner on the data path */
     setenv("KVS_DATA_INJECT_DELAY_US", "400000", 1);
     store_t st;
     store_start(&st, "16MiB", NULL);
@@ -686,9 +691,14 @@ static void test_unregister_waits_for_reads_in_flight(void)
     CHECK_STATUS(kvs_client_register_buffer(c, r.buf, 10000), KVS_OK);
     pthread_t t;
     CHECK_EQ_INT(pthread_create(&t, NULL, slow_read_main, &r), 0);
-    usleep(150000); /* the read is now waiting on the owner */
+    /* Wait until the read is inside the client (its buffer pinned), then a little more: it is
+     * waiting on the owner. */
+    for (int i = 0; i < 2000 && atomic_load(&c->calls) == 0; i++)
+        usleep(1000);
+    CHECK(atomic_load(&c->calls) > 0);
     CHECK_STATUS(kvs_client_unregister_buffer(c, r.buf), KVS_OK);
-    CHECK_EQ_INT(atomic_load(&r.done), 1);
+    /* It returned only once the read was done with the buffer: the bytes are all there. */
+    CHECK_EQ_INT(mismatch("slow", 0, r.buf, 10000), -1);
     pthread_join(t, NULL);
     CHECK_EQ_INT(r.result, 10000);
     CHECK_EQ_INT(mismatch("slow", 0, r.buf, 10000), -1);
@@ -791,8 +801,13 @@ static void *killer_reader_main(void *arg)
     return NULL;
 }
 
-static void test_owner_killed_during_reads(void)
+/* Two owners, B killed while three threads read keys of both: every key returns exact bytes or
+ * fails within the deadline, A keeps serving, and B's keys are gone once the master drops it.
+ * Over shm the mapping outlives B: its keys read exactly until the master drops B. */
+static void owner_killed_case(const char *protocol)
 {
+    setenv("KVS_PROTOCOL", protocol, 1);
+    bool shm = strcmp(protocol, "shm") == 0;
     server_t m, oa, ob;
     const char *margs[] = {"--master-only", "--heartbeat-timeout-ms", "600", NULL};
     server_start(&m, margs);
@@ -828,12 +843,14 @@ static void test_owner_killed_during_reads(void)
         CHECK(atomic_load(&r[i].completed) >= 2);
     }
     server_kill(&ob);
-    /* A put placed on dead B fails and is revoked, not left half written. */
-    rc.preferred_segment = "B";
-    uint8_t small[1000] = {0};
-    int prc = kvs_client_put(w, "late", small, sizeof(small), &rc);
-    CHECK(prc == KVS_TRANSFER_FAIL || prc == KVS_NO_AVAILABLE_HANDLE);
-    CHECK_EQ_INT(kvs_client_exists(w, "late"), 0);
+    if (!shm) {
+        /* A put placed on dead B fails and is revoked, not left half written. */
+        rc.preferred_segment = "B";
+        uint8_t small[1000] = {0};
+        int prc = kvs_client_put(w, "late", small, sizeof(small), &rc);
+        CHECK(prc == KVS_TRANSFER_FAIL || prc == KVS_NO_AVAILABLE_HANDLE);
+        CHECK_EQ_INT(kvs_client_exists(w, "late"), 0);
+    }
     usleep(1200000); /* past the heartbeat time-out: the master drops B */
     atomic_store(&stop, 1);
     int ok_a = 0, failed_a = 0, ok_b = 0, failed_b = 0, calls = 0;
@@ -860,12 +877,67 @@ static void test_owner_killed_during_reads(void)
         snprintf(key, sizeof(key), "b%d", i);
         CHECK_STATUS(kvs_client_get_size(w, key), KVS_OBJECT_NOT_FOUND);
     }
-    printf("  %d read calls; A: %d ok; B: %d ok, %d failed\n", calls, ok_a, ok_b, failed_b);
+    printf("  %s: %d read calls; A: %d ok; B: %d ok, %d failed\n", protocol, calls, ok_a, ok_b,
+           failed_b);
+    kvs_client_stats_t ws;
+    CHECK_STATUS(kvs_client_get_stats(w, &ws), KVS_OK);
+    CHECK(shm ? ws.shm_transfers > 0 && ws.tcp_transfers == 0
+              : ws.tcp_transfers > 0 && ws.shm_transfers == 0);
     kvs_client_close(w);
     server_check_alive(&oa);
     server_stop(&oa);
     server_stop(&m);
     (void)port;
+}
+
+static void test_owner_killed_during_tcp_reads(void)
+{
+    owner_killed_case("tcp");
+}
+
+static void test_owner_killed_during_shm_reads(void)
+{
+    owner_killed_case("shm");
+}
+
+/* auto takes shm where the owner's socket and descriptor are reachable, else tcp; shm alone
+ * fails keys it cannot reach. */
+static void test_protocols_auto_shm_tcp(void)
+{
+    store_t st;
+    store_start(&st, "16MiB", NULL);
+    unsetenv("KVS_PROTOCOL");
+    kvs_client_t *w = client_open(st.master, 5000);
+    put_pattern(w, "p", 200000, NULL);
+    kvs_client_close(w);
+    const char *protos[] = {"auto", "tcp", "shm", "auto", "shm"};
+    /* The last two look for owners' sockets where there are none: auto falls back to tcp. */
+    const char *dirs[] = {NULL, NULL, NULL, "/nonexistent/kvstash", "/nonexistent/kvstash"};
+    for (int i = 0; i < 5; i++) {
+        setenv("KVS_PROTOCOL", protos[i], 1);
+        if (dirs[i])
+            setenv("KVS_SHM_DIR", dirs[i], 1);
+        kvs_client_t *c = client_open(st.master, 2000);
+        unsetenv("KVS_SHM_DIR");
+        uint8_t *buf = malloc(200000);
+        CHECK_STATUS(kvs_client_register_buffer(c, buf, 200000), KVS_OK);
+        int64_t got = kvs_client_get_into(c, "p", buf, 200000);
+        kvs_client_stats_t s;
+        CHECK_STATUS(kvs_client_get_stats(c, &s), KVS_OK);
+        bool via_shm = dirs[i] == NULL && strcmp(protos[i], "tcp") != 0;
+        if (strcmp(protos[i], "shm") == 0 && !via_shm) {
+            CHECK_STATUS(got, KVS_TRANSFER_FAIL);
+        } else {
+            CHECK_EQ_INT(got, 200000);
+            CHECK_EQ_INT(mismatch("p", 0, buf, 200000), -1);
+            CHECK_EQ_U64(s.shm_transfers, via_shm ? 1 : 0);
+            CHECK_EQ_U64(s.tcp_transfers, via_shm ? 0 : 1);
+        }
+        CHECK_STATUS(kvs_client_unregister_buffer(c, buf), KVS_OK);
+        kvs_client_close(c);
+        free(buf);
+    }
+    server_stop(&st.srv);
 }
 
 int main(int argc, char **argv)
@@ -883,7 +955,9 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_transfer_deadline_bounds_a_slow_owner),
         KVS_TEST_CASE(test_unregister_waits_for_reads_in_flight),
         KVS_TEST_CASE(test_client_mounts_its_own_segment),
-        KVS_TEST_CASE(test_owner_killed_during_reads),
+        KVS_TEST_CASE(test_owner_killed_during_tcp_reads),
+        KVS_TEST_CASE(test_owner_killed_during_shm_reads),
+        KVS_TEST_CASE(test_protocols_auto_shm_tcp),
     };
     return kvs_test_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }

@@ -141,6 +141,14 @@ static bool key_guarded(const dest_t *d, int i)
     return true;
 }
 
+/* Waits until a call of another thread is inside the client (its buffers are pinned by then). */
+static void wait_call_in_flight(kvs_client_t *c)
+{
+    for (int i = 0; i < 2000 && atomic_load(&c->calls) == 0; i++)
+        usleep(1000);
+    CHECK(atomic_load(&c->calls) > 0);
+}
+
 static kvs_client_stats_t stats(kvs_client_t *c)
 {
     kvs_client_stats_t s;
@@ -536,7 +544,9 @@ static void test_staging_alloc_failure_disables_staging(void)
 
 static void test_staging_late_completion_lands_nowhere(void)
 {
-    /* Every data request of the owner stalls 600 ms; reads give up after 200 ms. */
+    /* Every data request of the owner stalls 600 ms; reads (over tcp, where the stall is on the
+     * data path) give up after 200 ms. */
+    setenv("KVS_PROTOCOL", "tcp", 1);
     store_t st;
     store_start(&st, "600000");
     kvs_client_t *w = staged_client(&st, 5000, NULL);
@@ -577,6 +587,7 @@ static void test_staging_late_completion_lands_nowhere(void)
 
 static void test_staging_unregister_and_close_wait_for_reads(void)
 {
+    setenv("KVS_PROTOCOL", "tcp", 1); /* the owner's stall holds the read in flight */
     store_t st;
     store_start(&st, "300000");
     kvs_client_t *c = staged_client(&st, 5000, NULL);
@@ -588,10 +599,11 @@ static void test_staging_unregister_and_close_wait_for_reads(void)
     reader_t r = {.c = c, .d = &d, .keys = keys, .n = 1};
     pthread_t t;
     CHECK_EQ_INT(pthread_create(&t, NULL, reader_main, &r), 0);
-    usleep(100000);
+    wait_call_in_flight(c);
     CHECK_STATUS(kvs_client_unregister_buffer(c, d.pool), KVS_OK);
-    /* It returned only after the read was done with the memory. */
-    CHECK_EQ_INT(atomic_load(&r.done), 1);
+    /* It returned only after the read was done with the memory: every byte is already there
+     * (the reader thread may still be on its way out of the call). */
+    CHECK(key_exact(&d, 0, "u"));
     pthread_join(t, NULL);
     CHECK_STATUS(r.rc, KVS_OK);
     CHECK_EQ_INT(r.res[0], 100000);
@@ -602,9 +614,9 @@ static void test_staging_unregister_and_close_wait_for_reads(void)
     CHECK_STATUS(kvs_client_register_buffer(c, d.pool, d.pool_len), KVS_OK);
     r.done = 0;
     CHECK_EQ_INT(pthread_create(&t, NULL, reader_main, &r), 0);
-    usleep(100000);
+    wait_call_in_flight(c);
     kvs_client_close(c);
-    CHECK_EQ_INT(atomic_load(&r.done), 1);
+    CHECK(key_exact(&d, 0, "u")); /* close waited for the read */
     pthread_join(t, NULL);
     CHECK_STATUS(r.rc, KVS_OK);
     CHECK(key_exact(&d, 0, "u"));

@@ -63,7 +63,8 @@ int kvs_client_mount_segment(kvs_client_t *client, uint64_t size, const char *na
 
 /* Registers [addr, addr + len) for zero-copy calls. Its memory type is decided here, once.
  * Registrations may not overlap (KVS_INVALID_PARAMS). Device memory is refused with
- * KVS_INVALID_PARAMS (and a message) by this version, which has no GPU data path yet. The memory stays the caller's. */
+ * KVS_INVALID_PARAMS (and a message) by this version, which has no GPU data path yet. The memory
+ * stays the caller's. */
 int kvs_client_register_buffer(kvs_client_t *client, void *addr, size_t len);
 
 /* Unregisters the buffer registered at `addr`, waiting first for in-flight calls that use it
@@ -179,6 +180,8 @@ typedef struct {
     uint64_t get_transfer_fail; /* keys that failed with KVS_TRANSFER_FAIL */
     uint64_t remove_calls, exists_calls, size_calls;
     uint64_t rpc_failures;       /* master calls that failed */
+    uint64_t tcp_transfers;      /* key transfers (reads and replica writes) over tcp */
+    uint64_t shm_transfers;      /* the same over shm (the owner is on this host) */
     uint64_t registered_buffers; /* currently registered */
     uint64_t registered_bytes;
     /* GPU read staging (all 0 while it is off). */

@@ -42,16 +42,26 @@ int kvs_client_config_init(kvs_client_config_t *cfg)
 
 /* ---- open and close -------------------------------------------------------------------------- */
 
-static int check_protocol(const char *p)
+/* Which transports a protocol name asks for. */
+static int check_protocol(const char *p, bool *tcp_p, bool *shm_p)
 {
-    if (p == NULL || strcmp(p, "auto") == 0 || strcmp(p, "tcp") == 0)
+    *tcp_p = *shm_p = true;
+    if (p == NULL || strcmp(p, "auto") == 0)
         return KVS_OK;
+    if (strcmp(p, "tcp") == 0) {
+        *shm_p = false;
+        return KVS_OK;
+    }
+    if (strcmp(p, "shm") == 0) {
+        *tcp_p = false;
+        return KVS_OK;
+    }
     if (strcmp(p, "rdma") == 0) {
         /* Mooncake's default: accepted so that its callers work unchanged. */
         kvs_warn("protocol 'rdma' is not available in kvstash; using 'auto'");
         return KVS_OK;
     }
-    return kvs__fail(KVS_INVALID_PARAMS, "protocol '%s' is not one of tcp, auto (or rdma)", p);
+    return kvs__fail(KVS_INVALID_PARAMS, "protocol '%s' is not one of tcp, shm, auto (or rdma)", p);
 }
 
 int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
@@ -62,7 +72,8 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
         cfg->transfer_timeout_ms > DAY_MS)
         return kvs__fail(KVS_INVALID_PARAMS, "timeouts must be 1..%llu ms",
                          (unsigned long long)DAY_MS);
-    int rc = check_protocol(cfg->protocol);
+    bool want_tcp, want_shm;
+    int rc = check_protocol(cfg->protocol, &want_tcp, &want_shm);
     if (rc != KVS_OK)
         return rc;
     kvs_client_t *c = kvs__calloc(1, sizeof(*c));
@@ -83,13 +94,20 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
         rc = kvs__fail(rc, "kvs_client_open: out of memory");
         goto err_free;
     }
+    c->sweep_ms = 1000;
+    if (kvs__env_u64("KVS_SHM_SWEEP_MS", DAY_MS, &c->sweep_ms) != KVS_OK)
+        kvs_warn("KVS_SHM_SWEEP_MS is malformed; using 1000");
     kvs__tcp_config_t tcfg;
-    rc = kvs__tcp_config_init(&tcfg);
-    if (rc == KVS_OK)
+    kvs__shm_config_t mcfg;
+    rc = want_tcp ? kvs__tcp_config_init(&tcfg) : KVS_OK;
+    if (rc == KVS_OK && want_tcp)
         rc = kvs__tcp_transport_create(&tcfg, &c->tcp);
+    if (rc == KVS_OK && want_shm && (rc = kvs__shm_config_init(&mcfg)) == KVS_OK)
+        rc = kvs__shm_transport_create(&mcfg, &c->shm);
     if (rc != KVS_OK) {
-        rc = kvs__fail(rc, "tcp transport setup failed (check KVS_TCP_* variables)");
-        goto err_free;
+        rc = kvs__fail(rc, "transport setup failed (check the KVS_TCP_* and KVS_SHM_* "
+                           "variables)");
+        goto err_tcp;
     }
     kvs__rpc_config_t rcfg = {c->master_host, c->master_port, cfg->local_hostname,
                               cfg->rpc_timeout_ms};
@@ -113,7 +131,10 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
 err_rpc:
     kvs__rpc_close(c->rpc);
 err_tcp:
-    c->tcp->ops->destroy(c->tcp);
+    if (c->tcp != NULL)
+        c->tcp->ops->destroy(c->tcp);
+    if (c->shm != NULL)
+        c->shm->ops->destroy(c->shm);
 err_free:
     kvs__staging_destroy(c->staging);
     kvs__free(c->master_host);
@@ -147,7 +168,10 @@ void kvs_client_close(kvs_client_t *c)
     for (size_t i = 0; i < c->nowners; i++)
         kvs__owner_destroy(c->owners[i]);
     kvs__free(c->owners);
-    c->tcp->ops->destroy(c->tcp);
+    if (c->tcp != NULL)
+        c->tcp->ops->destroy(c->tcp);
+    if (c->shm != NULL)
+        c->shm->ops->destroy(c->shm);
     kvs__rpc_close(c->rpc);
     kvs__staging_destroy(c->staging);
     for (size_t i = 0; i < c->nregs; i++)
@@ -501,6 +525,36 @@ int64_t kvs_client_get_size(kvs_client_t *c, const char *key)
     return result;
 }
 
+void kvs__client_sweep(kvs_client_t *c)
+{
+    if (c->shm == NULL || c->sweep_ms == 0 || kvs__shm_mapped(c->shm) == 0)
+        return;
+    uint64_t now = kvs__now_ns(), last = atomic_load(&c->last_sweep_ns);
+    /* One thread sweeps at a time, at most every sweep_ms. */
+    if (now - last < c->sweep_ms * KVS_NS_PER_MS ||
+        !atomic_compare_exchange_strong(&c->last_sweep_ns, &last, now))
+        return;
+    kvs__wbuf_t req, rsp;
+    kvs__wbuf_init(&req);
+    kvs__wbuf_init(&rsp);
+    kvs__arena_t arena;
+    kvs__arena_init(&arena);
+    kvs__frame_begin(&req, KVS_MSG_STAT, 0);
+    kvs__stat_rsp_t sr;
+    if (kvs__client_call(c, &req, &rsp) == KVS_OK &&
+        kvs__stat_rsp_decode(rsp.data, rsp.len, &arena, &sr) == KVS_OK && sr.status == KVS_OK) {
+        uint64_t *ids = kvs__malloc(KVS_MAX(sr.nseg, 1) * sizeof(*ids));
+        for (uint32_t i = 0; ids != NULL && i < sr.nseg; i++)
+            ids[i] = sr.segs[i].id;
+        if (ids != NULL)
+            kvs__shm_retain(c->shm, ids, sr.nseg);
+        kvs__free(ids);
+    }
+    kvs__arena_free(&arena);
+    kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
+}
+
 kvs__staging_t *kvs__client_staging(kvs_client_t *c)
 {
     return c->staging;
@@ -580,6 +634,8 @@ int kvs_client_get_stats(kvs_client_t *c, kvs_client_stats_t *s)
     LOAD_(exists_calls);
     LOAD_(size_calls);
     LOAD_(rpc_failures);
+    LOAD_(tcp_transfers);
+    LOAD_(shm_transfers);
 #undef LOAD_
     pthread_rwlock_rdlock(&c->reg_lock);
     s->registered_buffers = c->nregs;

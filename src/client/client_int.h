@@ -7,6 +7,7 @@
 
 #include "../owner/owner_int.h"
 #include "../staging/staging_int.h"
+#include "../transport/shm/shm_int.h"
 #include "../transport/transport_int.h"
 
 #include <pthread.h>
@@ -39,6 +40,7 @@ typedef struct {
     atomic_uint_fast64_t get_grouped_calls, get_submissions;
     atomic_uint_fast64_t get_lease_expired, get_timed_out, get_transfer_fail;
     atomic_uint_fast64_t remove_calls, exists_calls, size_calls, rpc_failures;
+    atomic_uint_fast64_t tcp_transfers, shm_transfers;
     kvs__hist_t put_latency, get_latency;
 } kvs__client_stats_t;
 
@@ -48,7 +50,10 @@ struct kvs_client {
     char *node;
     uint64_t transfer_timeout_ms;
     kvs__rpc_t *rpc;
-    kvs_transport_t *tcp;
+    kvs_transport_t *tcp; /* NULL with protocol "shm" */
+    kvs_transport_t *shm; /* NULL with protocol "tcp" */
+    uint64_t sweep_ms;    /* how often mapped segments are checked against the master */
+    atomic_uint_fast64_t last_sweep_ns;
     kvs__staging_t *staging; /* NULL unless MC_STORE_GPU_STAGING is on */
 
     /* Registered buffers, sorted by start, never overlapping. */
@@ -77,6 +82,9 @@ void kvs__client_leave(kvs_client_t *c);
  * Caller holds reg_lock for reading. */
 bool kvs__reg_pin_locked(kvs_client_t *c, const void *ptr, size_t len, kvs__pinset_t *ps,
                          int *domain_p);
+
+/* Unmaps shm segments the master no longer lists, at most every sweep_ms. */
+void kvs__client_sweep(kvs_client_t *c);
 
 /* The client's staging state (NULL when off); for tests. */
 kvs__staging_t *kvs__client_staging(kvs_client_t *c);

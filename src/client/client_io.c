@@ -136,15 +136,72 @@ static const kvs__seg_info_t *seg_find(const kvs__placement_rsp_t *pr, uint64_t 
     return NULL;
 }
 
-static int ep_for(kvs_client_t *c, const kvs__seg_info_t *s, kvs_endpoint_t **ep_p)
+/* The transport and endpoint that reach segment `s`: shm when its owner is on this host and
+ * hands over the segment (protocol shm or auto), else tcp (protocol tcp or auto). */
+static int route_for(kvs_client_t *c, const kvs__seg_info_t *s, kvs_transport_t **t_p,
+                     kvs_endpoint_t **ep_p)
 {
     char name[KVS_MAX_NAME_LEN + 1];
     if (s == NULL || s->endpoint.len == 0 || s->endpoint.len > KVS_MAX_NAME_LEN)
         return KVS_TRANSFER_FAIL;
     memcpy(name, s->endpoint.ptr, s->endpoint.len);
     name[s->endpoint.len] = '\0';
+    if (c->shm != NULL && c->shm->ops->ep_open(c->shm, name, ep_p) == KVS_OK &&
+        kvs__shm_map_segment(c->shm, *ep_p, s->id) == KVS_OK) {
+        *t_p = c->shm;
+        atomic_fetch_add(&c->st.shm_transfers, 1);
+        return KVS_OK;
+    }
+    if (c->tcp == NULL)
+        return KVS_TRANSFER_FAIL; /* protocol shm, and this owner is not reachable by it */
+    *t_p = c->tcp;
     int rc = c->tcp->ops->ep_open(c->tcp, name, ep_p);
-    return rc == KVS_OK ? KVS_OK : KVS_TRANSFER_FAIL;
+    if (rc != KVS_OK)
+        return KVS_TRANSFER_FAIL;
+    atomic_fetch_add(&c->st.tcp_transfers, 1);
+    return KVS_OK;
+}
+
+/* Submits reqs[0..n) (each request's transport in ts[]) as one batch per transport and waits
+ * for them; statuses land in the requests. */
+static void submit_by_transport(kvs_client_t *c, kvs_xfer_req_t *reqs, kvs_transport_t **ts,
+                                uint32_t n, uint64_t deadline)
+{
+    kvs_transport_t *order[2] = {c->tcp, c->shm};
+    kvs_xfer_req_t *tmp = kvs__malloc(KVS_MAX(n, 1) * sizeof(*tmp));
+    uint32_t *back = kvs__malloc(KVS_MAX(n, 1) * sizeof(*back));
+    if (tmp == NULL || back == NULL) {
+        for (uint32_t i = 0; i < n; i++)
+            reqs[i].status = KVS_NO_MEMORY;
+        kvs__free(tmp);
+        kvs__free(back);
+        return;
+    }
+    kvs_batch_t *batch[2] = {NULL, NULL};
+    uint32_t start[3] = {0, 0, 0};
+    for (int k = 0; k < 2; k++) {
+        start[k + 1] = start[k];
+        for (uint32_t i = 0; order[k] != NULL && i < n; i++) {
+            if (ts[i] == order[k]) {
+                back[start[k + 1]] = i;
+                tmp[start[k + 1]++] = reqs[i];
+            }
+        }
+        uint32_t m = start[k + 1] - start[k];
+        if (m > 0 && order[k]->ops->submit(order[k], &tmp[start[k]], m, &batch[k]) != KVS_OK) {
+            batch[k] = NULL;
+            for (uint32_t q = start[k]; q < start[k + 1]; q++)
+                tmp[q].status = KVS_NO_MEMORY;
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        if (batch[k] != NULL)
+            order[k]->ops->wait(order[k], batch[k], deadline);
+    }
+    for (uint32_t q = 0; q < start[2]; q++)
+        reqs[back[q]].status = tmp[q].status;
+    kvs__free(tmp);
+    kvs__free(back);
 }
 
 static uint64_t deadline_after_ms(uint64_t ms)
@@ -200,6 +257,7 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
     int rc = usable_keys(k, &ks, &map, &m);
     kvs__put_item_t *items = m ? kvs__malloc(m * sizeof(*items)) : NULL;
     kvs_xfer_req_t *reqs = NULL;
+    kvs_transport_t **req_t = NULL;
     size_t *req_key = NULL, *done = NULL;
     kvs__wbuf_t req, rsp;
     kvs__wbuf_init(&req);
@@ -234,9 +292,10 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
     for (uint32_t j = 0; j < m; j++)
         nreq += pr.objs[j].status == KVS_OK ? pr.objs[j].nrep : 0;
     reqs = kvs__calloc(KVS_MAX(nreq, 1), sizeof(*reqs));
+    req_t = kvs__malloc(KVS_MAX(nreq, 1) * sizeof(*req_t));
     req_key = kvs__malloc(KVS_MAX(nreq, 1) * sizeof(*req_key));
     done = kvs__malloc(m * sizeof(*done));
-    if (reqs == NULL || req_key == NULL || done == NULL) {
+    if (reqs == NULL || req_t == NULL || req_key == NULL || done == NULL) {
         rc = kvs__fail(KVS_NO_MEMORY, "put: out of memory");
         /* The placements stay pending until the master discards them. */
         goto out;
@@ -251,7 +310,7 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
         }
         for (uint32_t q = 0; q < d->nrep; q++) {
             kvs_endpoint_t *ep = NULL;
-            int erc = ep_for(c, seg_find(&pr, d->reps[q].segment_id), &ep);
+            int erc = route_for(c, seg_find(&pr, d->reps[q].segment_id), &req_t[r], &ep);
             if (erc != KVS_OK) {
                 k->res[i] = erc;
                 continue;
@@ -263,12 +322,9 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
         }
     }
     if (r > 0) {
-        kvs_batch_t *b = NULL;
-        int src = c->tcp->ops->submit(c->tcp, reqs, r, &b);
-        if (src == KVS_OK)
-            c->tcp->ops->wait(c->tcp, b, deadline_after_ms(c->transfer_timeout_ms));
+        submit_by_transport(c, reqs, req_t, r, deadline_after_ms(c->transfer_timeout_ms));
         for (uint32_t q = 0; q < r; q++) {
-            int st = src != KVS_OK ? src : reqs[q].status;
+            int st = reqs[q].status;
             if (st != KVS_OK && k->res[req_key[q]] == 0)
                 k->res[req_key[q]] = st == KVS_TIMED_OUT ? st : KVS_TRANSFER_FAIL;
         }
@@ -291,6 +347,7 @@ out:
     kvs__wbuf_free(&rsp);
     kvs__free(done);
     kvs__free(req_key);
+    kvs__free(req_t);
     kvs__free(reqs);
     kvs__free(items);
     kvs__free(ks);
@@ -317,6 +374,7 @@ static int put_run(kvs_client_t *c, const char *op, size_t n, const char *const 
     if (rc != KVS_OK)
         return rc;
     kvs__client_enter(c);
+    kvs__client_sweep(c);
     rc = put_call(c, &k, rcfg);
     uint64_t bytes = 0, failed = 0;
     if (rc == KVS_OK) {
@@ -414,6 +472,7 @@ int kvs_client_batch_put_from_multi(kvs_client_t *c, size_t n, const char *const
 
 /* One key's read, kept apart from kvs_xfer_req_t so that grouped mode can sort them. */
 typedef struct {
+    kvs_transport_t *t;
     kvs_endpoint_t *ep;
     size_t key;
     uint64_t segment_id, offset, size;
@@ -462,11 +521,11 @@ static int read_staged(kvs_client_t *c, call_t *k, const read_slot_t *slots, uin
         return kvs__fail(KVS_NO_MEMORY, "read: out of memory");
     for (uint32_t s = 0; s < ns; s++) {
         size_t i = slots[s].key;
-        sk[s] = (kvs__staged_key_t){slots[s].ep,   slots[s].segment_id,  slots[s].offset,
-                                    slots[s].size, &k->iov[k->first[i]], k->cnt[i],
-                                    k->domain[i],  lease_until[i],       KVS_OK};
+        sk[s] = (kvs__staged_key_t){
+            slots[s].t,           slots[s].ep, slots[s].segment_id, slots[s].offset, slots[s].size,
+            &k->iov[k->first[i]], k->cnt[i],   k->domain[i],        lease_until[i],  KVS_OK};
     }
-    int rc = kvs__staging_read(c->staging, c->tcp, sk, ns, deadline);
+    int rc = kvs__staging_read(c->staging, sk, ns, deadline);
     if (rc == KVS_OK) {
         for (uint32_t s = 0; s < ns; s++)
             k->res[slots[s].key] = sk[s].status;
@@ -485,6 +544,7 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped)
     kvs_xfer_req_t *reqs = NULL;
     read_slot_t *slots = NULL;
     kvs_batch_t **batches = NULL;
+    kvs_transport_t **batch_t = NULL;
     uint64_t *lease_until = NULL;
     kvs__wbuf_t rsp;
     kvs__wbuf_init(&rsp);
@@ -508,8 +568,10 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped)
     reqs = kvs__calloc(m, sizeof(*reqs));
     slots = kvs__malloc(m * sizeof(*slots));
     batches = kvs__calloc(m, sizeof(*batches));
+    batch_t = kvs__calloc(m, sizeof(*batch_t));
     lease_until = kvs__malloc(k->n * sizeof(*lease_until));
-    if (reqs == NULL || slots == NULL || batches == NULL || lease_until == NULL) {
+    if (reqs == NULL || slots == NULL || batches == NULL || batch_t == NULL ||
+        lease_until == NULL) {
         rc = kvs__fail(KVS_NO_MEMORY, "read: out of memory");
         goto out;
     }
@@ -530,12 +592,13 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped)
         }
         const kvs__seg_info_t *seg = NULL;
         const kvs__replica_t *rep = pick_replica(c, &pr, d, grouped, &seg);
+        kvs_transport_t *t = NULL;
         kvs_endpoint_t *ep = NULL;
         if (rep == NULL) {
             k->res[i] = KVS_OBJECT_NOT_FOUND; /* every replica's owner is gone */
             continue;
         }
-        if (ep_for(c, seg, &ep) != KVS_OK) {
+        if (route_for(c, seg, &t, &ep) != KVS_OK) {
             k->res[i] = KVS_TRANSFER_FAIL;
             continue;
         }
@@ -551,7 +614,7 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped)
         k->cnt[i] = used;
         k->total[i] = d->size;
         lease_until[i] = t_lookup + d->lease_ms * KVS_NS_PER_MS;
-        slots[ns++] = (read_slot_t){ep, i, rep->segment_id, rep->offset, d->size};
+        slots[ns++] = (read_slot_t){t, ep, i, rep->segment_id, rep->offset, d->size};
     }
     uint64_t deadline = deadline_after_ms(c->transfer_timeout_ms);
     if (exact && c->staging != NULL && ns > 0) {
@@ -574,9 +637,10 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped)
         uint32_t e = s + 1;
         while (grouped && e < ns && slots[e].ep == slots[s].ep)
             e++;
-        int src = c->tcp->ops->submit(c->tcp, &reqs[s], e - s, &batches[nb]);
+        kvs_transport_t *t = slots[s].t;
+        int src = t->ops->submit(t, &reqs[s], e - s, &batches[nb]);
         if (src == KVS_OK) {
-            nb++;
+            batch_t[nb++] = t;
         } else {
             for (uint32_t q = s; q < e; q++)
                 reqs[q].status = src;
@@ -585,7 +649,7 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped)
     }
     atomic_fetch_add(&c->st.get_submissions, nb);
     for (uint32_t b = 0; b < nb; b++)
-        c->tcp->ops->wait(c->tcp, batches[b], deadline);
+        batch_t[b]->ops->wait(batch_t[b], batches[b], deadline);
     uint64_t now = kvs__now_ns();
     for (uint32_t s = 0; s < ns; s++) {
         size_t i = slots[s].key;
@@ -601,6 +665,7 @@ out:
     kvs__wbuf_free(&rsp);
     kvs__free(lease_until);
     kvs__free(batches);
+    kvs__free(batch_t);
     kvs__free(slots);
     kvs__free(reqs);
     kvs__free(ks);
@@ -621,6 +686,7 @@ static int get_run(kvs_client_t *c, const char *op, size_t n, const char *const 
     if (rc != KVS_OK)
         return rc;
     kvs__client_enter(c);
+    kvs__client_sweep(c);
     rc = get_call(c, &k, exact, grouped);
     uint64_t bytes = 0, failed = 0, expired = 0, timed_out = 0, xfer = 0;
     if (rc == KVS_OK) {

@@ -3,6 +3,7 @@
  * byte moves; a peer that breaks the protocol loses its own connection only. */
 #define _GNU_SOURCE
 #include "owner_int.h"
+#include "../transport/shm/shm_int.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -12,12 +13,15 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 typedef struct {
     uint64_t id;
     char *base;
     uint64_t size;
+    int fd; /* the segment's memfd for same-host readers, or -1 */
 } served_t;
 
 typedef struct dconn {
@@ -34,6 +38,10 @@ struct kvs__data_server {
     uint16_t port;
     pthread_t accept_thread;
     bool accept_started;
+    int unix_fd; /* the shm socket, or -1 */
+    char unix_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    pthread_t unix_thread;
+    bool unix_started;
     atomic_bool stopping;
     pthread_rwlock_t seg_lock; /* readers: requests in progress; writer: add/remove */
     served_t *segs;
@@ -306,6 +314,121 @@ static void *accept_thread(void *arg)
     return NULL;
 }
 
+/* ---- same-host descriptor passing (the shm transport's owner side) -------------------------- */
+
+/* Answers one handshake: the descriptor of the segment asked for, if served. */
+static void shm_answer(kvs__data_server_t *s, int c)
+{
+    struct timeval tv = {.tv_sec = 1};
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    struct ucred cred;
+    socklen_t cl = sizeof(cred);
+    uint8_t req[12];
+    if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
+        (cred.uid != geteuid() && cred.uid != 0) ||
+        recv(c, req, sizeof(req), MSG_WAITALL) != (ssize_t)sizeof(req))
+        return;
+    kvs__rbuf_t r;
+    kvs__rbuf_init(&r, req, sizeof(req));
+    if (kvs__rbuf_u32(&r) != KVS_SHM_MAGIC)
+        return;
+    uint64_t id = kvs__rbuf_u64(&r);
+    pthread_rwlock_rdlock(&s->seg_lock);
+    int32_t status = KVS_SEGMENT_NOT_FOUND;
+    uint64_t size = 0;
+    int fd = -1;
+    for (uint32_t i = 0; i < s->nseg; i++) {
+        if (s->segs[i].id == id) {
+            fd = s->segs[i].fd;
+            size = s->segs[i].size;
+            status = fd >= 0 ? KVS_OK : KVS_UNSUPPORTED;
+        }
+    }
+    uint8_t rsp[12];
+    kvs__wbuf_t w = {.data = rsp, .cap = sizeof(rsp)};
+    kvs__wbuf_put_i32(&w, status);
+    kvs__wbuf_put_u64(&w, size);
+    struct iovec v = {rsp, sizeof(rsp)};
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    memset(cbuf, 0, sizeof(cbuf));
+    struct msghdr mh = {.msg_iov = &v, .msg_iovlen = 1};
+    if (status == KVS_OK) {
+        mh.msg_control = cbuf;
+        mh.msg_controllen = sizeof(cbuf);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+    }
+    /* Sent while the segment cannot be removed, so the descriptor is still the segment's. */
+    ssize_t sent = sendmsg(c, &mh, MSG_NOSIGNAL);
+    KVS_UNUSED(sent);
+    pthread_rwlock_unlock(&s->seg_lock);
+}
+
+static void *unix_thread(void *arg)
+{
+    kvs__data_server_t *s = arg;
+    while (!atomic_load(&s->stopping)) {
+        int c = accept4(s->unix_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (c < 0) {
+            if (atomic_load(&s->stopping))
+                break;
+            if (errno != EINTR && errno != ECONNABORTED)
+                usleep(10000);
+            continue;
+        }
+        shm_answer(s, c);
+        close(c);
+    }
+    return NULL;
+}
+
+/* Listens on "<shm dir>/data-<port>.sock" (mode 0600). Same-host readers are an optimisation:
+ * any failure here only means they use tcp. */
+static void shm_listen(kvs__data_server_t *s)
+{
+    const char *dir = s->cfg.shm_dir ? s->cfg.shm_dir : kvs__shm_dir();
+    if (*dir == '\0' ||
+        kvs__shm_socket_path(dir, s->port, s->unix_path, sizeof(s->unix_path)) != KVS_OK) {
+        s->unix_path[0] = '\0';
+        return;
+    }
+    /* The directory is this user's alone: nobody else can reach (or replace) the socket. */
+    struct stat st;
+    if ((mkdir(dir, 0700) != 0 && errno != EEXIST) || stat(dir, &st) != 0 || !S_ISDIR(st.st_mode) ||
+        st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+        kvs_warn("shm: %s is not a directory of this user with mode 0700; same-host readers "
+                 "use tcp (set KVS_SHM_DIR)",
+                 dir);
+        s->unix_path[0] = '\0';
+        return;
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    memcpy(addr.sun_path, s->unix_path, strlen(s->unix_path) + 1);
+    /* A socket left by an owner that died on this port: no one can be listening on it now,
+     * since this process holds the port. */
+    unlink(s->unix_path);
+    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&addr, sizeof(addr)) == 0;
+    if (ok)
+        ok = chmod(s->unix_path, 0600) == 0 && listen(fd, 64) == 0;
+    s->unix_fd = fd; /* before the thread that uses it starts */
+    if (!ok || pthread_create(&s->unix_thread, NULL, unix_thread, s) != 0) {
+        s->unix_fd = -1;
+        kvs_warn("shm: cannot listen on %s (%s); same-host readers use tcp", s->unix_path,
+                 strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        unlink(s->unix_path);
+        s->unix_path[0] = '\0';
+        return;
+    }
+    s->unix_started = true;
+}
+
 int kvs__data_server_create(const kvs__data_server_config_t *cfg, kvs__data_server_t **srv_p)
 {
     if (cfg == NULL || srv_p == NULL || cfg->max_conns == 0 || cfg->io_timeout_ms == 0)
@@ -314,6 +437,7 @@ int kvs__data_server_create(const kvs__data_server_config_t *cfg, kvs__data_serv
     if (s == NULL)
         return KVS_NO_MEMORY;
     s->cfg = *cfg;
+    s->unix_fd = -1;
     pthread_rwlock_init(&s->seg_lock, NULL);
     pthread_mutex_init(&s->conn_lock, NULL);
     s->listen_fd = kvs__tcp_listen(cfg->bind_host ? cfg->bind_host : "127.0.0.1", cfg->port, 512);
@@ -329,6 +453,7 @@ int kvs__data_server_create(const kvs__data_server_config_t *cfg, kvs__data_serv
         return KVS_INTERNAL_ERROR;
     }
     s->accept_started = true;
+    shm_listen(s);
     *srv_p = s;
     return KVS_OK;
 }
@@ -343,7 +468,8 @@ uint64_t kvs__data_server_refused(const kvs__data_server_t *s)
     return atomic_load(&s->refused);
 }
 
-int kvs__data_server_add(kvs__data_server_t *s, uint64_t segment_id, void *base, uint64_t size)
+int kvs__data_server_add(kvs__data_server_t *s, uint64_t segment_id, void *base, uint64_t size,
+                         int fd)
 {
     if (s == NULL || base == NULL || size == 0)
         return KVS_INVALID_PARAMS;
@@ -358,7 +484,7 @@ int kvs__data_server_add(kvs__data_server_t *s, uint64_t segment_id, void *base,
         rc = KVS_NO_MEMORY;
     if (rc == KVS_OK) {
         s->segs = segs;
-        s->segs[s->nseg++] = (served_t){segment_id, base, size};
+        s->segs[s->nseg++] = (served_t){segment_id, base, size, fd};
     }
     pthread_rwlock_unlock(&s->seg_lock);
     return rc;
@@ -392,6 +518,12 @@ void kvs__data_server_destroy(kvs__data_server_t *s)
         pthread_join(s->accept_thread, NULL);
     if (s->listen_fd >= 0)
         close(s->listen_fd);
+    if (s->unix_started) {
+        shutdown(s->unix_fd, SHUT_RDWR);
+        pthread_join(s->unix_thread, NULL);
+        close(s->unix_fd);
+        unlink(s->unix_path);
+    }
     pthread_mutex_lock(&s->conn_lock);
     for (dconn_t *c = s->conns; c != NULL; c = c->next)
         shutdown(c->fd, SHUT_RDWR);

@@ -50,7 +50,7 @@ static int owner_mount(kvs__owner_t *o)
         /* A fresh mount starts empty at the master; serve it under its new id. */
         if (o->segment_id != 0)
             kvs__data_server_remove(o->data, o->segment_id);
-        rc = kvs__data_server_add(o->data, mr.segment_id, o->mem.base, o->mem.size);
+        rc = kvs__data_server_add(o->data, mr.segment_id, o->mem.base, o->mem.size, o->mem.fd);
         if (rc == KVS_OK)
             o->segment_id = mr.segment_id;
     }

@@ -26,6 +26,8 @@ typedef struct {
     uint32_t max_conns;       /* default 1024 */
     uint64_t io_timeout_ms;   /* a frame once begun must complete within this (default 5000) */
     uint64_t inject_delay_us; /* tests: stall this long before answering each data request */
+    const char *shm_dir;      /* where the same-host socket goes (NULL: KVS_SHM_DIR or the
+                               * default; "": none) */
 } kvs__data_server_config_t;
 
 void kvs__data_server_config_init(kvs__data_server_config_t *cfg);
@@ -35,8 +37,10 @@ typedef struct kvs__data_server kvs__data_server_t;
 /* Listens and starts the accept thread; one thread serves each connection. */
 int kvs__data_server_create(const kvs__data_server_config_t *cfg, kvs__data_server_t **srv_p);
 uint16_t kvs__data_server_port(const kvs__data_server_t *srv);
-/* Serves [base, base + size) as segment `segment_id`. Every request is checked against it. */
-int kvs__data_server_add(kvs__data_server_t *srv, uint64_t segment_id, void *base, uint64_t size);
+/* Serves [base, base + size) as segment `segment_id`. Every request is checked against it. `fd`
+ * (the segment's sealed memfd, borrowed) is handed to same-host readers; -1: tcp only. */
+int kvs__data_server_add(kvs__data_server_t *srv, uint64_t segment_id, void *base, uint64_t size,
+                         int fd);
 /* Stops serving a segment; waits for requests that are using it. */
 int kvs__data_server_remove(kvs__data_server_t *srv, uint64_t segment_id);
 /* Requests served and refused so far. */

@@ -28,8 +28,7 @@ typedef struct {
 
 static int rc_init(replicate_config_t *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = {"replica_num", "preferred_segment", "prefer_alloc_in_same_node",
-                            NULL};
+    static char *names[] = {"replica_num", "preferred_segment", "prefer_alloc_in_same_node", NULL};
     int replica = 1, same = 0;
     PyObject *pref = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|iUp", names, &replica, &pref, &same))
@@ -249,9 +248,9 @@ static PyObject *store_setup(store_t *self, PyObject *args, PyObject *kw)
         if (v != NULL && parse_size_obj(v, "local_buffer_size", &local_size) != 0)
             return NULL;
     } else {
-        static char *names[] = {"local_hostname",    "metadata_server", "global_segment_size",
-                                "local_buffer_size", "protocol",        "rdma_devices",
-                                "master_server_addr", NULL};
+        static char *names[] = {
+            "local_hostname", "metadata_server", "global_segment_size", "local_buffer_size",
+            "protocol",       "rdma_devices",    "master_server_addr",  NULL};
         const char *meta = NULL, *devices = NULL;
         PyObject *seg_o = NULL, *local_o = NULL;
         if (!PyArg_ParseTupleAndKeywords(args, kw, "zz|OOzzz", names, &host, &meta, &seg_o,
@@ -569,8 +568,7 @@ static PyObject *batch_multi(store_t *self, PyObject *keys_o, PyObject *ptrs_o, 
                         "all_buffer_ptrs and all_sizes must be lists of lists of int");
         goto done;
     }
-    if (n == 0 || PySequence_Fast_GET_SIZE(ptrs_o) != n ||
-        PySequence_Fast_GET_SIZE(sizes_o) != n) {
+    if (n == 0 || PySequence_Fast_GET_SIZE(ptrs_o) != n || PySequence_Fast_GET_SIZE(sizes_o) != n) {
         out = same_code_list(n, KVS_INVALID_PARAMS);
         goto done;
     }
@@ -604,8 +602,8 @@ static PyObject *batch_multi(store_t *self, PyObject *keys_o, PyObject *ptrs_o, 
         nbufs[i] = b > 0 ? 0 : (size_t)m;
         mismatch |= b > 0;
         for (Py_ssize_t j = 0; j < m && b == 0; j++)
-            frags[f + (size_t)j] = (kvs_buf_t){(void *)(uintptr_t)tmp_p[f + (size_t)j],
-                                               (size_t)tmp_s[f + (size_t)j]};
+            frags[f + (size_t)j] =
+                (kvs_buf_t){(void *)(uintptr_t)tmp_p[f + (size_t)j], (size_t)tmp_s[f + (size_t)j]};
         bufs[i] = &frags[f];
         f += (size_t)m;
     }
@@ -618,8 +616,8 @@ static PyObject *batch_multi(store_t *self, PyObject *keys_o, PyObject *ptrs_o, 
     int r;
     Py_BEGIN_ALLOW_THREADS if (put) r =
         kvs_client_batch_put_from_multi(c, (size_t)n, keys, bufs, nbufs, &rc, ires);
-    else r = kvs_client_batch_get_into_multi_buffers(c, (size_t)n, keys, bufs, nbufs, same_node,
-                                                     res);
+    else r =
+        kvs_client_batch_get_into_multi_buffers(c, (size_t)n, keys, bufs, nbufs, same_node, res);
     Py_END_ALLOW_THREADS store_leave(self);
     if (r != KVS_OK) {
         out = same_code_list(n, r);
@@ -825,6 +823,8 @@ static PyObject *store_get_stats(store_t *self, PyObject *unused)
     STAT_(exists_calls)
     STAT_(size_calls)
     STAT_(rpc_failures)
+    STAT_(tcp_transfers)
+    STAT_(shm_transfers)
     STAT_(registered_buffers)
     STAT_(registered_bytes)
     STAT_(staged_reads)
@@ -838,7 +838,8 @@ static PyObject *store_get_stats(store_t *self, PyObject *unused)
     STAT_(fallback_other_gpu)
     STAT_(fallback_alloc_failed)
 #undef STAT_
-    if (add_u64(d, "get_latency_p50_us", (uint64_t)kvs_histogram_quantile_us(&s.get_latency, 0.5)) ||
+    if (add_u64(d, "get_latency_p50_us",
+                (uint64_t)kvs_histogram_quantile_us(&s.get_latency, 0.5)) ||
         add_u64(d, "get_latency_p99_us",
                 (uint64_t)kvs_histogram_quantile_us(&s.get_latency, 0.99)) ||
         add_u64(d, "put_latency_p50_us", (uint64_t)kvs_histogram_quantile_us(&s.put_latency, 0.5)))

@@ -227,8 +227,8 @@ static int fall_back(kvs__staging_t *st, kvs__fallback_t why)
 /* ---- fills ----------------------------------------------------------------------------------- */
 
 /* Receives keys [a, b) at offsets off[] and scatters the ones that arrived in time. */
-static void run_fill(kvs__staging_t *st, kvs_transport_t *t, kvs__staged_key_t *keys, uint32_t a,
-                     uint32_t b, const uint64_t *off, uint64_t deadline_ns, kvs_xfer_req_t *reqs,
+static void run_fill(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t a, uint32_t b,
+                     const uint64_t *off, uint64_t deadline_ns, kvs_xfer_req_t *reqs,
                      struct iovec *bufv, kvs__scatter_frag_t *frags)
 {
     char *buf = st->buf;
@@ -249,11 +249,35 @@ static void run_fill(kvs__staging_t *st, kvs_transport_t *t, kvs__staged_key_t *
             keys[i].status = KVS_TIMED_OUT;
         return;
     }
-    /* One submission per fill; the wait drains it (cancels at the deadline) before returning. */
-    kvs_batch_t *batch = NULL;
-    int src = t->ops->submit(t, reqs, nr, &batch);
-    if (src == KVS_OK)
-        t->ops->wait(t, batch, deadline_ns);
+    /* One submission per fill and transport (keys may be read over tcp and shm), both in
+     * flight together; each wait drains its batch (cancels at the deadline) before returning. */
+    kvs_transport_t *ts[2] = {keys[a].t, NULL};
+    for (uint32_t i = a; i < b && ts[1] == NULL; i++)
+        if (keys[i].t != ts[0])
+            ts[1] = keys[i].t;
+    kvs_batch_t *batch[2] = {NULL, NULL};
+    kvs_xfer_req_t *sub[2] = {NULL, NULL};
+    int src = KVS_OK;
+    for (int k = 0; k < 2 && ts[k] != NULL && src == KVS_OK; k++) {
+        sub[k] = kvs__malloc(nr * sizeof(*sub[k]));
+        uint32_t m = 0;
+        for (uint32_t i = a; sub[k] != NULL && i < b; i++)
+            if (keys[i].t == ts[k])
+                sub[k][m++] = reqs[i - a];
+        if (sub[k] == NULL || ts[k]->ops->submit(ts[k], sub[k], m, &batch[k]) != KVS_OK) {
+            batch[k] = NULL;
+            src = KVS_NO_MEMORY;
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        if (batch[k] != NULL)
+            ts[k]->ops->wait(ts[k], batch[k], deadline_ns);
+        uint32_t m = 0;
+        for (uint32_t i = a; sub[k] != NULL && i < b; i++)
+            if (keys[i].t == ts[k])
+                reqs[i - a].status = batch[k] != NULL ? sub[k][m++].status : KVS_NO_MEMORY;
+        kvs__free(sub[k]);
+    }
     atomic_fetch_add(&st->st.fills, 1);
     uint64_t now = kvs__now_ns();
     uint32_t nf = 0, scatter_keys = 0;
@@ -294,8 +318,7 @@ static void run_fill(kvs__staging_t *st, kvs_transport_t *t, kvs__staged_key_t *
     }
 }
 
-int kvs__staging_read(kvs__staging_t *st, kvs_transport_t *t, kvs__staged_key_t *keys, uint32_t n,
-                      uint64_t deadline_ns)
+int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n, uint64_t deadline_ns)
 {
     if (st == NULL || n == 0)
         return KVS_UNSUPPORTED;
@@ -356,7 +379,7 @@ int kvs__staging_read(kvs__staging_t *st, kvs_transport_t *t, kvs__staged_key_t 
     atomic_fetch_add(&st->st.staged_keys, n);
     kvs_debug("staging: %u key(s) in %u fill(s)", n, nfills);
     for (uint32_t f = 0, a = 0; f < nfills; a = fill_end[f++])
-        run_fill(st, t, keys, a, fill_end[f], off, deadline_ns, reqs, bufv, frags);
+        run_fill(st, keys, a, fill_end[f], off, deadline_ns, reqs, bufv, frags);
     ret = KVS_OK;
 free_plan:
     kvs__free(frags);

@@ -67,6 +67,7 @@ extern const kvs__staging_backend_t kvs__staging_backend_none;
 
 /* One key of a staged read, in call order: where to read it and where it goes. */
 typedef struct {
+    kvs_transport_t *t; /* how this key is read (tcp or shm) */
     kvs_endpoint_t *ep;
     uint64_t segment_id, offset, size;
     const struct iovec *iov; /* destination fragments, adding up to size */
@@ -83,9 +84,10 @@ int kvs__staging_create(const kvs__staging_config_t *cfg, kvs__staging_t **st_p)
 /* Frees the buffer. The caller has waited for every read. NULL is a no-op. */
 void kvs__staging_destroy(kvs__staging_t *st);
 
-/* Runs keys[0..n) through the staged path: KVS_OK when it did (each key's status set), else
- * KVS_UNSUPPORTED with nothing submitted (the call falls back; the reason is counted). */
-int kvs__staging_read(kvs__staging_t *st, kvs_transport_t *t, kvs__staged_key_t *keys, uint32_t n,
+/* Runs keys[0..n) through the staged path (one submission per fill and transport): KVS_OK
+ * when it did (each key's status set), else KVS_UNSUPPORTED with nothing submitted (the call
+ * falls back; the reason is counted). */
+int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n,
                       uint64_t deadline_ns);
 
 const kvs__staging_stats_t *kvs__staging_stats(const kvs__staging_t *st);

@@ -1,0 +1,444 @@
+/* shm transport (see shm_int.h). Transfers are memcpy between the caller's fragments and a
+ * mapping of the owner's segment, done by the waiting thread, so nothing runs once the wait
+ * has returned. Every request is checked against the size of the descriptor actually received
+ * (sealed against shrinking by the owner), so no request reaches outside the segment. */
+#define _GNU_SOURCE
+#include "shm_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+/* A refused segment is asked for again after this long (the owner may come up). */
+#define NEGATIVE_TTL_NS (1000ull * KVS_NS_PER_MS)
+
+typedef struct shm_seg {
+    struct shm_seg *next;
+    kvs_endpoint_t *ep;
+    uint64_t id;
+    int status; /* OK: mapped; else the cached refusal */
+    uint64_t refused_ns;
+    int fd;
+    char *ro, *rw; /* read-only mapping; writable one made on the first write */
+    uint64_t size;
+    uint32_t inflight;
+    bool dead;
+} shm_seg_t;
+
+struct kvs_endpoint {
+    struct kvs_endpoint *next;
+    char *name;
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+};
+
+struct kvs_batch {
+    kvs_xfer_req_t *reqs;
+    uint32_t n;
+    shm_seg_t **segs;
+};
+
+typedef struct {
+    kvs_transport_t base;
+    kvs__shm_config_t cfg;
+    char *dir;
+    pthread_mutex_t lock;
+    kvs_endpoint_t *eps;
+    shm_seg_t *segs;
+} shm_transport_t;
+
+const char *kvs__shm_dir(void)
+{
+    const char *d = getenv("KVS_SHM_DIR");
+    return d && *d ? d : KVS_SHM_DEFAULT_DIR;
+}
+
+int kvs__shm_socket_path(const char *dir, uint16_t port, char *out, size_t len)
+{
+    int n = snprintf(out, len, "%s/data-%u.sock", dir, (unsigned)port);
+    return n > 0 && (size_t)n < len ? KVS_OK : KVS_INVALID_PARAMS;
+}
+
+int kvs__shm_config_init(kvs__shm_config_t *cfg)
+{
+    if (cfg == NULL)
+        return KVS_INVALID_PARAMS;
+    *cfg = (kvs__shm_config_t){.dir = kvs__shm_dir(), .io_timeout_ms = 2000};
+    return KVS_OK;
+}
+
+/* ---- endpoints and segments ------------------------------------------------------------------ */
+
+static int shm_ep_open(kvs_transport_t *base, const char *endpoint, kvs_endpoint_t **ep_p)
+{
+    shm_transport_t *t = (shm_transport_t *)base;
+    if (t == NULL || endpoint == NULL || ep_p == NULL)
+        return KVS_INVALID_PARAMS;
+    pthread_mutex_lock(&t->lock);
+    int rc = KVS_OK;
+    kvs_endpoint_t *ep = t->eps;
+    while (ep != NULL && strcmp(ep->name, endpoint) != 0)
+        ep = ep->next;
+    if (ep == NULL) {
+        char *host = NULL;
+        uint16_t port = 0;
+        rc = kvs__parse_host_port(endpoint, "127.0.0.1", &host, &port);
+        kvs__free(host);
+        ep = rc == KVS_OK && port != 0 ? kvs__calloc(1, sizeof(*ep)) : NULL;
+        if (ep == NULL)
+            rc = rc == KVS_OK && port != 0 ? KVS_NO_MEMORY : KVS_INVALID_PARAMS;
+        else if ((ep->name = kvs__strdup(endpoint)) == NULL ||
+                 kvs__shm_socket_path(t->dir, port, ep->path, sizeof(ep->path)) != KVS_OK) {
+            rc = ep->name ? KVS_INVALID_PARAMS : KVS_NO_MEMORY;
+            kvs__free(ep->name);
+            kvs__free(ep);
+            ep = NULL;
+        } else {
+            ep->next = t->eps;
+            t->eps = ep;
+        }
+    }
+    pthread_mutex_unlock(&t->lock);
+    if (rc != KVS_OK)
+        return rc;
+    /* Reachable only if a socket is there (the handshake proves the rest). */
+    struct stat st;
+    if (stat(ep->path, &st) != 0 || !S_ISSOCK(st.st_mode))
+        return KVS_UNSUPPORTED;
+    *ep_p = ep;
+    return KVS_OK;
+}
+
+/* Asks the owner behind ep->path for segment `id`: its size and descriptor. */
+static int handshake(const shm_transport_t *t, const kvs_endpoint_t *ep, uint64_t id, int *fd_p,
+                     uint64_t *size_p)
+{
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return KVS_UNSUPPORTED;
+    struct timeval tv = {.tv_sec = (time_t)(t->cfg.io_timeout_ms / 1000),
+                         .tv_usec = (suseconds_t)(t->cfg.io_timeout_ms % 1000) * 1000};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    memcpy(addr.sun_path, ep->path, strlen(ep->path) + 1);
+    int rc = KVS_UNSUPPORTED;
+    int fd = -1;
+    if (connect(s, (struct sockaddr *)&addr, sizeof(addr)) != 0)
+        goto out;
+    /* Only an owner running as this user (or root) is trusted with our reads. */
+    struct ucred cred;
+    socklen_t cl = sizeof(cred);
+    if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
+        (cred.uid != geteuid() && cred.uid != 0)) {
+        kvs_warn("shm: %s belongs to another user; not used", ep->path);
+        goto out;
+    }
+    uint8_t req[12];
+    kvs__wbuf_t w = {.data = req, .cap = sizeof(req)};
+    kvs__wbuf_put_u32(&w, KVS_SHM_MAGIC);
+    kvs__wbuf_put_u64(&w, id);
+    if (send(s, req, sizeof(req), MSG_NOSIGNAL) != (ssize_t)sizeof(req))
+        goto out;
+    uint8_t rsp[12];
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    struct iovec v = {rsp, sizeof(rsp)};
+    struct msghdr mh = {
+        .msg_iov = &v, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
+    ssize_t got = recvmsg(s, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm != NULL; cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+            cm->cmsg_len == CMSG_LEN(sizeof(int)) && fd < 0)
+            memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+    }
+    if (got != (ssize_t)sizeof(rsp) || (mh.msg_flags & MSG_CTRUNC))
+        goto out;
+    kvs__rbuf_t r;
+    kvs__rbuf_init(&r, rsp, sizeof(rsp));
+    int32_t status = kvs__rbuf_i32(&r);
+    uint64_t size = kvs__rbuf_u64(&r);
+    if (status != KVS_OK) {
+        rc = status == KVS_SEGMENT_NOT_FOUND ? status : KVS_UNSUPPORTED;
+        goto out;
+    }
+    /* The descriptor must be what was announced and sealed against shrinking. */
+    struct stat st;
+    int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
+    if (fd < 0 || fstat(fd, &st) != 0 || (uint64_t)st.st_size != size || size == 0 || seals < 0 ||
+        !(seals & F_SEAL_SHRINK)) {
+        kvs_warn("shm: %s sent no usable descriptor for segment %llu", ep->path,
+                 (unsigned long long)id);
+        goto out;
+    }
+    *fd_p = fd;
+    *size_p = size;
+    fd = -1;
+    rc = KVS_OK;
+out:
+    if (fd >= 0)
+        close(fd);
+    close(s);
+    return rc;
+}
+
+static void seg_unmap(shm_seg_t *g)
+{
+    if (g->ro != NULL)
+        munmap(g->ro, g->size);
+    if (g->rw != NULL)
+        munmap(g->rw, g->size);
+    if (g->fd >= 0)
+        close(g->fd);
+    kvs__free(g);
+}
+
+/* The entry for (ep, id), mapping it if needed. Caller holds the lock. */
+static shm_seg_t *seg_get_locked(shm_transport_t *t, kvs_endpoint_t *ep, uint64_t id)
+{
+    uint64_t now = kvs__now_ns();
+    for (shm_seg_t **pp = &t->segs; *pp != NULL; pp = &(*pp)->next) {
+        shm_seg_t *g = *pp;
+        if (g->ep != ep || g->id != id || g->dead)
+            continue;
+        if (g->status == KVS_OK || now - g->refused_ns < NEGATIVE_TTL_NS)
+            return g;
+        *pp = g->next; /* a stale refusal: ask again */
+        seg_unmap(g);
+        break;
+    }
+    shm_seg_t *g = kvs__calloc(1, sizeof(*g));
+    if (g == NULL)
+        return NULL;
+    g->ep = ep;
+    g->id = id;
+    g->fd = -1;
+    g->status = handshake(t, ep, id, &g->fd, &g->size);
+    if (g->status == KVS_OK) {
+        void *p = mmap(NULL, g->size, PROT_READ, MAP_SHARED, g->fd, 0);
+        if (p == MAP_FAILED) {
+            kvs_warn("shm: cannot map segment %llu (%s)", (unsigned long long)id, strerror(errno));
+            g->status = KVS_UNSUPPORTED;
+        } else {
+            g->ro = p;
+            kvs_debug("shm: segment %llu of %s mapped (%llu bytes)", (unsigned long long)id,
+                      ep->name, (unsigned long long)g->size);
+        }
+    }
+    if (g->status != KVS_OK)
+        g->refused_ns = now;
+    g->next = t->segs;
+    t->segs = g;
+    return g;
+}
+
+int kvs__shm_map_segment(kvs_transport_t *base, kvs_endpoint_t *ep, uint64_t segment_id)
+{
+    shm_transport_t *t = (shm_transport_t *)base;
+    if (t == NULL || ep == NULL)
+        return KVS_INVALID_PARAMS;
+    pthread_mutex_lock(&t->lock);
+    shm_seg_t *g = seg_get_locked(t, ep, segment_id);
+    int rc = g ? g->status : KVS_NO_MEMORY;
+    pthread_mutex_unlock(&t->lock);
+    return rc;
+}
+
+/* Frees dead, idle entries. Caller holds the lock. */
+static void reap_locked(shm_transport_t *t)
+{
+    for (shm_seg_t **pp = &t->segs; *pp != NULL;) {
+        shm_seg_t *g = *pp;
+        if (g->dead && g->inflight == 0) {
+            *pp = g->next;
+            seg_unmap(g);
+        } else {
+            pp = &g->next;
+        }
+    }
+}
+
+void kvs__shm_retain(kvs_transport_t *base, const uint64_t *ids, size_t n)
+{
+    shm_transport_t *t = (shm_transport_t *)base;
+    pthread_mutex_lock(&t->lock);
+    for (shm_seg_t *g = t->segs; g != NULL; g = g->next) {
+        bool live = false;
+        for (size_t i = 0; i < n && !live; i++)
+            live = ids[i] == g->id;
+        if (!live && !g->dead) {
+            g->dead = true;
+            kvs_debug("shm: segment %llu is gone at the master; unmapped",
+                      (unsigned long long)g->id);
+        }
+    }
+    reap_locked(t);
+    pthread_mutex_unlock(&t->lock);
+}
+
+size_t kvs__shm_mapped(kvs_transport_t *base)
+{
+    shm_transport_t *t = (shm_transport_t *)base;
+    size_t n = 0;
+    pthread_mutex_lock(&t->lock);
+    for (shm_seg_t *g = t->segs; g != NULL; g = g->next)
+        n += g->status == KVS_OK && !g->dead;
+    pthread_mutex_unlock(&t->lock);
+    return n;
+}
+
+/* ---- transfers ------------------------------------------------------------------------------- */
+
+static int shm_mem_reg(kvs_transport_t *t, void *addr, size_t len)
+{
+    return t && addr && len ? KVS_OK : KVS_INVALID_PARAMS;
+}
+
+static int shm_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n,
+                      kvs_batch_t **batch_p)
+{
+    shm_transport_t *t = (shm_transport_t *)base;
+    if (t == NULL || (reqs == NULL && n > 0) || batch_p == NULL)
+        return KVS_INVALID_PARAMS;
+    kvs_batch_t *b = kvs__calloc(1, sizeof(*b));
+    shm_seg_t **segs = kvs__calloc(KVS_MAX(n, 1), sizeof(*segs));
+    if (b == NULL || segs == NULL) {
+        kvs__free(b);
+        kvs__free(segs);
+        return KVS_NO_MEMORY;
+    }
+    b->reqs = reqs;
+    b->n = n;
+    b->segs = segs;
+    pthread_mutex_lock(&t->lock);
+    for (uint32_t i = 0; i < n; i++) {
+        kvs_xfer_req_t *r = &reqs[i];
+        bool ok =
+            r->ep != NULL && r->length > 0 && (r->op == KVS_XFER_READ || r->op == KVS_XFER_WRITE) &&
+            (r->iov != NULL || r->iovcnt == 0) && kvs__iov_total(r->iov, r->iovcnt) == r->length &&
+            r->offset <= UINT64_MAX - r->length;
+        if (ok) {
+            bool ours = false;
+            for (kvs_endpoint_t *e = t->eps; e != NULL && !ours; e = e->next)
+                ours = e == r->ep;
+            ok = ours;
+        }
+        r->status = ok ? KVS_OK : KVS_INVALID_PARAMS;
+        if (!ok)
+            continue;
+        shm_seg_t *g = seg_get_locked(t, r->ep, r->segment_id);
+        if (g == NULL) {
+            r->status = KVS_NO_MEMORY;
+        } else if (g->status != KVS_OK) {
+            r->status = g->status == KVS_SEGMENT_NOT_FOUND ? g->status : KVS_TRANSFER_FAIL;
+        } else if (r->offset + r->length > g->size) {
+            r->status = KVS_INVALID_PARAMS; /* outside the segment */
+        } else if (r->op == KVS_XFER_WRITE && g->rw == NULL) {
+            void *p = mmap(NULL, g->size, PROT_READ | PROT_WRITE, MAP_SHARED, g->fd, 0);
+            if (p == MAP_FAILED)
+                r->status = KVS_TRANSFER_FAIL;
+            else
+                g->rw = p;
+        }
+        if (r->status == KVS_OK) {
+            g->inflight++;
+            segs[i] = g;
+        }
+    }
+    pthread_mutex_unlock(&t->lock);
+    *batch_p = b;
+    return KVS_OK;
+}
+
+static int shm_wait(kvs_transport_t *base, kvs_batch_t *b, uint64_t deadline_ns)
+{
+    shm_transport_t *t = (shm_transport_t *)base;
+    if (t == NULL || b == NULL)
+        return KVS_INVALID_PARAMS;
+    int rc = KVS_OK;
+    for (uint32_t i = 0; i < b->n; i++) {
+        kvs_xfer_req_t *r = &b->reqs[i];
+        shm_seg_t *g = b->segs[i];
+        if (g != NULL && kvs__now_ns() >= deadline_ns) {
+            r->status = KVS_TIMED_OUT;
+        } else if (g != NULL) {
+            bool rd = r->op == KVS_XFER_READ;
+            char *seg = (rd ? g->ro : g->rw) + r->offset;
+            for (uint32_t j = 0; j < r->iovcnt; j++) {
+                size_t l = r->iov[j].iov_len;
+                if (rd)
+                    memcpy(r->iov[j].iov_base, seg, l);
+                else
+                    memcpy(seg, r->iov[j].iov_base, l);
+                seg += l;
+            }
+        }
+        if (rc == KVS_OK && r->status != KVS_OK)
+            rc = r->status;
+    }
+    pthread_mutex_lock(&t->lock);
+    for (uint32_t i = 0; i < b->n; i++) {
+        if (b->segs[i] != NULL)
+            b->segs[i]->inflight--;
+    }
+    reap_locked(t);
+    pthread_mutex_unlock(&t->lock);
+    kvs__free(b->segs);
+    kvs__free(b);
+    return rc;
+}
+
+static void shm_destroy(kvs_transport_t *base)
+{
+    shm_transport_t *t = (shm_transport_t *)base;
+    if (t == NULL)
+        return;
+    while (t->segs != NULL) {
+        shm_seg_t *g = t->segs;
+        t->segs = g->next;
+        seg_unmap(g);
+    }
+    while (t->eps != NULL) {
+        kvs_endpoint_t *e = t->eps;
+        t->eps = e->next;
+        kvs__free(e->name);
+        kvs__free(e);
+    }
+    pthread_mutex_destroy(&t->lock);
+    kvs__free(t->dir);
+    kvs__free(t);
+}
+
+static const kvs_transport_ops_t shm_ops = {
+    .name = "shm",
+    .caps = KVS_TRANSPORT_CAP_SAME_HOST | KVS_TRANSPORT_CAP_ZERO_COPY,
+    .ep_open = shm_ep_open,
+    .mem_reg = shm_mem_reg,
+    .mem_dereg = shm_mem_reg,
+    .submit = shm_submit,
+    .wait = shm_wait,
+    .destroy = shm_destroy,
+};
+
+int kvs__shm_transport_create(const kvs__shm_config_t *cfg, kvs_transport_t **t_p)
+{
+    if (cfg == NULL || t_p == NULL || cfg->dir == NULL || cfg->io_timeout_ms == 0)
+        return KVS_INVALID_PARAMS;
+    shm_transport_t *t = kvs__calloc(1, sizeof(*t));
+    if (t == NULL || (t->dir = kvs__strdup(cfg->dir)) == NULL) {
+        kvs__free(t);
+        return KVS_NO_MEMORY;
+    }
+    t->base.ops = &shm_ops;
+    t->cfg = *cfg;
+    t->cfg.dir = t->dir;
+    pthread_mutex_init(&t->lock, NULL);
+    *t_p = &t->base;
+    return KVS_OK;
+}
