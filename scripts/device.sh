@@ -4,12 +4,13 @@
 # Usage: scripts/device.sh SUITE...
 #   scatter        GPU scatter tests, the same under compute-sanitizer memcheck, `kvstash bench scatter`
 #   scatter-test   the tests and memcheck only (no benchmark)
+#   gpu-direct     GPU destinations and sources over tcp and shm (tests), `kvstash bench gpu`
 # Every suite runs even when an earlier one failed; the exit status says whether all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build-gpu/out}
 mkdir -p "$out"
-(($#)) || { sed -n '2,8p' "$0"; exit 2; }
+(($#)) || { sed -n '2,9p' "$0"; exit 2; }
 {
     date -u +"%Y-%m-%dT%H:%M:%SZ"
     # (no commit line: the device machine's copy of .git may lag behind the tree it runs)
@@ -42,6 +43,20 @@ for suite in "$@"; do
         fi
         [ "$suite" = scatter ] && step scatter_bench build-gpu/kvstash bench scatter \
             --csv "$out/scatter.csv"
+        ;;
+    gpu-direct)
+        step gpu_paths_test build-gpu/tests/test_gpu_paths
+        rm -f "$out/.port"
+        build-gpu/kvstash-server --segment-size 2GiB --port 0 --port-file "$out/.port" \
+            --log-level warn >"$out/gpu_server.log" 2>&1 &
+        spid=$!
+        for _ in $(seq 200); do [ -s "$out/.port" ] && break; sleep 0.05; done
+        m="127.0.0.1:$(cat "$out/.port")"
+        KVS_PROTOCOL=shm step gpu_bench_shm build-gpu/kvstash --master "$m" bench gpu
+        KVS_PROTOCOL=tcp step gpu_bench_tcp build-gpu/kvstash --master "$m" bench gpu --reps 3
+        kill "$spid"
+        wait "$spid" 2>/dev/null
+        rm -f "$out/.port"
         ;;
     *) echo "unknown suite '$suite'"; failed+=("$suite") ;;
     esac

@@ -62,8 +62,9 @@ int kvs_client_mount_segment(kvs_client_t *client, uint64_t size, const char *na
                              const char *advertise_host);
 
 /* Registers [addr, addr + len) for zero-copy calls. Its memory type is decided here, once.
- * Registrations may not overlap (KVS_INVALID_PARAMS). Device memory is refused with
- * KVS_INVALID_PARAMS (and a message) by this version, which has no GPU data path yet. The memory
+ * Registrations may not overlap (KVS_INVALID_PARAMS). Device memory is accepted by CUDA
+ * builds (reads into it and writes from it go through the copy engine); builds without CUDA
+ * refuse it with KVS_INVALID_PARAMS and a message. The memory
  * stays the caller's. */
 int kvs_client_register_buffer(kvs_client_t *client, void *addr, size_t len);
 

@@ -2,6 +2,7 @@
  * reads) are in client_io.c. */
 #define _GNU_SOURCE
 #include "client_int.h"
+#include "../gpu/gpu_copy.h"
 #include "../transport/tcp/tcp_int.h"
 
 #include <dlfcn.h>
@@ -225,7 +226,7 @@ int kvs_client_mount_segment(kvs_client_t *c, uint64_t size, const char *name,
 
 /* Memory type through the CUDA driver, if the process has loaded it. A device pointer can only
  * exist once libcuda is in the process, so it is never loaded here (RTLD_NOLOAD). */
-static int classify_memory(const void *addr, int *domain_p)
+int kvs__classify_memory(const void *addr, int *domain_p)
 {
     *domain_p = KVS_DOMAIN_HOST;
     void *lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
@@ -263,8 +264,8 @@ int kvs_client_register_buffer(kvs_client_t *c, void *addr, size_t len)
         return kvs__fail(KVS_INVALID_PARAMS, "register_buffer: client, address and length > 0 "
                                              "are required");
     int domain;
-    classify_memory(addr, &domain);
-    if (domain != KVS_DOMAIN_HOST)
+    kvs__classify_memory(addr, &domain);
+    if (domain != KVS_DOMAIN_HOST && !kvs__gpu_built())
         return kvs__fail(KVS_INVALID_PARAMS,
                          "register_buffer: %p is memory of GPU %d; GPU memory needs a CUDA "
                          "build of kvstash with a GPU data path",

@@ -73,6 +73,10 @@ struct kvs_client {
     kvs__client_stats_t st;
 };
 
+/* Memory type of addr, from the CUDA driver if the process has loaded it: KVS_DOMAIN_HOST or
+ * the device ordinal. */
+int kvs__classify_memory(const void *addr, int *domain_p);
+
 /* Counts a public call in progress (kvs_client_close waits for them). */
 void kvs__client_enter(kvs_client_t *c);
 void kvs__client_leave(kvs_client_t *c);

@@ -21,6 +21,12 @@ typedef struct {
     kvs__pinset_t pins;
 } call_t;
 
+/* The transports' name for a memory domain: 0 host, d + 1 for CUDA device d. */
+static uint32_t gpu_of(int domain)
+{
+    return domain >= 0 ? (uint32_t)domain + 1 : 0;
+}
+
 static void call_free(kvs_client_t *c, call_t *k)
 {
     kvs__pinset_release(c, &k->pins);
@@ -92,8 +98,11 @@ static int call_init(kvs_client_t *c, const char *op, size_t n, const char *cons
                 key_refuse(k, i, op, "has a NULL or empty fragment");
             else if (registered && !kvs__reg_pin_locked(c, b->ptr, b->len, &k->pins, &dom))
                 key_refuse(k, i, op, "has a fragment not inside one registered buffer");
-            if (registered)
-                k->domain[i] = j == 0 || k->domain[i] == dom ? dom : KVS_DOMAIN_MIXED;
+            else if (!registered)
+                kvs__classify_memory(b->ptr, &dom); /* copying calls take any memory */
+            k->domain[i] = j == 0 || k->domain[i] == dom ? dom : KVS_DOMAIN_MIXED;
+            if (k->domain[i] == KVS_DOMAIN_MIXED && (dom >= 0 || j > 0) && k->res[i] == 0)
+                key_refuse(k, i, op, "mixes host and GPU memory (or two GPUs) in its fragments");
             total += b->len;
         }
         k->total[i] = total;
@@ -317,7 +326,7 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
             }
             reqs[r] = (kvs_xfer_req_t){KVS_XFER_WRITE,    ep,          d->reps[q].segment_id,
                                        d->reps[q].offset, k->total[i], &k->iov[k->first[i]],
-                                       k->cnt[i],         KVS_OK};
+                                       k->cnt[i],         KVS_OK,      gpu_of(k->domain[i])};
             req_key[r++] = i;
         }
     }
@@ -629,7 +638,7 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped)
         const read_slot_t *sl = &slots[s];
         reqs[s] = (kvs_xfer_req_t){KVS_XFER_READ,   sl->ep,   sl->segment_id,
                                    sl->offset,      sl->size, &k->iov[k->first[sl->key]],
-                                   k->cnt[sl->key], KVS_OK};
+                                   k->cnt[sl->key], KVS_OK,   gpu_of(k->domain[sl->key])};
     }
     /* Submissions: direct = one per key, grouped = one per owner; all in flight together. */
     uint32_t nb = 0;

@@ -242,7 +242,8 @@ static void run_fill(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t a, ui
                                        keys[i].size,
                                        &bufv[i - a],
                                        1,
-                                       KVS_OK};
+                                       KVS_OK,
+                                       0}; /* host backend: the buffer is host memory */
     }
     if (kvs__now_ns() >= deadline_ns) {
         for (uint32_t i = a; i < b; i++)

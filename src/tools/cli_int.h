@@ -14,5 +14,8 @@ int kvs__bench_client_main(const char *master, int argc, char **argv);
 /* `kvstash bench scatter [options]`: the GPU scatter kernel against CUDA's copy APIs and CUB
  * (CUDA builds only). */
 int kvs__bench_scatter_main(int argc, char **argv);
+/* `kvstash bench gpu [options]`: direct reads into device pages against the copy engine's own
+ * rates (CUDA builds only). */
+int kvs__bench_gpu_main(const char *master, int argc, char **argv);
 
 #endif

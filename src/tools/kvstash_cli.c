@@ -25,6 +25,7 @@ static void usage(FILE *f)
                "  bench transport [...]     loopback tcp transport vs plain sockets\n"
                "  bench client [...]        put and multi-buffer get throughput against a store\n"
                "  bench scatter [...]       GPU scatter kernel vs CUDA copy APIs (CUDA builds)\n"
+               "  bench gpu [...]           direct reads into device pages vs the copy engine\n"
                "\n"
                "The master defaults to $KVS_MASTER, else 127.0.0.1:50051.\n");
 }
@@ -271,18 +272,22 @@ int main(int argc, char **argv)
             return kvs__bench_transport_main(argc - i, argv + i);
         if (i < argc && strcmp(argv[i], "client") == 0)
             return kvs__bench_client_main(master, argc - i, argv + i);
-        if (i < argc && strcmp(argv[i], "scatter") == 0) {
+        if (i < argc && (strcmp(argv[i], "scatter") == 0 || strcmp(argv[i], "gpu") == 0)) {
 #ifdef KVS_HAVE_CUDA
+            if (strcmp(argv[i], "gpu") == 0)
+                return kvs__bench_gpu_main(master, argc - i, argv + i);
             return kvs__bench_scatter_main(argc - i, argv + i);
 #else
-            fprintf(stderr, "kvstash bench scatter: this build has no CUDA (nvcc was not found "
-                            "when it was configured)\n");
+            fprintf(stderr,
+                    "kvstash bench %s: this build has no CUDA (nvcc was not found when "
+                    "it was configured)\n",
+                    argv[i]);
             return 1;
 #endif
         }
         fprintf(stderr,
                 "kvstash bench: unknown benchmark '%s' (known: allocator, transport, client, "
-                "scatter)\n",
+                "scatter, gpu)\n",
                 i < argc ? argv[i] : "");
         return 2;
     }

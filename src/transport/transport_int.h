@@ -42,7 +42,8 @@ typedef struct {
     uint64_t length;
     const struct iovec *iov;
     uint32_t iovcnt;
-    int status; /* out: OK, TIMED_OUT, TRANSFER_FAIL, or the owner's refusal */
+    int status;   /* out: OK, TIMED_OUT, TRANSFER_FAIL, or the owner's refusal */
+    uint32_t gpu; /* 0: the fragments are host memory; d + 1: memory of CUDA device d */
 } kvs_xfer_req_t;
 
 typedef struct kvs_batch kvs_batch_t;

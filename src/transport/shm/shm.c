@@ -4,6 +4,7 @@
  * (sealed against shrinking by the owner), so no request reaches outside the segment. */
 #define _GNU_SOURCE
 #include "shm_int.h"
+#include "../../gpu/gpu_copy.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,6 +30,8 @@ typedef struct shm_seg {
     int fd;
     char *ro, *rw; /* read-only mapping; writable one made on the first write */
     uint64_t size;
+    /* Chunks of each mapping registered with CUDA for copy-engine transfers (lazily). */
+    bool *ro_pinned, *rw_pinned;
     uint32_t inflight;
     bool dead;
 } shm_seg_t;
@@ -49,6 +52,7 @@ typedef struct {
     kvs_transport_t base;
     kvs__shm_config_t cfg;
     char *dir;
+    uint64_t pinned_bytes; /* registered with CUDA, against cfg.pin_cap_bytes */
     pthread_mutex_t lock;
     kvs_endpoint_t *eps;
     shm_seg_t *segs;
@@ -70,8 +74,19 @@ int kvs__shm_config_init(kvs__shm_config_t *cfg)
 {
     if (cfg == NULL)
         return KVS_INVALID_PARAMS;
-    *cfg = (kvs__shm_config_t){.dir = kvs__shm_dir(), .io_timeout_ms = 2000};
-    return KVS_OK;
+    *cfg = (kvs__shm_config_t){.dir = kvs__shm_dir(),
+                               .io_timeout_ms = 2000,
+                               .pin_chunk_bytes = 256ull << 20,
+                               .pin_cap_bytes = 64ull << 30};
+    int rc = KVS_OK;
+    if (kvs__env_size("KVS_SHM_PIN_CAP_BYTES", &cfg->pin_cap_bytes) != KVS_OK)
+        rc = KVS_INVALID_PARAMS;
+    if (kvs__env_size("KVS_SHM_PIN_CHUNK_BYTES", &cfg->pin_chunk_bytes) != KVS_OK ||
+        cfg->pin_chunk_bytes < 4096) {
+        cfg->pin_chunk_bytes = 256ull << 20;
+        rc = KVS_INVALID_PARAMS;
+    }
+    return rc;
 }
 
 /* ---- endpoints and segments ------------------------------------------------------------------ */
@@ -188,8 +203,25 @@ out:
     return rc;
 }
 
-static void seg_unmap(shm_seg_t *g)
+static uint64_t nchunks(const shm_transport_t *t, const shm_seg_t *g)
 {
+    return (g->size + t->cfg.pin_chunk_bytes - 1) / t->cfg.pin_chunk_bytes;
+}
+
+static void seg_unmap(shm_transport_t *t, shm_seg_t *g)
+{
+    for (int m = 0; m < 2; m++) {
+        bool *pinned = m ? g->rw_pinned : g->ro_pinned;
+        char *base = m ? g->rw : g->ro;
+        for (uint64_t i = 0; pinned != NULL && i < nchunks(t, g); i++) {
+            if (pinned[i]) {
+                kvs__gpu_host_unregister(base + i * t->cfg.pin_chunk_bytes);
+                t->pinned_bytes -=
+                    KVS_MIN(t->cfg.pin_chunk_bytes, g->size - i * t->cfg.pin_chunk_bytes);
+            }
+        }
+        kvs__free(pinned);
+    }
     if (g->ro != NULL)
         munmap(g->ro, g->size);
     if (g->rw != NULL)
@@ -210,7 +242,7 @@ static shm_seg_t *seg_get_locked(shm_transport_t *t, kvs_endpoint_t *ep, uint64_
         if (g->status == KVS_OK || now - g->refused_ns < NEGATIVE_TTL_NS)
             return g;
         *pp = g->next; /* a stale refusal: ask again */
-        seg_unmap(g);
+        seg_unmap(t, g);
         break;
     }
     shm_seg_t *g = kvs__calloc(1, sizeof(*g));
@@ -257,7 +289,7 @@ static void reap_locked(shm_transport_t *t)
         shm_seg_t *g = *pp;
         if (g->dead && g->inflight == 0) {
             *pp = g->next;
-            seg_unmap(g);
+            seg_unmap(t, g);
         } else {
             pp = &g->next;
         }
@@ -356,17 +388,62 @@ static int shm_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n,
     return KVS_OK;
 }
 
+/* Copy-engine streams of one wait, one per device used. */
+typedef struct {
+    kvs__gpu_stream_t *s[16];
+} streams_t;
+
+/* Registers the chunks of the mapping that [off, off + len) touches, within the pin cap. A chunk
+ * that cannot be registered is copied from pageable memory (slower, still correct). */
+static void pin_range(shm_transport_t *t, shm_seg_t *g, bool rd, uint64_t off, uint64_t len)
+{
+    pthread_mutex_lock(&t->lock);
+    bool **pinned = rd ? &g->ro_pinned : &g->rw_pinned;
+    if (*pinned == NULL)
+        *pinned = kvs__calloc(nchunks(t, g), sizeof(bool));
+    uint64_t ck = t->cfg.pin_chunk_bytes;
+    for (uint64_t i = off / ck; *pinned != NULL && i <= (off + len - 1) / ck; i++) {
+        uint64_t l = KVS_MIN(ck, g->size - i * ck);
+        if ((*pinned)[i] || t->pinned_bytes + l > t->cfg.pin_cap_bytes)
+            continue;
+        char *base = (rd ? g->ro : g->rw) + i * ck;
+        if (kvs__gpu_host_register(base, (size_t)l, rd) == KVS_OK) {
+            (*pinned)[i] = true;
+            t->pinned_bytes += l;
+        }
+    }
+    pthread_mutex_unlock(&t->lock);
+}
+
+/* One request between the mapping and GPU fragments: one copy per fragment (or one batch). */
+static int gpu_copy(shm_transport_t *t, shm_seg_t *g, kvs_xfer_req_t *r, streams_t *st)
+{
+    uint32_t dev = r->gpu - 1;
+    if (dev >= KVS_ARRAY_SIZE(st->s))
+        return KVS_INVALID_PARAMS;
+    bool rd = r->op == KVS_XFER_READ;
+    pin_range(t, g, rd, r->offset, r->length);
+    if (st->s[dev] == NULL && kvs__gpu_stream_create((int)dev, &st->s[dev]) != KVS_OK)
+        return KVS_TRANSFER_FAIL;
+    char *seg = (rd ? g->ro : g->rw) + r->offset;
+    int rc = kvs__gpu_copy_slice(st->s[dev], rd, seg, r->iov, r->iovcnt, 0, r->length);
+    return rc == KVS_OK ? KVS_OK : KVS_TRANSFER_FAIL;
+}
+
 static int shm_wait(kvs_transport_t *base, kvs_batch_t *b, uint64_t deadline_ns)
 {
     shm_transport_t *t = (shm_transport_t *)base;
     if (t == NULL || b == NULL)
         return KVS_INVALID_PARAMS;
     int rc = KVS_OK;
+    streams_t streams = {{NULL}};
     for (uint32_t i = 0; i < b->n; i++) {
         kvs_xfer_req_t *r = &b->reqs[i];
         shm_seg_t *g = b->segs[i];
         if (g != NULL && kvs__now_ns() >= deadline_ns) {
             r->status = KVS_TIMED_OUT;
+        } else if (g != NULL && r->gpu != 0) {
+            r->status = gpu_copy(t, g, r, &streams);
         } else if (g != NULL) {
             bool rd = r->op == KVS_XFER_READ;
             char *seg = (rd ? g->ro : g->rw) + r->offset;
@@ -379,8 +456,21 @@ static int shm_wait(kvs_transport_t *base, kvs_batch_t *b, uint64_t deadline_ns)
                 seg += l;
             }
         }
-        if (rc == KVS_OK && r->status != KVS_OK)
-            rc = r->status;
+    }
+    /* GPU copies end here, before the wait returns: nothing lands afterwards. */
+    for (size_t d = 0; d < KVS_ARRAY_SIZE(streams.s); d++) {
+        if (streams.s[d] == NULL)
+            continue;
+        if (kvs__gpu_sync(streams.s[d]) != KVS_OK) {
+            for (uint32_t i = 0; i < b->n; i++)
+                if (b->reqs[i].gpu == d + 1 && b->reqs[i].status == KVS_OK)
+                    b->reqs[i].status = KVS_TRANSFER_FAIL;
+        }
+        kvs__gpu_stream_destroy(streams.s[d]);
+    }
+    for (uint32_t i = 0; i < b->n; i++) {
+        if (rc == KVS_OK && b->reqs[i].status != KVS_OK)
+            rc = b->reqs[i].status;
     }
     pthread_mutex_lock(&t->lock);
     for (uint32_t i = 0; i < b->n; i++) {
@@ -402,7 +492,7 @@ static void shm_destroy(kvs_transport_t *base)
     while (t->segs != NULL) {
         shm_seg_t *g = t->segs;
         t->segs = g->next;
-        seg_unmap(g);
+        seg_unmap(t, g);
     }
     while (t->eps != NULL) {
         kvs_endpoint_t *e = t->eps;
@@ -417,7 +507,8 @@ static void shm_destroy(kvs_transport_t *base)
 
 static const kvs_transport_ops_t shm_ops = {
     .name = "shm",
-    .caps = KVS_TRANSPORT_CAP_SAME_HOST | KVS_TRANSPORT_CAP_ZERO_COPY,
+    .caps = KVS_TRANSPORT_CAP_SAME_HOST | KVS_TRANSPORT_CAP_ZERO_COPY |
+            (KVS_GPU_BUILT ? KVS_TRANSPORT_CAP_GPU_DEST : 0),
     .ep_open = shm_ep_open,
     .mem_reg = shm_mem_reg,
     .mem_dereg = shm_mem_reg,
@@ -428,7 +519,8 @@ static const kvs_transport_ops_t shm_ops = {
 
 int kvs__shm_transport_create(const kvs__shm_config_t *cfg, kvs_transport_t **t_p)
 {
-    if (cfg == NULL || t_p == NULL || cfg->dir == NULL || cfg->io_timeout_ms == 0)
+    if (cfg == NULL || t_p == NULL || cfg->dir == NULL || cfg->io_timeout_ms == 0 ||
+        cfg->pin_chunk_bytes < 4096)
         return KVS_INVALID_PARAMS;
     shm_transport_t *t = kvs__calloc(1, sizeof(*t));
     if (t == NULL || (t->dir = kvs__strdup(cfg->dir)) == NULL) {

@@ -20,8 +20,12 @@ const char *kvs__shm_dir(void);
 #define KVS_SHM_MAGIC 0x48535653u /* "KVSH" */
 
 typedef struct {
-    const char *dir;        /* where owners' sockets are (KVS_SHM_DIR) */
-    uint64_t io_timeout_ms; /* bound on one handshake (default 2000) */
+    const char *dir;          /* where owners' sockets are (KVS_SHM_DIR) */
+    uint64_t io_timeout_ms;   /* bound on one handshake (default 2000) */
+    uint64_t pin_chunk_bytes; /* GPU copies: mappings are registered in chunks this large
+                               * (KVS_SHM_PIN_CHUNK_BYTES, default 256 MiB) */
+    uint64_t pin_cap_bytes;   /* and at most this much in all (KVS_SHM_PIN_CAP_BYTES, 64 GiB);
+                               * beyond it, copies read pageable memory */
 } kvs__shm_config_t;
 
 int kvs__shm_config_init(kvs__shm_config_t *cfg);

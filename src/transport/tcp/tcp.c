@@ -9,6 +9,7 @@
  * shared such a socket are retried once on a fresh connection. */
 #define _GNU_SOURCE
 #include "tcp_int.h"
+#include "../../gpu/gpu_copy.h"
 #include "../../proto/net_int.h"
 
 #include <errno.h>
@@ -36,7 +37,21 @@ typedef struct chunk {
     uint64_t len;
 } chunk_t;
 
+/* GPU fragments: chunks are received into one of two pinned bounce buffers, and the copy of
+ * one to the GPU overlaps the receive of the next. A chunk completes once its copy has. */
+typedef struct {
+    kvs__gpu_stream_t *stream;
+    int device;
+    void *bounce[KVS_GPU_SLOTS];
+    chunk_t *pending[KVS_GPU_SLOTS];
+    int cur;
+} tcp_gpu_t;
+
+/* recv_response: the chunk completes later, when its GPU copy has. */
+#define CHUNK_DEFERRED 1
+
 struct tcp_conn {
+    tcp_gpu_t gpu;
     kvs_endpoint_t *ep;
     pthread_t thread;
     pthread_mutex_t lock;
@@ -229,6 +244,52 @@ static void chunk_complete(chunk_t *ch, int status)
     pthread_mutex_unlock(&b->lock);
 }
 
+/* Completes the chunk whose copy used bounce slot `slot`, once the copy is done. */
+static void gpu_retire(tcp_conn_t *c, int slot)
+{
+    chunk_t *ch = c->gpu.pending[slot];
+    if (ch == NULL)
+        return;
+    c->gpu.pending[slot] = NULL;
+    int rc = kvs__gpu_wait_slot(c->gpu.stream, slot);
+    chunk_complete(ch, rc == KVS_OK ? KVS_OK : KVS_TRANSFER_FAIL);
+}
+
+static void gpu_flush(tcp_conn_t *c)
+{
+    for (int i = 0; i < KVS_GPU_SLOTS; i++)
+        gpu_retire(c, (c->gpu.cur + i) % KVS_GPU_SLOTS);
+}
+
+/* Readies the stream and bounce buffers for `device` (1-based, as in kvs_xfer_req_t.gpu). */
+static int gpu_ready(tcp_conn_t *c, uint32_t gpu)
+{
+    int dev = (int)gpu - 1;
+    if (c->gpu.stream != NULL && c->gpu.device != dev) {
+        gpu_flush(c);
+        kvs__gpu_stream_destroy(c->gpu.stream);
+        c->gpu.stream = NULL;
+    }
+    if (c->gpu.stream == NULL && kvs__gpu_stream_create(dev, &c->gpu.stream) != KVS_OK)
+        return KVS_TRANSFER_FAIL;
+    c->gpu.device = dev;
+    for (int i = 0; i < KVS_GPU_SLOTS; i++) {
+        if (c->gpu.bounce[i] == NULL &&
+            kvs__gpu_alloc_pinned((size_t)c->ep->t->cfg.chunk_bytes, &c->gpu.bounce[i]) != KVS_OK)
+            return KVS_TRANSFER_FAIL;
+    }
+    return KVS_OK;
+}
+
+static void gpu_release(tcp_conn_t *c)
+{
+    gpu_flush(c);
+    kvs__gpu_stream_destroy(c->gpu.stream);
+    for (int i = 0; i < KVS_GPU_SLOTS; i++)
+        kvs__gpu_free_pinned(c->gpu.bounce[i]);
+    memset(&c->gpu, 0, sizeof(c->gpu));
+}
+
 /* Puts chunks back at the front of the queue, in order. */
 static void requeue_front(tcp_conn_t *c, chunk_t **chs, uint32_t n)
 {
@@ -281,8 +342,22 @@ static int send_request(tcp_conn_t *c, chunk_t *ch, uint32_t req_id)
     kvs__wbuf_t w = {.data = buf + KVS_FRAME_HDR_LEN, .cap = KVS_DATA_REQ_LEN};
     kvs__data_req_t d = {r->segment_id, r->offset + ch->off, ch->len};
     kvs__data_req_encode(&w, &d);
+    if (write && r->gpu != 0) {
+        /* GPU source: into a bounce buffer first (earlier copies of this window are done). */
+        gpu_flush(c);
+        int g = gpu_ready(c, r->gpu);
+        if (g == KVS_OK)
+            g = kvs__gpu_copy_slice(c->gpu.stream, false, c->gpu.bounce[0], r->iov, r->iovcnt,
+                                    ch->off, ch->len);
+        if (g == KVS_OK)
+            g = kvs__gpu_sync(c->gpu.stream);
+        if (g != KVS_OK)
+            return KVS_INVALID_PARAMS; /* fails the chunk without a retry */
+    }
     int rc = io_all(c->fd, false, buf, sizeof(buf));
-    if (rc == KVS_OK && write)
+    if (rc == KVS_OK && write && r->gpu != 0)
+        rc = io_all(c->fd, false, c->gpu.bounce[0], (size_t)ch->len);
+    else if (rc == KVS_OK && write)
         rc = xfer_iov(c->fd, false, r->iov, r->iovcnt, ch->off, ch->len);
     return rc;
 }
@@ -310,6 +385,28 @@ static int recv_response(tcp_conn_t *c, chunk_t *ch, uint32_t req_id, int *statu
     uint16_t want = (uint16_t)((write ? KVS_MSG_DATA_WRITE : KVS_MSG_DATA_READ) | KVS_RSP_FLAG);
     if (h.type != want || h.req_id != req_id || h.len < 4)
         return KVS_PROTOCOL_ERROR;
+    if (status == KVS_OK && !write && r->gpu != 0) {
+        if (h.len != 4 + ch->len)
+            return KVS_PROTOCOL_ERROR;
+        /* The slot's previous copy must be done before the buffer is refilled. */
+        int slot = c->gpu.cur;
+        gpu_retire(c, slot);
+        if (gpu_ready(c, r->gpu) != KVS_OK)
+            return KVS_IO_ERROR; /* the payload stays unread: the connection is closed */
+        rc = io_all(c->fd, true, c->gpu.bounce[slot], (size_t)ch->len);
+        if (rc != KVS_OK)
+            return rc;
+        if (kvs__gpu_copy_slice(c->gpu.stream, true, c->gpu.bounce[slot], r->iov, r->iovcnt,
+                                ch->off, ch->len) != KVS_OK ||
+            kvs__gpu_record(c->gpu.stream, slot) != KVS_OK) {
+            *status_p = KVS_TRANSFER_FAIL;
+            return KVS_OK;
+        }
+        c->gpu.pending[slot] = ch;
+        c->gpu.cur = (slot + 1) % KVS_GPU_SLOTS;
+        *status_p = CHUNK_DEFERRED;
+        return KVS_OK;
+    }
     if (status == KVS_OK && !write) {
         if (h.len != 4 + ch->len)
             return KVS_PROTOCOL_ERROR;
@@ -350,8 +447,11 @@ static void process_window(tcp_conn_t *c, chunk_t **win, uint32_t n)
             rc = io;
             break;
         }
-        chunk_complete(win[done], status);
+        if (status != CHUNK_DEFERRED)
+            chunk_complete(win[done], status);
     }
+    /* Chunks whose GPU copies are in flight complete when those are done. */
+    gpu_flush(c);
     if (done < n) {
         conn_close(c);
         window_fail(c, win, done, n, rc == KVS_OK ? KVS_IO_ERROR : rc);
@@ -406,6 +506,7 @@ static void ep_destroy(kvs_endpoint_t *ep)
         pthread_cond_signal(&c->cond);
         pthread_mutex_unlock(&c->lock);
         pthread_join(c->thread, NULL);
+        gpu_release(c);
         if (c->fd >= 0)
             close(c->fd);
         pthread_mutex_destroy(&c->lock);
@@ -631,7 +732,7 @@ static void tcp_destroy(kvs_transport_t *base)
 
 static const kvs_transport_ops_t tcp_ops = {
     .name = "tcp",
-    .caps = KVS_TRANSPORT_CAP_ZERO_COPY,
+    .caps = KVS_TRANSPORT_CAP_ZERO_COPY | (KVS_GPU_BUILT ? KVS_TRANSPORT_CAP_GPU_DEST : 0),
     .ep_open = tcp_ep_open,
     .mem_reg = tcp_mem_reg,
     .mem_dereg = tcp_mem_reg,
