@@ -1,8 +1,10 @@
-/* `kvstash bench gpu`: direct multi-buffer reads into randomly chosen device pages through the
- * client (its protocol from KVS_PROTOCOL), with one copy per fragment and with batched copies,
- * next to what the copy engine does alone in the same run: one pinned host-to-device copy of
- * the same bytes, and the same fragments copied from pinned host memory per fragment and as one
- * batch. Every read's bytes are checked. CUDA builds only. */
+/* `kvstash bench gpu`: multi-buffer reads into randomly chosen device pages through the client
+ * (its protocol from KVS_PROTOCOL): direct with one copy per fragment, direct with batched
+ * copies, and staged (a second client with MC_STORE_GPU_STAGING=1: one transfer per key into the
+ * staging buffer, one scatter launch per fill), next to what the copy engine does alone in the
+ * same run: one pinned host-to-device copy of the same bytes, and the same fragments copied from
+ * pinned host memory per fragment and as one batch. Every read's bytes are checked. CUDA builds
+ * only. */
 #define _GNU_SOURCE
 #include "common/common_int.h"
 #include "gpu/gpu_copy.h"
@@ -76,6 +78,39 @@ static double raw_fragments(const char *host, kvs_buf_t *frags, size_t nf, uint6
     free(srcs);
     free(sizes);
     return (double)total / (double)(t1 - t0);
+}
+
+/* Median GB/s of `reps` reads (after one warm-up) of every key into its pages, each page then
+ * checked against the source; -1 on failure. */
+static double time_reads(kvs_client_t *c, uint64_t keys, const char **kp, const kvs_buf_t **bufs,
+                         size_t *nbufs, char *pool, uint64_t pool_len, const char *host,
+                         uint64_t size, uint64_t page, uint64_t reps, int64_t *res, double *v,
+                         char *check)
+{
+    uint64_t total = keys * size, per = size / page;
+    for (uint64_t r = 0; r <= reps; r++) {
+        BCUDA(cudaMemset(pool, 0, pool_len));
+        uint64_t t0 = kvs__now_ns();
+        int rc = kvs_client_batch_get_into_multi_buffers(c, keys, kp, bufs, nbufs, false, res);
+        uint64_t t1 = kvs__now_ns();
+        for (uint64_t k = 0; rc == KVS_OK && k < keys; k++)
+            rc = res[k] == (int64_t)size ? KVS_OK : (int)res[k];
+        if (rc != KVS_OK) {
+            fprintf(stderr, "kvstash bench gpu: read failed: %s\n", kvs_status_str(rc));
+            return -1;
+        }
+        if (r > 0)
+            v[r - 1] = (double)total / (double)(t1 - t0);
+    }
+    for (uint64_t k = 0; k < keys; k++) {
+        for (uint64_t j = 0; j < per; j++)
+            BCUDA(cudaMemcpy(check + j * page, bufs[k][j].ptr, page, cudaMemcpyDeviceToHost));
+        if (memcmp(check, host + k * size, size) != 0) {
+            fprintf(stderr, "kvstash bench gpu: key %llu has wrong bytes\n", (unsigned long long)k);
+            return -1;
+        }
+    }
+    return median(v, (unsigned)reps);
 }
 
 int kvs__bench_gpu_main(const char *master, int argc, char **argv)
@@ -163,35 +198,42 @@ int kvs__bench_gpu_main(const char *master, int argc, char **argv)
            (unsigned long long)keys, kvs__format_size(size, sz, sizeof(sz)),
            kvs__format_size(page, pg, sizeof(pg)), (unsigned long long)npages,
            getenv("KVS_PROTOCOL") ? getenv("KVS_PROTOCOL") : "auto", (unsigned long long)reps);
-    double direct[2] = {0, 0};
+    double direct[2] = {0, 0}, staged = 0;
     for (int batched = 0; batched <= 1; batched++) {
         kvs__gpu_set_batched(batched != 0);
-        for (uint64_t r = 0; r <= reps; r++) { /* the first call warms up (registration) */
-            BCUDA(cudaMemset(pool, 0, npages * page));
-            uint64_t t0 = kvs__now_ns();
-            int rc = kvs_client_batch_get_into_multi_buffers(c, keys, kp, bufs, nbufs, false, res);
-            uint64_t t1 = kvs__now_ns();
-            for (uint64_t k = 0; rc == KVS_OK && k < keys; k++)
-                rc = res[k] == (int64_t)size ? KVS_OK : (int)res[k];
-            if (rc != KVS_OK) {
-                fprintf(stderr, "kvstash bench gpu: read failed: %s\n", kvs_status_str(rc));
-                goto out;
-            }
-            if (r > 0)
-                v[r - 1] = (double)total / (double)(t1 - t0);
-        }
-        direct[batched] = median(v, (unsigned)reps);
-        /* Every page of every key holds what was put. */
-        for (uint64_t k = 0; k < keys; k++) {
-            for (uint64_t j = 0; j < per; j++)
-                BCUDA(cudaMemcpy(check + j * page, frags[k * per + j].ptr, page,
-                                 cudaMemcpyDeviceToHost));
-            if (memcmp(check, host + k * size, size) != 0) {
-                fprintf(stderr, "kvstash bench gpu: key %llu has wrong bytes\n",
-                        (unsigned long long)k);
-                goto out;
-            }
-        }
+        direct[batched] = time_reads(c, keys, kp, bufs, nbufs, pool, npages * page, host, size,
+                                     page, reps, res, v, check);
+        if (direct[batched] < 0)
+            goto out;
+    }
+    /* Staged: a second client, staging on (its buffer made on its first call). */
+    setenv("MC_STORE_GPU_STAGING", "1", 1);
+    kvs_client_config_t scfg;
+    kvs_client_config_init(&scfg);
+    scfg.master = cfg.master;
+    kvs_client_t *sc = NULL;
+    if (kvs_client_open(&scfg, &sc) != KVS_OK ||
+        kvs_client_register_buffer(sc, pool, npages * page) != KVS_OK) {
+        fprintf(stderr, "kvstash bench gpu: staged client: %s\n", kvs_last_error());
+        kvs_client_close(sc);
+        goto out;
+    }
+    staged = time_reads(sc, keys, kp, bufs, nbufs, pool, npages * page, host, size, page, reps, res,
+                        v, check);
+    kvs_client_stats_t ss;
+    kvs_client_get_stats(sc, &ss);
+    kvs_client_close(sc);
+    if (staged < 0)
+        goto out;
+    if (ss.staged_reads != reps + 1) {
+        fprintf(stderr,
+                "kvstash bench gpu: only %llu of %llu reads were staged (fallbacks: "
+                "busy %llu, too_large %llu, other_domain %llu, alloc_failed %llu)\n",
+                (unsigned long long)ss.staged_reads, (unsigned long long)(reps + 1),
+                (unsigned long long)ss.fallback_busy, (unsigned long long)ss.fallback_too_large,
+                (unsigned long long)ss.fallback_other_domain,
+                (unsigned long long)ss.fallback_alloc_failed);
+        goto out;
     }
     /* The copy engine alone, same run: one contiguous pinned copy, and the same fragments. */
     cudaStream_t st;
@@ -212,13 +254,17 @@ int kvs__bench_gpu_main(const char *master, int argc, char **argv)
     printf("raw: pinned host->device, one copy:  %6.2f GB/s\n", c_gb);
     printf("raw: same fragments, one copy each:  %6.2f GB/s\n", e_gb);
     printf("raw: same fragments, one batch:      %6.2f GB/s\n", b_gb);
-    printf("direct (better mode) / raw batched:  %5.1f%%; every byte checked\n",
-           100.0 * (direct[1] > direct[0] ? direct[1] : direct[0]) / b_gb);
+    double best = direct[1] > direct[0] ? direct[1] : direct[0];
+    printf("staged read (%llu fills per call):    %6.2f GB/s\n",
+           (unsigned long long)(ss.fills / ss.staged_reads), staged);
+    printf("direct (better mode) / raw batched:  %5.1f%%\n", 100.0 * best / b_gb);
+    printf("staged / direct (better mode):       %5.2fx; every byte checked\n", staged / best);
     cudaStreamDestroy(st);
-    for (uint64_t k = 0; k < keys; k++)
-        kvs_client_remove(c, kp[k], true);
     ret = 0;
 out:
+    for (uint64_t k = 0; names != NULL && k < keys; k++)
+        if (names[k] != NULL)
+            kvs_client_remove(c, kp[k], true);
     kvs_client_close(c);
     cudaFreeHost(host);
     cudaFree(pool);

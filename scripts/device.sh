@@ -5,12 +5,13 @@
 #   scatter        GPU scatter tests, the same under compute-sanitizer memcheck, `kvstash bench scatter`
 #   scatter-test   the tests and memcheck only (no benchmark)
 #   gpu-direct     GPU destinations and sources over tcp and shm (tests), `kvstash bench gpu`
+#   gpu-staging    staging with the CUDA backend (tests, and the same under memcheck)
 # Every suite runs even when an earlier one failed; the exit status says whether all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build-gpu/out}
 mkdir -p "$out"
-(($#)) || { sed -n '2,9p' "$0"; exit 2; }
+(($#)) || { sed -n '2,10p' "$0"; exit 2; }
 {
     date -u +"%Y-%m-%dT%H:%M:%SZ"
     # (no commit line: the device machine's copy of .git may lag behind the tree it runs)
@@ -57,6 +58,11 @@ for suite in "$@"; do
         kill "$spid"
         wait "$spid" 2>/dev/null
         rm -f "$out/.port"
+        ;;
+    gpu-staging)
+        step gpu_staging_test build-gpu/tests/test_gpu_staging
+        KVS_TEST_NOFORK=1 step gpu_staging_memcheck timeout 480 compute-sanitizer \
+            --tool memcheck --error-exitcode 3 build-gpu/tests/test_gpu_staging
         ;;
     *) echo "unknown suite '$suite'"; failed+=("$suite") ;;
     esac

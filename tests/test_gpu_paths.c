@@ -4,6 +4,7 @@
  * GPU the program reports a skip (exit 77). */
 #define _GNU_SOURCE
 #include "kvs_test.h"
+#include "gpu_probe.h"
 #include "server_fixture.h"
 #include "client/client_int.h"
 
@@ -191,35 +192,29 @@ static void test_gpu_over_shm(void)
     gpu_paths_case("shm");
 }
 
+/* Registered in 64 KiB chunks, most objects span several registrations: no copy may span two. */
+static void test_gpu_over_shm_small_pin_chunks(void)
+{
+    setenv("KVS_SHM_PIN_CHUNK_BYTES", "64KiB", 1);
+    gpu_paths_case("shm");
+}
+
 static void test_gpu_over_shm_per_fragment_copies(void)
 {
     setenv("KVS_GPU_COPY", "each", 1);
     gpu_paths_case("shm");
 }
 
-/* Asks for a device in a child process: CUDA must not be initialised before the harness forks
- * the cases. */
-static bool have_gpu(void)
-{
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int count = 0;
-        _exit(cudaGetDeviceCount(&count) == cudaSuccess && count > 0 ? 0 : 1);
-    }
-    int st = 0;
-    return pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
-}
-
 int main(int argc, char **argv)
 {
     if (!have_gpu()) {
         printf("SKIP: no CUDA device\n");
-        return 77;
+        return KVS_TEST_SKIP;
     }
     static const kvs_test_case_t cases[] = {
         KVS_TEST_CASE(test_gpu_over_tcp),
         KVS_TEST_CASE(test_gpu_over_shm),
+        KVS_TEST_CASE(test_gpu_over_shm_small_pin_chunks),
         KVS_TEST_CASE(test_gpu_over_shm_per_fragment_copies),
     };
     return kvs_test_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));

@@ -3,6 +3,7 @@
  * Without a GPU the program reports a skip (exit 77). */
 #define _GNU_SOURCE
 #include "kvs_test.h"
+#include "gpu_probe.h"
 #include "common/common_int.h"
 #include "gpu/scatter.h"
 
@@ -14,7 +15,6 @@
 #include <unistd.h>
 
 #define GUARD_BYTE 0xEE
-#define SKIP_CODE  77
 
 #define CHECK_CUDA(call) CHECK_EQ_INT((call), cudaSuccess)
 
@@ -223,25 +223,11 @@ static void test_bad_arguments(void)
     kvs__scatter_destroy(NULL);
 }
 
-/* Asks for a device in a child process: CUDA must not be initialised before the harness forks
- * the cases. */
-static bool have_gpu(void)
-{
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int count = 0;
-        _exit(cudaGetDeviceCount(&count) == cudaSuccess && count > 0 ? 0 : 1);
-    }
-    int st = 0;
-    return pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0;
-}
-
 int main(int argc, char **argv)
 {
     if (!have_gpu()) {
         printf("SKIP: no CUDA device\n");
-        return SKIP_CODE;
+        return KVS_TEST_SKIP;
     }
     static const kvs_test_case_t cases[] = {
         KVS_TEST_CASE(test_inline_descriptors),

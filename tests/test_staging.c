@@ -290,7 +290,7 @@ static void test_staging_overlap_and_other_domain_fall_back(void)
     CHECK_EQ_U64(s.staged_reads, 0);
     CHECK_STATUS(kvs_client_unregister_buffer(c, pool), KVS_OK);
     kvs_client_close(c);
-    /* Without the host backend this build's staging has no domain: every call falls back. */
+    /* Without the host backend, host memory is no backend's domain: every call falls back. */
     setenv("MC_STORE_GPU_STAGING", "1", 1);
     unsetenv("MC_STORE_GPU_STAGING_BACKEND");
     kvs_client_config_t cfg;

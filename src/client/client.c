@@ -232,13 +232,17 @@ int kvs__classify_memory(const void *addr, int *domain_p)
     void *lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
     if (lib == NULL)
         return KVS_OK;
-    typedef int (*get_attr_fn)(void *, int, unsigned long long);
-    get_attr_fn get_attr = (get_attr_fn)(uintptr_t)dlsym(lib, "cuPointerGetAttribute");
+    /* cuPointerGetAttributes (plural), unlike cuPointerGetAttribute, answers plain host memory
+     * with success and zero values instead of an error. */
+    typedef int (*get_attrs_fn)(unsigned, const int *, void **, unsigned long long);
+    get_attrs_fn get_attrs = (get_attrs_fn)(uintptr_t)dlsym(lib, "cuPointerGetAttributes");
     unsigned int type = 0;
     int ordinal = -1;
     /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2 (CU_MEMORYTYPE_DEVICE = 2), ..._DEVICE_ORDINAL = 9 */
-    if (get_attr != NULL && get_attr(&type, 2, (unsigned long long)(uintptr_t)addr) == 0 &&
-        type == 2 && get_attr(&ordinal, 9, (unsigned long long)(uintptr_t)addr) == 0)
+    const int attrs[2] = {2, 9};
+    void *out[2] = {&type, &ordinal};
+    if (get_attrs != NULL && get_attrs(2, attrs, out, (unsigned long long)(uintptr_t)addr) == 0 &&
+        type == 2 && ordinal >= 0)
         *domain_p = ordinal;
     dlclose(lib);
     return KVS_OK;

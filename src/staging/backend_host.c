@@ -42,6 +42,7 @@ static int host_scatter(int domain, const void *src, const kvs__scatter_frag_t *
 
 const kvs__staging_backend_t kvs__staging_backend_host = {
     .name = "host",
+    .device_memory = false,
     .domain_of = host_domain_of,
     .alloc = host_alloc,
     .free = host_free,

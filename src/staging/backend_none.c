@@ -33,6 +33,7 @@ static int none_scatter(int domain, const void *src, const kvs__scatter_frag_t *
 
 const kvs__staging_backend_t kvs__staging_backend_none = {
     .name = "none",
+    .device_memory = false,
     .domain_of = none_domain_of,
     .alloc = none_alloc,
     .free = none_free,

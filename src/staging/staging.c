@@ -71,7 +71,11 @@ int kvs__staging_create(const kvs__staging_config_t *cfg, kvs__staging_t **st_p)
     if (st == NULL)
         return KVS_NO_MEMORY;
     st->cfg = *cfg;
+#ifdef KVS_HAVE_CUDA
+    st->be = cfg->backend != NULL ? &kvs__staging_backend_host : &kvs__staging_backend_cuda;
+#else
     st->be = cfg->backend != NULL ? &kvs__staging_backend_host : &kvs__staging_backend_none;
+#endif
     st->hooks.fail_receive_key = -1;
     pthread_mutex_init(&st->lock, NULL);
     pthread_cond_init(&st->cond, NULL);
@@ -243,7 +247,7 @@ static void run_fill(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t a, ui
                                        &bufv[i - a],
                                        1,
                                        KVS_OK,
-                                       0}; /* host backend: the buffer is host memory */
+                                       st->be->device_memory ? (uint32_t)st->buf_domain + 1 : 0};
     }
     if (kvs__now_ns() >= deadline_ns) {
         for (uint32_t i = a; i < b; i++)

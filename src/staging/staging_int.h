@@ -55,6 +55,7 @@ typedef struct {
  * 0 for host memory; CUDA backend: the device ordinal), or -1 when the memory is not its. */
 typedef struct {
     const char *name;
+    bool device_memory; /* the buffer is GPU memory: transfers into it use the GPU paths */
     int (*domain_of)(int reg_domain);
     int (*alloc)(int domain, uint64_t bytes, void **buf_p);
     void (*free)(int domain, void *buf);
@@ -64,6 +65,9 @@ typedef struct {
 
 extern const kvs__staging_backend_t kvs__staging_backend_host;
 extern const kvs__staging_backend_t kvs__staging_backend_none;
+#ifdef KVS_HAVE_CUDA
+extern const kvs__staging_backend_t kvs__staging_backend_cuda;
+#endif
 
 /* One key of a staged read, in call order: where to read it and where it goes. */
 typedef struct {

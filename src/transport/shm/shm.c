@@ -425,8 +425,16 @@ static int gpu_copy(shm_transport_t *t, shm_seg_t *g, kvs_xfer_req_t *r, streams
     pin_range(t, g, rd, r->offset, r->length);
     if (st->s[dev] == NULL && kvs__gpu_stream_create((int)dev, &st->s[dev]) != KVS_OK)
         return KVS_TRANSFER_FAIL;
-    char *seg = (rd ? g->ro : g->rw) + r->offset;
-    int rc = kvs__gpu_copy_slice(st->s[dev], rd, seg, r->iov, r->iovcnt, 0, r->length);
+    /* A copy may not span two registrations: split at chunk boundaries. */
+    char *base = rd ? g->ro : g->rw;
+    uint64_t ck = t->cfg.pin_chunk_bytes, done = 0;
+    int rc = KVS_OK;
+    while (rc == KVS_OK && done < r->length) {
+        uint64_t at = r->offset + done;
+        uint64_t l = KVS_MIN(r->length - done, ck - at % ck);
+        rc = kvs__gpu_copy_slice(st->s[dev], rd, base + at, r->iov, r->iovcnt, done, l);
+        done += l;
+    }
     return rc == KVS_OK ? KVS_OK : KVS_TRANSFER_FAIL;
 }
 
