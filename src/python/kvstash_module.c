@@ -707,7 +707,10 @@ static PyObject *store_remove(store_t *self, PyObject *args, PyObject *kw)
     return PyLong_FromLong(r);
 }
 
-static PyObject *store_is_exist(store_t *self, PyObject *args)
+/* A call on one key that answers an integer, with the GIL released. */
+typedef int64_t (*key_fn)(kvs_client_t *c, const char *key);
+
+static PyObject *key_call(store_t *self, PyObject *args, key_fn fn)
 {
     const char *key;
     if (!PyArg_ParseTuple(args, "s", &key))
@@ -715,10 +718,20 @@ static PyObject *store_is_exist(store_t *self, PyObject *args)
     kvs_client_t *c = store_enter(self);
     if (c == NULL)
         return PyLong_FromLong(NOT_SET_UP);
-    int r;
-    Py_BEGIN_ALLOW_THREADS r = kvs_client_exists(c, key);
+    int64_t r;
+    Py_BEGIN_ALLOW_THREADS r = fn(c, key);
     Py_END_ALLOW_THREADS store_leave(self);
-    return PyLong_FromLong(r);
+    return PyLong_FromLongLong(r);
+}
+
+static int64_t exists_fn(kvs_client_t *c, const char *key)
+{
+    return kvs_client_exists(c, key);
+}
+
+static PyObject *store_is_exist(store_t *self, PyObject *args)
+{
+    return key_call(self, args, exists_fn);
 }
 
 static PyObject *store_batch_is_exist(store_t *self, PyObject *args)
@@ -754,16 +767,7 @@ static PyObject *store_batch_is_exist(store_t *self, PyObject *args)
 
 static PyObject *store_get_size(store_t *self, PyObject *args)
 {
-    const char *key;
-    if (!PyArg_ParseTuple(args, "s", &key))
-        return NULL;
-    kvs_client_t *c = store_enter(self);
-    if (c == NULL)
-        return PyLong_FromLong(NOT_SET_UP);
-    int64_t r;
-    Py_BEGIN_ALLOW_THREADS r = kvs_client_get_size(c, key);
-    Py_END_ALLOW_THREADS store_leave(self);
-    return PyLong_FromLongLong(r);
+    return key_call(self, args, kvs_client_get_size);
 }
 
 static PyObject *store_close(store_t *self, PyObject *unused)
