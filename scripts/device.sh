@@ -6,12 +6,13 @@
 #   scatter-test   the tests and memcheck only (no benchmark)
 #   gpu-direct     GPU destinations and sources over tcp and shm (tests), `kvstash bench gpu`
 #   gpu-staging    staging with the CUDA backend (tests, and the same under memcheck)
+#   torch          a PyTorch paged KV cache through the Python module, all four read modes
 # Every suite runs even when an earlier one failed; the exit status says whether all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build-gpu/out}
 mkdir -p "$out"
-(($#)) || { sed -n '2,10p' "$0"; exit 2; }
+(($#)) || { sed -n '2,11p' "$0"; exit 2; }
 {
     date -u +"%Y-%m-%dT%H:%M:%SZ"
     # (no commit line: the device machine's copy of .git may lag behind the tree it runs)
@@ -63,6 +64,12 @@ for suite in "$@"; do
         step gpu_staging_test build-gpu/tests/test_gpu_staging
         KVS_TEST_NOFORK=1 step gpu_staging_memcheck timeout 480 compute-sanitizer \
             --tool memcheck --error-exitcode 3 build-gpu/tests/test_gpu_staging
+        ;;
+    torch)
+        PYTHONPATH=$PWD/build-gpu/python KVS_SERVER_PATH=$PWD/build-gpu/kvstash-server \
+            step torch_test bash -c 'cd tests/python && python3 -m unittest -v test_torch_paged_kv'
+        PYTHONPATH=$PWD/build-gpu/python step torch_example bash -c \
+            'time python3 examples/paged_kv_cache.py --server build-gpu/kvstash-server'
         ;;
     *) echo "unknown suite '$suite'"; failed+=("$suite") ;;
     esac
