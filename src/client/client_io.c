@@ -4,6 +4,7 @@
  * fragments, so the single-key calls share the batch code. */
 #define _GNU_SOURCE
 #include "client_int.h"
+#include "../gpu/gpu_copy.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -100,6 +101,8 @@ static int call_init(kvs_client_t *c, const char *op, size_t n, const char *cons
                 key_refuse(k, i, op, "has a fragment not inside one registered buffer");
             else if (!registered)
                 kvs__classify_memory(b->ptr, &dom); /* copying calls take any memory */
+            if (dom >= 0 && !kvs__gpu_built() && k->res[i] == 0)
+                key_refuse(k, i, op, "is in GPU memory, which needs a CUDA build of kvstash");
             k->domain[i] = j == 0 || k->domain[i] == dom ? dom : KVS_DOMAIN_MIXED;
             if (k->domain[i] == KVS_DOMAIN_MIXED && (dom >= 0 || j > 0) && k->res[i] == 0)
                 key_refuse(k, i, op, "mixes host and GPU memory (or two GPUs) in its fragments");
