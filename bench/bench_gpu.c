@@ -218,6 +218,8 @@ int kvs__bench_gpu_main(const char *master, int argc, char **argv)
         kvs_client_close(sc);
         goto out;
     }
+    kvs_client_stats_t ds; /* the direct client's, before the staged calls */
+    kvs_client_get_stats(c, &ds);
     staged = time_reads(sc, keys, kp, bufs, nbufs, pool, npages * page, host, size, page, reps, res,
                         v, check);
     kvs_client_stats_t ss;
@@ -258,6 +260,12 @@ int kvs__bench_gpu_main(const char *master, int argc, char **argv)
     printf("staged read (%llu fills per call):    %6.2f GB/s\n",
            (unsigned long long)(ss.fills / ss.staged_reads), staged);
     printf("direct (better mode) / raw batched:  %5.1f%%\n", 100.0 * best / b_gb);
+    printf("host planning per call: direct %.0f us (%.1f ns/fragment), staged %.0f us (%.1f "
+           "ns/fragment)\n",
+           (double)ds.plan_ns_total / 1e3 / (double)ds.get_calls,
+           (double)ds.plan_ns_total / (double)ds.planned_fragments,
+           (double)ss.plan_ns_total / 1e3 / (double)ss.get_calls,
+           (double)ss.plan_ns_total / (double)ss.planned_fragments);
     printf("staged / direct (better mode):       %5.2fx; every byte checked\n", staged / best);
     cudaStreamDestroy(st);
     ret = 0;

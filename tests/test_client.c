@@ -322,6 +322,11 @@ static void multi_buffer_case(bool grouped)
     kvs_client_stats_t s;
     CHECK_STATUS(kvs_client_get_stats(c, &s), KVS_OK);
     CHECK_EQ_U64(s.get_failed_keys, 4);
+    size_t nfrag = 0;
+    for (int i = 0; i < NK; i++)
+        nfrag += nbufs[i];
+    CHECK_EQ_U64(s.planned_fragments, nfrag);
+    CHECK(s.plan_ns_total > 0);
     /* Direct: one submission per readable key; grouped: one for the one owner. */
     CHECK_EQ_U64(s.get_submissions, grouped ? 1 : 3);
     CHECK_EQ_U64(s.get_grouped_calls, grouped ? 1 : 0);

@@ -289,6 +289,28 @@ static void test_staging_overlap_and_other_domain_fall_back(void)
     CHECK_EQ_U64(s.fallback_overlap, 1);
     CHECK_EQ_U64(s.staged_reads, 0);
     CHECK_STATUS(kvs_client_unregister_buffer(c, pool), KVS_OK);
+    /* Many fragments, scattered over a wide range (the overlap check sorts them): adjacent but
+     * disjoint stages; one byte of overlap between two distant ones falls back. */
+    put_key(c, "y", 64000);
+    size_t wide = 64u << 20;
+    uint8_t *big = malloc(wide);
+    CHECK_STATUS(kvs_client_register_buffer(c, big, wide), KVS_OK);
+    enum { NF = 640 };
+    kvs_buf_t yf[NF];
+    for (int i = 0; i < NF; i++) /* 100-byte fragments at shuffled 100 KiB strides */
+        yf[i] = (kvs_buf_t){big + (size_t)((i * 379) % NF) * 102400, 100};
+    const kvs_buf_t *yb = yf;
+    size_t yn = NF;
+    const char *yk = "y";
+    CHECK_STATUS(kvs_client_batch_get_into_multi_buffers(c, 1, &yk, &yb, &yn, false, res), KVS_OK);
+    CHECK_EQ_INT(res[0], 64000);
+    CHECK_EQ_U64(stats(c).staged_reads, 1);
+    yf[NF - 1].ptr = (uint8_t *)yf[7].ptr + 99; /* shares one byte with fragment 7 */
+    CHECK_STATUS(kvs_client_batch_get_into_multi_buffers(c, 1, &yk, &yb, &yn, false, res), KVS_OK);
+    CHECK_EQ_U64(stats(c).fallback_overlap, 2);
+    CHECK_EQ_U64(stats(c).staged_reads, 1);
+    CHECK_STATUS(kvs_client_unregister_buffer(c, big), KVS_OK);
+    free(big);
     kvs_client_close(c);
     /* Without the host backend, host memory is no backend's domain: every call falls back. */
     setenv("MC_STORE_GPU_STAGING", "1", 1);

@@ -180,9 +180,13 @@ typedef struct {
     uint64_t get_timed_out;     /* keys that failed with KVS_TIMED_OUT */
     uint64_t get_transfer_fail; /* keys that failed with KVS_TRANSFER_FAIL */
     uint64_t remove_calls, exists_calls, size_calls;
-    uint64_t rpc_failures;       /* master calls that failed */
-    uint64_t tcp_transfers;      /* key transfers (reads and replica writes) over tcp */
-    uint64_t shm_transfers;      /* the same over shm (the owner is on this host) */
+    uint64_t rpc_failures;  /* master calls that failed */
+    uint64_t tcp_transfers; /* key transfers (reads and replica writes) over tcp */
+    uint64_t shm_transfers; /* the same over shm (the owner is on this host) */
+    /* Host planning of read calls: validation, replica and route choice, staging eligibility
+     * and fills, up to the first submission; the lookup RPC and the transfers excluded. */
+    uint64_t plan_ns_total;
+    uint64_t planned_fragments;  /* destination fragments of those calls */
     uint64_t registered_buffers; /* currently registered */
     uint64_t registered_bytes;
     /* GPU read staging (all 0 while it is off). */

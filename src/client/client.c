@@ -641,6 +641,8 @@ int kvs_client_get_stats(kvs_client_t *c, kvs_client_stats_t *s)
     LOAD_(rpc_failures);
     LOAD_(tcp_transfers);
     LOAD_(shm_transfers);
+    s->plan_ns_total = atomic_load(&t->plan_ns);
+    s->planned_fragments = atomic_load(&t->plan_fragments);
 #undef LOAD_
     pthread_rwlock_rdlock(&c->reg_lock);
     s->registered_buffers = c->nregs;
@@ -648,6 +650,7 @@ int kvs_client_get_stats(kvs_client_t *c, kvs_client_stats_t *s)
     pthread_rwlock_unlock(&c->reg_lock);
     if (c->staging != NULL) {
         const kvs__staging_stats_t *ss = kvs__staging_stats(c->staging);
+        s->plan_ns_total += atomic_load(&ss->plan_ns);
         s->staged_reads = atomic_load(&ss->staged_reads);
         s->staged_keys = atomic_load(&ss->staged_keys);
         s->fills = atomic_load(&ss->fills);

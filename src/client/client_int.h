@@ -41,6 +41,7 @@ typedef struct {
     atomic_uint_fast64_t get_lease_expired, get_timed_out, get_transfer_fail;
     atomic_uint_fast64_t remove_calls, exists_calls, size_calls, rpc_failures;
     atomic_uint_fast64_t tcp_transfers, shm_transfers;
+    atomic_uint_fast64_t plan_ns, plan_fragments;
     kvs__hist_t put_latency, get_latency;
 } kvs__client_stats_t;
 

@@ -547,8 +547,11 @@ static int read_staged(kvs_client_t *c, call_t *k, const read_slot_t *slots, uin
 }
 
 /* `exact`: fragments must add up to the object; otherwise they may be larger and are cut. */
-static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped)
+/* *plan_ns_p: host time spent before the first submission, the lookup RPC excluded (the staging
+ * planner counts its own share). */
+static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64_t *plan_ns_p)
 {
+    uint64_t t_enter = kvs__now_ns(), t_after = t_enter;
     kvs__str_t *ks = NULL;
     size_t *map = NULL;
     uint32_t m = 0;
@@ -573,6 +576,7 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped)
     kvs__placement_rsp_t pr;
     rc = kvs__client_placement_rsp(kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, m, ks, &rsp), &rsp,
                                    m, &arena, &pr);
+    t_after = kvs__now_ns();
     if (rc != KVS_OK) {
         rc = kvs__fail(rc, "read: lookup failed: %s", kvs_status_str(rc));
         goto out;
@@ -630,6 +634,7 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped)
     }
     uint64_t deadline = deadline_after_ms(c->transfer_timeout_ms);
     if (exact && c->staging != NULL && ns > 0) {
+        *plan_ns_p = (t_lookup - t_enter) + (kvs__now_ns() - t_after);
         rc = read_staged(c, k, slots, ns, lease_until, deadline);
         if (rc != KVS_UNSUPPORTED)
             goto out;
@@ -643,6 +648,7 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped)
                                    sl->offset,      sl->size, &k->iov[k->first[sl->key]],
                                    k->cnt[sl->key], KVS_OK,   gpu_of(k->domain[sl->key])};
     }
+    *plan_ns_p = (t_lookup - t_enter) + (kvs__now_ns() - t_after);
     /* Submissions: direct = one per key, grouped = one per owner; all in flight together. */
     uint32_t nb = 0;
     for (uint32_t s = 0; s < ns;) {
@@ -697,9 +703,12 @@ static int get_run(kvs_client_t *c, const char *op, size_t n, const char *const 
     int rc = call_init(c, op, n, keys, bufs, nbufs, registered, &k);
     if (rc != KVS_OK)
         return rc;
+    uint64_t init_ns = kvs__now_ns() - t0, plan_ns = 0, nfrag = 0;
+    for (size_t i = 0; i < n; i++)
+        nfrag += nbufs[i];
     kvs__client_enter(c);
     kvs__client_sweep(c);
-    rc = get_call(c, &k, exact, grouped);
+    rc = get_call(c, &k, exact, grouped, &plan_ns);
     uint64_t bytes = 0, failed = 0, expired = 0, timed_out = 0, xfer = 0;
     if (rc == KVS_OK) {
         for (size_t i = 0; i < n; i++) {
@@ -715,6 +724,8 @@ static int get_run(kvs_client_t *c, const char *op, size_t n, const char *const 
         }
     }
     kvs__client_stats_t *st = &c->st;
+    atomic_fetch_add(&st->plan_ns, init_ns + plan_ns);
+    atomic_fetch_add(&st->plan_fragments, nfrag);
     atomic_fetch_add(&st->get_calls, 1);
     atomic_fetch_add(&st->get_grouped_calls, grouped);
     atomic_fetch_add(&st->get_keys, n);

@@ -161,13 +161,48 @@ void *kvs__staging_buffer(kvs__staging_t *st, uint64_t *bytes_p)
 /* ---- eligibility ----------------------------------------------------------------------------- */
 
 typedef struct {
-    uintptr_t start, end;
+    uint64_t start, end;
 } span_t;
 
-static int cmp_span(const void *a, const void *b)
+/* Sorts spans by start: LSD radix sort on 16-bit digits, skipping digits all starts share (a
+ * call's fragments usually lie in one buffer, so the high digits are equal). Linear in the
+ * number of spans, where qsort cost ~250 ns per fragment at 147k fragments. */
+static int sort_spans(span_t *s, size_t n)
 {
-    const span_t *x = a, *y = b;
-    return x->start < y->start ? -1 : x->start > y->start;
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (size_t i = 0; i < n; i++) {
+        lo = KVS_MIN(lo, s[i].start);
+        hi = KVS_MAX(hi, s[i].start);
+    }
+    span_t *tmp = kvs__malloc(KVS_MAX(n, 1) * sizeof(*tmp));
+    size_t *count = kvs__malloc(65536 * sizeof(*count));
+    if (tmp == NULL || count == NULL) {
+        kvs__free(tmp);
+        kvs__free(count);
+        return KVS_NO_MEMORY;
+    }
+    uint64_t differ = lo ^ hi;
+    for (unsigned shift = 0; shift < 64; shift += 16) {
+        if ((differ >> shift) == 0)
+            break; /* no digit from here up differs */
+        if (((differ >> shift) & 0xffff) == 0)
+            continue;
+        memset(count, 0, 65536 * sizeof(*count));
+        for (size_t i = 0; i < n; i++)
+            count[(s[i].start >> shift) & 0xffff]++;
+        size_t pos = 0;
+        for (size_t d = 0; d < 65536; d++) {
+            size_t c = count[d];
+            count[d] = pos;
+            pos += c;
+        }
+        for (size_t i = 0; i < n; i++)
+            tmp[count[(s[i].start >> shift) & 0xffff]++] = s[i];
+        memcpy(s, tmp, n * sizeof(*s));
+    }
+    kvs__free(tmp);
+    kvs__free(count);
+    return KVS_OK;
 }
 
 /* True when two fragments of the call share a byte. */
@@ -184,13 +219,14 @@ static bool fragments_overlap(const kvs__staged_key_t *keys, uint32_t n, bool *o
     size_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         for (uint32_t j = 0; j < keys[i].iovcnt; j++) {
-            uintptr_t p = (uintptr_t)keys[i].iov[j].iov_base;
+            uint64_t p = (uintptr_t)keys[i].iov[j].iov_base;
             s[k++] = (span_t){p, p + keys[i].iov[j].iov_len};
         }
     }
-    qsort(s, nf, sizeof(*s), cmp_span);
     bool overlap = false;
-    for (size_t i = 1; i < nf && !overlap; i++)
+    if (sort_spans(s, nf) != KVS_OK)
+        *oom_p = true;
+    for (size_t i = 1; i < nf && !overlap && !*oom_p; i++)
         overlap = s[i].start < s[i - 1].end;
     kvs__free(s);
     return overlap;
@@ -327,6 +363,7 @@ int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n, u
 {
     if (st == NULL || n == 0)
         return KVS_UNSUPPORTED;
+    uint64_t t_enter = kvs__now_ns();
     int domain = -1;
     int why = check_eligible(st, keys, n, &domain);
     if (why >= 0)
@@ -383,6 +420,7 @@ int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n, u
     atomic_fetch_add(&st->st.staged_reads, 1);
     atomic_fetch_add(&st->st.staged_keys, n);
     kvs_debug("staging: %u key(s) in %u fill(s)", n, nfills);
+    atomic_fetch_add(&st->st.plan_ns, kvs__now_ns() - t_enter);
     for (uint32_t f = 0, a = 0; f < nfills; a = fill_end[f++])
         run_fill(st, keys, a, fill_end[f], off, deadline_ns, reqs, bufv, frags);
     ret = KVS_OK;

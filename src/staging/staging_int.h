@@ -48,6 +48,7 @@ typedef enum {
 
 typedef struct {
     atomic_uint_fast64_t staged_reads, staged_keys, fills, scatter_launches;
+    atomic_uint_fast64_t plan_ns; /* eligibility and fill planning, before the first fill */
     atomic_uint_fast64_t fallback[KVS_FALLBACK_COUNT_];
 } kvs__staging_stats_t;
 
