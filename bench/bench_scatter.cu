@@ -22,13 +22,14 @@ extern "C" {
 #include <string>
 #include <vector>
 
-namespace {
+namespace
+{
 
 #define BENCH_CUDA(call)                                                                           \
     do {                                                                                           \
         cudaError_t e_ = (call);                                                                   \
         if (e_ != cudaSuccess) {                                                                   \
-            std::fprintf(stderr, "bench scatter: %s: %s\n", #call, cudaGetErrorString(e_));      \
+            std::fprintf(stderr, "bench scatter: %s: %s\n", #call, cudaGetErrorString(e_));        \
             std::exit(1);                                                                          \
         }                                                                                          \
     } while (0)
@@ -153,20 +154,19 @@ void run_method(ctx_t &c, method_t m, const set_t &s, std::vector<void *> &dsts,
         attr.dstLocHint.type = cudaMemLocationTypeDevice;
         size_t attr_idx = 0;
 #if CUDART_VERSION >= 13000
-        BENCH_CUDA(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), n, &attr,
-                                        &attr_idx, 1, c.stream));
+        BENCH_CUDA(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), n, &attr, &attr_idx,
+                                        1, c.stream));
 #else
         size_t fail_idx = 0;
-        BENCH_CUDA(cudaMemcpyBatchAsync(dsts.data(), const_cast<void **>(srcs.data()),
-                                        sizes.data(), n, &attr, &attr_idx, 1, &fail_idx,
-                                        c.stream));
+        BENCH_CUDA(cudaMemcpyBatchAsync(dsts.data(), const_cast<void **>(srcs.data()), sizes.data(),
+                                        n, &attr, &attr_idx, 1, &fail_idx, c.stream));
 #endif
         break;
     }
     case M_PER_FRAG:
         for (size_t i = 0; i < n; i++)
-            BENCH_CUDA(cudaMemcpyAsync(s.frags[i].dst, c.src + s.frags[i].src_off,
-                                       s.frags[i].len, cudaMemcpyDeviceToDevice, c.stream));
+            BENCH_CUDA(cudaMemcpyAsync(s.frags[i].dst, c.src + s.frags[i].src_off, s.frags[i].len,
+                                       cudaMemcpyDeviceToDevice, c.stream));
         break;
     case M_CUB: {
         // The host waits for the previous call, so the pinned arrays are free to refill.
@@ -179,8 +179,8 @@ void run_method(ctx_t &c, method_t m, const set_t &s, std::vector<void *> &dsts,
                                    c.stream));
         BENCH_CUDA(cudaMemcpyAsync(c.d_dsts, c.h_dsts, n * sizeof(void *), cudaMemcpyHostToDevice,
                                    c.stream));
-        BENCH_CUDA(cudaMemcpyAsync(c.d_sizes, c.h_sizes, n * sizeof(size_t),
-                                   cudaMemcpyHostToDevice, c.stream));
+        BENCH_CUDA(cudaMemcpyAsync(c.d_sizes, c.h_sizes, n * sizeof(size_t), cudaMemcpyHostToDevice,
+                                   c.stream));
         size_t tmp = c.cub_tmp_len;
         BENCH_CUDA(cub::DeviceMemcpy::Batched(c.cub_tmp, tmp, c.d_srcs, c.d_dsts, c.d_sizes,
                                               (int64_t)n, c.stream));
@@ -200,8 +200,8 @@ bool verify(ctx_t &c, method_t m, const set_t &s)
     unsigned n = (unsigned)s.frags.size();
     if (m == M_CONTIG) {
         frag_t one{c.pool, 0, s.bytes};
-        BENCH_CUDA(cudaMemcpyAsync(c.d_frags + n, &one, sizeof(one), cudaMemcpyHostToDevice,
-                                   c.stream));
+        BENCH_CUDA(
+            cudaMemcpyAsync(c.d_frags + n, &one, sizeof(one), cudaMemcpyHostToDevice, c.stream));
         verify_kernel<<<2048, 256, 0, c.stream>>>(c.src, c.d_frags + n, 1, c.d_bad);
     } else {
         verify_kernel<<<std::min(n, 65535u), 256, 0, c.stream>>>(c.src, c.d_frags, n, c.d_bad);
@@ -253,8 +253,8 @@ std::vector<std::string> split(const char *s)
 extern "C" int kvs__bench_scatter_main(int argc, char **argv)
 {
     std::vector<std::string> byte_args = {"256MiB", "1GiB"};
-    std::vector<std::string> sets = {"4KiB",   "8KiB", "16KiB", "64KiB", "256KiB",
-                                      "1MiB",   "12MiB", "mixed", "odd"};
+    std::vector<std::string> sets = {"4KiB", "8KiB",  "16KiB", "64KiB", "256KiB",
+                                     "1MiB", "12MiB", "mixed", "odd"};
     unsigned reps = 20, warmup = 3;
     int device = 0;
     const char *csv = NULL;
@@ -343,8 +343,8 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
         BENCH_CUDA(cudaMalloc(&c.d_frags, (max_frags + 1) * sizeof(frag_t)));
         BENCH_CUDA(cudaMalloc(&c.d_bad, sizeof(*c.d_bad)));
         c.cub_tmp_len = 0;
-        BENCH_CUDA(cub::DeviceMemcpy::Batched(NULL, c.cub_tmp_len, c.d_srcs, c.d_dsts,
-                                              c.d_sizes, (int64_t)max_frags, c.stream));
+        BENCH_CUDA(cub::DeviceMemcpy::Batched(NULL, c.cub_tmp_len, c.d_srcs, c.d_dsts, c.d_sizes,
+                                              (int64_t)max_frags, c.stream));
         BENCH_CUDA(cudaMalloc(&c.cub_tmp, c.cub_tmp_len));
         cudaEvent_t e0, e1;
         BENCH_CUDA(cudaEventCreate(&e0));
@@ -356,8 +356,7 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
         for (const std::string &name : sets) {
             set_t s = make_set(name, total, c.pool, rng);
             if (s.frags.empty() || s.frags.size() > max_frags) {
-                std::fprintf(stderr, "bench scatter: set '%s' does not fit %s\n", name.c_str(),
-                             tb);
+                std::fprintf(stderr, "bench scatter: set '%s' does not fit %s\n", name.c_str(), tb);
                 continue;
             }
             BENCH_CUDA(cudaMemcpy(c.d_frags, s.frags.data(), s.frags.size() * sizeof(frag_t),

@@ -15,7 +15,8 @@ extern "C" {
 #include <stdint.h>
 #include <string.h>
 
-namespace {
+namespace
+{
 
 struct unit_t {
     unsigned long long dst;
@@ -81,7 +82,8 @@ __device__ __forceinline__ void copy_shift(char *dst, const char *src, unsigned 
     unsigned nw = (len - head) / 4;
     unsigned r = (unsigned)((uintptr_t)s & 3); // non-zero here
     const unsigned *sw = reinterpret_cast<const unsigned *>(s - r);
-    const unsigned *last = reinterpret_cast<const unsigned *>(((uintptr_t)(src + len - 1)) & ~(uintptr_t)3);
+    const unsigned *last =
+        reinterpret_cast<const unsigned *>(((uintptr_t)(src + len - 1)) & ~(uintptr_t)3);
     unsigned *dw = reinterpret_cast<unsigned *>(dst + head);
     for (unsigned i = threadIdx.x; i < nw; i += kThreads) {
         unsigned lo = sw[i];
@@ -109,15 +111,15 @@ __device__ __forceinline__ void copy_unit(const unit_t &u, const char *src)
 }
 
 template <unsigned N>
-__global__ void __launch_bounds__(kThreads) scatter_inline(const char *src, unsigned n,
-                                                           const inline_units_t<N> units)
+__global__ void __launch_bounds__(kThreads)
+    scatter_inline(const char *src, unsigned n, const inline_units_t<N> units)
 {
     for (unsigned i = blockIdx.x; i < n; i += gridDim.x)
         copy_unit(units.u[i], src);
 }
 
-__global__ void __launch_bounds__(kThreads) scatter_uploaded(const char *src, unsigned n,
-                                                             const unit_t *units)
+__global__ void __launch_bounds__(kThreads)
+    scatter_uploaded(const char *src, unsigned n, const unit_t *units)
 {
     for (unsigned i = blockIdx.x; i < n; i += gridDim.x)
         copy_unit(units[i], src);
