@@ -217,6 +217,47 @@ static void test_gpu_staging_busy_and_injected_failures(void)
     free(x);
 }
 
+/* The buffer is bound to the device of the first staged call: a call into another GPU's pages
+ * falls back (other_gpu) and is exact through the direct path. Needs two GPUs. */
+static void test_gpu_staging_other_gpu_falls_back(void)
+{
+    int ngpu = 0;
+    CHECK_CUDA(cudaGetDeviceCount(&ngpu));
+    if (ngpu < 2) {
+        printf("  SKIP: needs two GPUs (%d here); run by scripts/device.sh on nvidia-h200-x2\n",
+               ngpu);
+        return;
+    }
+    fix_t *x = calloc(1, sizeof(*x));
+    fix_start(x, "shm");
+    bool all[NK] = {true, true, true, true, true, true, true};
+    int64_t res[NK];
+    fix_layout(x);
+    CHECK_STATUS(kvs_client_batch_get_into_multi_buffers(x->c, NK, keys, x->bufs, x->n, false, res),
+                 KVS_OK);
+    fix_check(x, all);
+    CHECK_EQ_U64(stats(x).staged_reads, 1); /* the buffer now lives on GPU 0 */
+    char *gpu0 = x->pool, *gpu1 = NULL;
+    CHECK_CUDA(cudaSetDevice(1));
+    CHECK_CUDA(cudaMalloc((void **)&gpu1, x->pool_len));
+    CHECK_STATUS(kvs_client_register_buffer(x->c, gpu1, x->pool_len), KVS_OK);
+    x->pool = gpu1;
+    fix_layout(x);
+    CHECK_STATUS(kvs_client_batch_get_into_multi_buffers(x->c, NK, keys, x->bufs, x->n, false, res),
+                 KVS_OK);
+    fix_check(x, all);
+    kvs_client_stats_t s = stats(x);
+    CHECK_EQ_U64(s.fallback_other_gpu, 1);
+    CHECK_EQ_U64(s.staged_reads, 1);
+    printf("  GPU 1 pages: fallback other_gpu, bytes exact through the direct path\n");
+    CHECK_STATUS(kvs_client_unregister_buffer(x->c, gpu1), KVS_OK);
+    CHECK_CUDA(cudaFree(gpu1));
+    CHECK_CUDA(cudaSetDevice(0));
+    x->pool = gpu0;
+    fix_stop(x);
+    free(x);
+}
+
 int main(int argc, char **argv)
 {
     if (!have_gpu()) {
@@ -227,6 +268,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_gpu_staged_over_shm),
         KVS_TEST_CASE(test_gpu_staged_over_tcp),
         KVS_TEST_CASE(test_gpu_staging_busy_and_injected_failures),
+        KVS_TEST_CASE(test_gpu_staging_other_gpu_falls_back),
     };
     return kvs_test_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }
