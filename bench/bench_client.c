@@ -66,6 +66,18 @@ static int parse_opts(int argc, char **argv, bench_opts_t *o)
     return 0;
 }
 
+void kvs__bench_shuffle(uint64_t *perm, uint64_t n, uint64_t seed)
+{
+    for (uint64_t p = 0; p < n; p++)
+        perm[p] = p;
+    for (uint64_t p = n; p > 1; p--) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        uint64_t j = (seed >> 33) % p, t = perm[p - 1];
+        perm[p - 1] = perm[j];
+        perm[j] = t;
+    }
+}
+
 /* Fragment lists: key i reads into pages perm[i * per + j] of the pool. */
 typedef struct {
     kvs_buf_t *frags;
@@ -84,15 +96,7 @@ static int layout_build(const bench_opts_t *o, char *pool, layout_t *l)
         free(perm);
         return -1;
     }
-    for (uint64_t p = 0; p < npages; p++)
-        perm[p] = p;
-    uint64_t seed = 12345;
-    for (uint64_t p = npages; p > 1; p--) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        uint64_t j = (seed >> 33) % p, t = perm[p - 1];
-        perm[p - 1] = perm[j];
-        perm[j] = t;
-    }
+    kvs__bench_shuffle(perm, npages, 12345);
     for (uint32_t i = 0; i < o->keys; i++) {
         for (uint64_t j = 0; j < per; j++) {
             uint64_t len = KVS_MIN(o->page, o->size - j * o->page);

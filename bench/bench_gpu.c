@@ -143,6 +143,7 @@ int kvs__bench_gpu_main(const char *master, int argc, char **argv)
     if (master != NULL)
         cfg.master = master;
     kvs_client_t *c;
+    int ret = 1;
     if (kvs_client_open(&cfg, &c) != KVS_OK) {
         fprintf(stderr, "kvstash bench gpu: %s\n", kvs_last_error());
         return 1;
@@ -161,15 +162,13 @@ int kvs__bench_gpu_main(const char *master, int argc, char **argv)
     int64_t *res = calloc(keys, sizeof(*res));
     int *pres = calloc(keys, sizeof(*pres));
     uint64_t *perm = malloc(npages * sizeof(*perm));
-    for (uint64_t p = 0; p < npages; p++)
-        perm[p] = p;
-    uint64_t seed = 7;
-    for (uint64_t p = npages; p > 1; p--) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        uint64_t j = (seed >> 33) % p, t = perm[p - 1];
-        perm[p - 1] = perm[j];
-        perm[j] = t;
+    if (perm == NULL || names == NULL || kp == NULL || src == NULL || frags == NULL ||
+        bufs == NULL || nbufs == NULL || res == NULL || pres == NULL || check == NULL ||
+        v == NULL) {
+        fprintf(stderr, "kvstash bench gpu: out of memory\n");
+        goto out;
     }
+    kvs__bench_shuffle(perm, npages, 7);
     for (uint64_t k = 0; k < keys; k++) {
         names[k] = malloc(48);
         snprintf(names[k], 48, "bench-gpu-%d-%llu", (int)getpid(), (unsigned long long)k);
@@ -180,7 +179,6 @@ int kvs__bench_gpu_main(const char *master, int argc, char **argv)
         bufs[k] = &frags[k * per];
         nbufs[k] = per;
     }
-    int ret = 1;
     if (kvs_client_register_buffer(c, host, total) != KVS_OK ||
         kvs_client_register_buffer(c, pool, npages * page) != KVS_OK ||
         kvs_client_batch_put_from(c, keys, kp, src, NULL, pres) != KVS_OK) {

@@ -461,6 +461,17 @@ static PyObject *store_get_into(store_t *self, PyObject *args)
 
 /* ---- batches --------------------------------------------------------------------------------- */
 
+/* The Python list of a batch's per-key results: the call's status for every key when the call
+ * itself failed, else the put statuses (ires) or the read sizes (res). */
+static PyObject *batch_results(int r, Py_ssize_t n, int64_t *res, const int *ires, bool put)
+{
+    if (r != KVS_OK)
+        return same_code_list(n, r);
+    for (Py_ssize_t i = 0; put && i < n; i++)
+        res[i] = ires[i];
+    return int_list(res, n);
+}
+
 /* keys + one buffer per key (put: results are statuses, get: sizes). */
 static PyObject *batch_single(store_t *self, PyObject *keys_o, PyObject *ptrs_o, PyObject *sizes_o,
                               PyObject *cfg, bool put)
@@ -503,14 +514,7 @@ static PyObject *batch_single(store_t *self, PyObject *keys_o, PyObject *ptrs_o,
         kvs_client_batch_put_from(c, (size_t)n, keys, bufs, &rc, ires);
     else r = kvs_client_batch_get_into(c, (size_t)n, keys, bufs, res);
     Py_END_ALLOW_THREADS store_leave(self);
-    if (r != KVS_OK) {
-        out = same_code_list(n, r);
-        goto done;
-    }
-    if (put)
-        for (Py_ssize_t i = 0; i < n; i++)
-            res[i] = ires[i];
-    out = int_list(res, n);
+    out = batch_results(r, n, res, ires, put);
 done:
     PyMem_Free(keys);
     PyMem_Free(ptrs);
@@ -619,14 +623,7 @@ static PyObject *batch_multi(store_t *self, PyObject *keys_o, PyObject *ptrs_o, 
     else r =
         kvs_client_batch_get_into_multi_buffers(c, (size_t)n, keys, bufs, nbufs, same_node, res);
     Py_END_ALLOW_THREADS store_leave(self);
-    if (r != KVS_OK) {
-        out = same_code_list(n, r);
-        goto done;
-    }
-    if (put)
-        for (Py_ssize_t i = 0; i < n; i++)
-            res[i] = ires[i];
-    out = int_list(res, n);
+    out = batch_results(r, n, res, ires, put);
 done:
     PyMem_Free(keys);
     PyMem_Free(bufs);

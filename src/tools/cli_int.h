@@ -2,6 +2,8 @@
 #ifndef KVS_CLI_INT_H
 #define KVS_CLI_INT_H
 
+#include <stdint.h>
+
 /* `kvstash bench allocator [options]`: replays the allocator workload. Returns an exit code. */
 int kvs__bench_allocator_main(int argc, char **argv);
 /* `kvstash bench transport [options]`: loopback transport throughput against plain sockets. */
@@ -17,5 +19,9 @@ int kvs__bench_scatter_main(int argc, char **argv);
 /* `kvstash bench gpu [options]`: direct reads into device pages against the copy engine's own
  * rates (CUDA builds only). */
 int kvs__bench_gpu_main(const char *master, int argc, char **argv);
+
+/* Benchmarks: a reproducible random permutation of 0..n-1 into perm[] (Fisher-Yates with an
+ * LCG seeded by `seed`), so destination pages land at random places. */
+void kvs__bench_shuffle(uint64_t *perm, uint64_t n, uint64_t seed);
 
 #endif
