@@ -310,6 +310,36 @@ static void test_staging_overlap_and_other_domain_fall_back(void)
     CHECK_EQ_U64(stats(c).fallback_overlap, 2);
     CHECK_EQ_U64(stats(c).staged_reads, 1);
     CHECK_STATUS(kvs_client_unregister_buffer(c, big), KVS_OK);
+    /* Pages of a pool (the bitmap path of the check: 1 KiB pages and a 512-byte last one,
+     * shuffled): stages, every byte in its page; the same page twice, or a fragment half-way
+     * into another page, falls back. */
+    enum { NP = 63 };
+    kvs_buf_t pf[NP];
+    for (int i = 0; i < NP; i++)
+        pf[i] = (kvs_buf_t){big + (size_t)((i * 37) % NP) * 1024, i < NP - 1 ? 1024 : 512};
+    CHECK_STATUS(kvs_client_register_buffer(c, big, wide), KVS_OK);
+    const kvs_buf_t *pb = pf;
+    size_t pn = NP;
+    CHECK_STATUS(kvs_client_batch_get_into_multi_buffers(c, 1, &yk, &pb, &pn, false, res), KVS_OK);
+    CHECK_EQ_INT(res[0], 64000);
+    CHECK_EQ_U64(stats(c).staged_reads, 2);
+    bool exact = true;
+    for (int i = 0; i < NP; i++)
+        for (size_t b = 0; b < pf[i].len; b++)
+            exact = exact && ((uint8_t *)pf[i].ptr)[b] == byte_of("y", (uint64_t)i * 1024 + b);
+    CHECK(exact);
+    kvs_buf_t keep = pf[5];
+    pf[5].ptr = pf[20].ptr; /* the same page twice */
+    CHECK_STATUS(kvs_client_batch_get_into_multi_buffers(c, 1, &yk, &pb, &pn, false, res), KVS_OK);
+    CHECK_EQ_U64(stats(c).fallback_overlap, 3);
+    pf[5].ptr = (uint8_t *)pf[20].ptr + 512; /* half-way into another page */
+    CHECK_STATUS(kvs_client_batch_get_into_multi_buffers(c, 1, &yk, &pb, &pn, false, res), KVS_OK);
+    CHECK_EQ_U64(stats(c).fallback_overlap, 4);
+    pf[5] = keep;
+    CHECK_STATUS(kvs_client_batch_get_into_multi_buffers(c, 1, &yk, &pb, &pn, false, res), KVS_OK);
+    CHECK_EQ_U64(stats(c).staged_reads, 3);
+    CHECK_EQ_U64(stats(c).fallback_overlap, 4);
+    CHECK_STATUS(kvs_client_unregister_buffer(c, big), KVS_OK);
     free(big);
     kvs_client_close(c);
     /* Without the host backend, host memory is no backend's domain: every call falls back. */
