@@ -20,6 +20,10 @@ int kvs__bench_scatter_main(int argc, char **argv);
  * rates (CUDA builds only). */
 int kvs__bench_gpu_main(const char *master, int argc, char **argv);
 
+/* `kvstash bench store [options]`: the store benchmark (DESIGN §5): its own store and reader
+ * processes, four read modes, limits measured in the same run. */
+int kvs__bench_store_main(int argc, char **argv);
+
 /* Benchmarks: a reproducible random permutation of 0..n-1 into perm[] (Fisher-Yates with an
  * LCG seeded by `seed`), so destination pages land at random places. */
 void kvs__bench_shuffle(uint64_t *perm, uint64_t n, uint64_t seed);

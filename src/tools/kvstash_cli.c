@@ -26,6 +26,8 @@ static void usage(FILE *f)
                "  bench client [...]        put and multi-buffer get throughput against a store\n"
                "  bench scatter [...]       GPU scatter kernel vs CUDA copy APIs (CUDA builds)\n"
                "  bench gpu [...]           direct reads into device pages vs the copy engine\n"
+               "  bench store [...]         the store benchmark: own store and reader processes,\n"
+               "                            direct/grouped/staged reads beside measured limits\n"
                "\n"
                "The master defaults to $KVS_MASTER, else 127.0.0.1:50051.\n");
 }
@@ -272,6 +274,8 @@ int main(int argc, char **argv)
             return kvs__bench_transport_main(argc - i, argv + i);
         if (i < argc && strcmp(argv[i], "client") == 0)
             return kvs__bench_client_main(master, argc - i, argv + i);
+        if (i < argc && strcmp(argv[i], "store") == 0)
+            return kvs__bench_store_main(argc - i, argv + i);
         if (i < argc && (strcmp(argv[i], "scatter") == 0 || strcmp(argv[i], "gpu") == 0)) {
 #ifdef KVS_HAVE_CUDA
             if (strcmp(argv[i], "gpu") == 0)
@@ -287,7 +291,7 @@ int main(int argc, char **argv)
         }
         fprintf(stderr,
                 "kvstash bench: unknown benchmark '%s' (known: allocator, transport, client, "
-                "scatter, gpu)\n",
+                "store, scatter, gpu)\n",
                 i < argc ? argv[i] : "");
         return 2;
     }
