@@ -40,9 +40,12 @@ struct frag_t {
     uint64_t len;
 };
 
-enum method_t { M_KERNEL, M_BATCH, M_PER_FRAG, M_CUB, M_CONTIG, M_COUNT };
-const char *const kMethodNames[M_COUNT] = {"kvstash", "cudaMemcpyBatchAsync",
-                                           "cudaMemcpyAsync/frag", "cub::Batched", "contiguous"};
+// The kernel also runs on a bounded grid (8, 16, 32 blocks), as it would beside model compute.
+enum method_t { M_KERNEL, M_BATCH, M_PER_FRAG, M_CUB, M_CONTIG, M_K8, M_K16, M_K32, M_COUNT };
+const char *const kMethodNames[M_COUNT] = {
+    "kvstash",    "cudaMemcpyBatchAsync", "cudaMemcpyAsync/frag", "cub::Batched",
+    "contiguous", "kvstash/8 blocks",     "kvstash/16 blocks",    "kvstash/32 blocks"};
+const uint32_t kBounded[3] = {8, 16, 32};
 
 // Counts bytes of each fragment that differ from the source (one block per fragment).
 __global__ void verify_kernel(const char *src, const frag_t *frags, unsigned n,
@@ -105,6 +108,7 @@ set_t make_set(const std::string &name, uint64_t total, char *pool, std::mt19937
 struct ctx_t {
     cudaStream_t stream;
     kvs__scatter_t *scatter;
+    kvs__scatter_t *bounded[3]; // max_blocks 8, 16, 32
     char *src;
     char *pool;
     uint64_t pool_len;
@@ -127,11 +131,15 @@ void run_method(ctx_t &c, method_t m, const set_t &s, std::vector<void *> &dsts,
 {
     const size_t n = s.frags.size();
     switch (m) {
-    case M_KERNEL: {
+    case M_KERNEL:
+    case M_K8:
+    case M_K16:
+    case M_K32: {
         kfr.resize(n);
         for (size_t i = 0; i < n; i++)
             kfr[i] = kvs__scatter_frag_t{s.frags[i].dst, s.frags[i].len};
-        int rc = kvs__scatter_launch(c.scatter, c.src, kfr.data(), (uint32_t)n, c.stream);
+        kvs__scatter_t *ctx = m == M_KERNEL ? c.scatter : c.bounded[m - M_K8];
+        int rc = kvs__scatter_launch(ctx, c.src, kfr.data(), (uint32_t)n, c.stream);
         if (rc != KVS_OK) {
             std::fprintf(stderr, "bench scatter: kvstash launch: %s\n", kvs_status_str(rc));
             std::exit(1);
@@ -324,6 +332,13 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
             std::fprintf(stderr, "bench scatter: no scatter context\n");
             return 1;
         }
+        for (int b = 0; b < 3; b++) {
+            kvs__scatter_config_t bc = {device, kBounded[b]};
+            if (kvs__scatter_create(&bc, &c.bounded[b]) != KVS_OK) {
+                std::fprintf(stderr, "bench scatter: no scatter context\n");
+                return 1;
+            }
+        }
         c.pool_len = total + total / 8 + 4096; // room for the odd set's gaps
         BENCH_CUDA(cudaMalloc(&c.src, total));
         BENCH_CUDA(cudaMalloc(&c.pool, c.pool_len));
@@ -415,6 +430,8 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
         cudaEventDestroy(e0);
         cudaEventDestroy(e1);
         kvs__scatter_destroy(c.scatter);
+        for (int b = 0; b < 3; b++)
+            kvs__scatter_destroy(c.bounded[b]);
         cudaFree(c.src);
         cudaFree(c.pool);
         cudaFree(c.d_srcs);

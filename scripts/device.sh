@@ -7,12 +7,15 @@
 #   gpu-direct     GPU destinations and sources over tcp and shm (tests), `kvstash bench gpu`
 #   gpu-staging    staging with the CUDA backend (tests, and the same under memcheck)
 #   torch          a PyTorch paged KV cache through the Python module, all four read modes
+#   gpu-tests      the GPU path and staging tests only (no memcheck, no benchmark)
+#   store          `kvstash bench store` (the store benchmark); $STORE_ARGS adds its options
+# $SCATTER_ARGS adds options to `kvstash bench scatter`.
 # Every suite runs even when an earlier one failed; the exit status says whether all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build-gpu/out}
 mkdir -p "$out"
-(($#)) || { sed -n '2,11p' "$0"; exit 2; }
+(($#)) || { sed -n '2,14p' "$0"; exit 2; }
 {
     date -u +"%Y-%m-%dT%H:%M:%SZ"
     # (no commit line: the device machine's copy of .git may lag behind the tree it runs)
@@ -43,8 +46,9 @@ for suite in "$@"; do
         else
             echo "compute-sanitizer not found: memcheck skipped" | tee "$out/scatter_memcheck.log"
         fi
+        # shellcheck disable=SC2086 # SCATTER_ARGS is a list of options
         [ "$suite" = scatter ] && step scatter_bench build-gpu/kvstash bench scatter \
-            --csv "$out/scatter.csv"
+            --csv "$out/scatter.csv" ${SCATTER_ARGS:-}
         ;;
     gpu-direct)
         step gpu_paths_test build-gpu/tests/test_gpu_paths
@@ -65,11 +69,20 @@ for suite in "$@"; do
         KVS_TEST_NOFORK=1 step gpu_staging_memcheck timeout 480 compute-sanitizer \
             --tool memcheck --error-exitcode 3 build-gpu/tests/test_gpu_staging
         ;;
+    gpu-tests)
+        step gpu_paths_test build-gpu/tests/test_gpu_paths
+        step gpu_staging_test build-gpu/tests/test_gpu_staging
+        ;;
     torch)
         PYTHONPATH=$PWD/build-gpu/python KVS_SERVER_PATH=$PWD/build-gpu/kvstash-server \
             step torch_test bash -c 'cd tests/python && python3 -m unittest -v test_torch_paged_kv'
         PYTHONPATH=$PWD/build-gpu/python step torch_example bash -c \
             'time python3 examples/paged_kv_cache.py --server build-gpu/kvstash-server'
+        ;;
+    store)
+        # shellcheck disable=SC2086 # STORE_ARGS is a list of options
+        step store_bench build-gpu/kvstash bench store --csv "$out/store.csv" \
+            --table "$out/store.md" --plot "$out/store.png" ${STORE_ARGS:-}
         ;;
     *) echo "unknown suite '$suite'"; failed+=("$suite") ;;
     esac

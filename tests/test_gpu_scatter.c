@@ -142,7 +142,7 @@ static kvs__scatter_t *make(uint32_t max_blocks)
 static void test_inline_descriptors(void)
 {
     kvs__scatter_t *s = make(0);
-    /* <= 64 units and <= 1280 units travel as kernel parameters. */
+    /* <= 64 units and <= KVS_SCATTER_INLINE_UNITS (2000) travel as kernel parameters. */
     for (unsigned mis = 0; mis < 16; mis += 5) {
         run_case(s, 1, len_tiny, mis, NULL);
         run_case(s, 40, len_small_odd, mis, NULL);
@@ -157,7 +157,8 @@ static void test_uploaded_descriptors_and_reuse(void)
     kvs__scatter_t *s = make(0);
     cudaStream_t st;
     CHECK_CUDA(cudaStreamCreate(&st));
-    /* Above the inline limit: uploaded; several calls in a row reuse the pinned buffer. */
+    /* Above the inline limit: uploaded from the two pinned buffers, which calls in a row take in
+     * turn and reuse (two streams, so a buffer's last reader may still be queued). */
     for (int r = 0; r < 4; r++) {
         run_case(s, 3000, len_pages, (unsigned)r * 3, r % 2 ? st : NULL);
         run_case(s, 20000, len_small_odd, 7, st);

@@ -101,7 +101,7 @@ static int call_init(kvs_client_t *c, const char *op, size_t n, const char *cons
                 key_refuse(k, i, op, "has a fragment not inside one registered buffer");
             else if (!registered)
                 kvs__classify_memory(b->ptr, &dom); /* copying calls take any memory */
-            if (dom >= 0 && !kvs__gpu_built() && k->res[i] == 0)
+            if (dom >= 0 && !KVS_GPU_BUILT && k->res[i] == 0)
                 key_refuse(k, i, op, "is in GPU memory, which needs a CUDA build of kvstash");
             k->domain[i] = j == 0 || k->domain[i] == dom ? dom : KVS_DOMAIN_MIXED;
             if (k->domain[i] == KVS_DOMAIN_MIXED && (dom >= 0 || j > 0) && k->res[i] == 0)

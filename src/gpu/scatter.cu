@@ -1,9 +1,14 @@
 // The scatter kernel: one launch copies a contiguous device source into many destination
-// fragments. The host splits fragments into work units of at most KVS_SCATTER_UNIT_BYTES; each
-// block of a persistent grid copies whole units with the widest accesses the relative alignment
-// of source and destination allows (16, 8 or 4 bytes; a funnel shift when they differ), bytes
-// only for heads and tails. Units travel as a by-value kernel parameter when they fit, else
-// from a pinned upload buffer whose reuse waits on the event of its last kernel.
+// fragments. The host splits fragments into work units of at most KVS_SCATTER_UNIT_BYTES,
+// described in 16 bytes each; each warp of a persistent grid copies whole units, eight 16-byte
+// loads in flight per lane (4 KiB per warp, 128 KiB per SM), with the widest access the relative
+// alignment of source and destination allows (16, 8 or 4 bytes; a funnel shift when they
+// differ), bytes only for heads and tails, and the next unit's descriptor loaded while the
+// current one is copied. Units travel as a by-value kernel parameter when they fit, else they
+// are written to one of two pinned buffers of the context and uploaded with one copy before the
+// kernel (reading them from mapped host memory instead costs one small PCIe read per unit, which
+// measured 2-3x slower at 4-8 KiB units); each buffer is rewritten only after the kernel that
+// last read it.
 #include "scatter.h"
 
 extern "C" {
@@ -18,14 +23,17 @@ extern "C" {
 namespace
 {
 
+// dst, and the source offset (low 48 bits) with len - 1 (high 16 bits): a unit is 1..64 KiB.
 struct unit_t {
     unsigned long long dst;
-    unsigned long long src_off;
-    unsigned int len;
-    unsigned int pad_;
+    unsigned long long off_len;
 };
+static_assert(KVS_SCATTER_UNIT_BYTES <= 65536, "a unit's length - 1 must fit 16 bits");
 
 constexpr unsigned kThreads = 256;
+constexpr unsigned kWarps = kThreads / 32;
+constexpr unsigned kBlocksPerSM = 4; // 32 warps per SM, 64 registers per thread at most
+constexpr unsigned kInFlight = 8;    // loads in flight per lane
 constexpr unsigned kSmallUnits = 64;
 constexpr unsigned kLargeUnits = KVS_SCATTER_INLINE_UNITS;
 
@@ -34,50 +42,61 @@ template <unsigned N> struct inline_units_t {
 };
 static_assert(sizeof(inline_units_t<kLargeUnits>) + 64 <= 32764, "kernel parameter limit");
 
-// Copies len bytes with accesses of type T; dst and src have the same alignment modulo
+// A warp copies len bytes with accesses of type T; dst and src have the same alignment modulo
 // sizeof(T).
 template <typename T>
-__device__ __forceinline__ void copy_vec(char *dst, const char *src, unsigned len)
+__device__ __forceinline__ void warp_copy_vec(char *dst, const char *src, unsigned len,
+                                              unsigned lane)
 {
     constexpr unsigned W = sizeof(T);
     unsigned head = (unsigned)((W - ((uintptr_t)dst & (W - 1))) & (W - 1));
     if (head > len)
         head = len;
-    if (threadIdx.x < head)
-        dst[threadIdx.x] = src[threadIdx.x];
+    if (lane < head)
+        dst[lane] = src[lane];
     unsigned nvec = (len - head) / W;
     const T *s = reinterpret_cast<const T *>(src + head);
     T *d = reinterpret_cast<T *>(dst + head);
-    constexpr unsigned U = 4; // loads in flight per thread
-    for (unsigned i = threadIdx.x; i < nvec; i += U * kThreads) {
-        T v[U];
+    // Whole rounds (every lane's eight loads valid) without bounds checks, then one checked.
+    unsigned i = lane;
+#pragma unroll 1
+    for (; i + (kInFlight - 1) * 32 < nvec; i += kInFlight * 32) {
+        const T *sp = s + i; // immediate offsets from one base per side
+        T *dp = d + i, v[kInFlight];
 #pragma unroll
-        for (unsigned k = 0; k < U; k++) {
-            unsigned j = i + k * kThreads;
-            if (j < nvec)
-                v[k] = s[j];
-        }
+        for (unsigned k = 0; k < kInFlight; k++)
+            v[k] = sp[k * 32];
 #pragma unroll
-        for (unsigned k = 0; k < U; k++) {
-            unsigned j = i + k * kThreads;
-            if (j < nvec)
-                d[j] = v[k];
-        }
+        for (unsigned k = 0; k < kInFlight; k++)
+            dp[k * 32] = v[k];
+    }
+    if (i < nvec) {
+        // The last round: loads clamped to the last element (always valid, all in flight),
+        // stores only where the element exists.
+        T v[kInFlight];
+#pragma unroll
+        for (unsigned k = 0; k < kInFlight; k++)
+            v[k] = s[min(i + k * 32, nvec - 1)];
+#pragma unroll
+        for (unsigned k = 0; k < kInFlight; k++)
+            if (i + k * 32 < nvec)
+                d[i + k * 32] = v[k];
     }
     unsigned done = head + nvec * W, tail = len - done;
-    if (threadIdx.x < tail)
-        dst[done + threadIdx.x] = src[done + threadIdx.x];
+    if (lane < tail)
+        dst[done + lane] = src[done + lane];
 }
 
 // Source and destination misaligned differently: 4-byte stores built from two aligned 4-byte
 // source words. Never loads a word that holds no byte of the source range.
-__device__ __forceinline__ void copy_shift(char *dst, const char *src, unsigned len)
+__device__ __forceinline__ void warp_copy_shift(char *dst, const char *src, unsigned len,
+                                                unsigned lane)
 {
     unsigned head = (unsigned)((4 - ((uintptr_t)dst & 3)) & 3);
     if (head > len)
         head = len;
-    if (threadIdx.x < head)
-        dst[threadIdx.x] = src[threadIdx.x];
+    if (lane < head)
+        dst[lane] = src[lane];
     const char *s = src + head;
     unsigned nw = (len - head) / 4;
     unsigned r = (unsigned)((uintptr_t)s & 3); // non-zero here
@@ -85,56 +104,90 @@ __device__ __forceinline__ void copy_shift(char *dst, const char *src, unsigned 
     const unsigned *last =
         reinterpret_cast<const unsigned *>(((uintptr_t)(src + len - 1)) & ~(uintptr_t)3);
     unsigned *dw = reinterpret_cast<unsigned *>(dst + head);
-    for (unsigned i = threadIdx.x; i < nw; i += kThreads) {
-        unsigned lo = sw[i];
-        unsigned hi = (sw + i + 1 <= last) ? sw[i + 1] : 0u;
-        dw[i] = __funnelshift_r(lo, hi, 8 * r);
+    constexpr unsigned F = kInFlight / 2; // two words per store
+#pragma unroll 1
+    for (unsigned i = lane; i < nw; i += F * 32) {
+        unsigned lo[F], hi[F];
+#pragma unroll
+        for (unsigned k = 0; k < F; k++) {
+            unsigned j = i + k * 32;
+            lo[k] = j < nw ? sw[j] : 0u;
+            hi[k] = j < nw && sw + j + 1 <= last ? sw[j + 1] : 0u;
+        }
+#pragma unroll
+        for (unsigned k = 0; k < F; k++) {
+            unsigned j = i + k * 32;
+            if (j < nw)
+                dw[j] = __funnelshift_r(lo[k], hi[k], 8 * r);
+        }
     }
     unsigned done = head + nw * 4, tail = len - done;
-    if (threadIdx.x < tail)
-        dst[done + threadIdx.x] = src[done + threadIdx.x];
+    if (lane < tail)
+        dst[done + lane] = src[done + lane];
 }
 
-__device__ __forceinline__ void copy_unit(const unit_t &u, const char *src)
+__device__ __forceinline__ void warp_copy_unit(unit_t u, const char *src, unsigned lane)
 {
     char *d = reinterpret_cast<char *>(u.dst);
-    const char *s = src + u.src_off;
+    const char *s = src + (u.off_len & 0xffffffffffffull);
+    unsigned len = (unsigned)(u.off_len >> 48) + 1;
     uintptr_t x = (uintptr_t)d ^ (uintptr_t)s;
     if ((x & 15) == 0)
-        copy_vec<uint4>(d, s, u.len);
+        warp_copy_vec<uint4>(d, s, len, lane);
     else if ((x & 7) == 0)
-        copy_vec<uint2>(d, s, u.len);
+        warp_copy_vec<uint2>(d, s, len, lane);
     else if ((x & 3) == 0)
-        copy_vec<unsigned>(d, s, u.len);
+        warp_copy_vec<unsigned>(d, s, len, lane);
     else
-        copy_shift(d, s, u.len);
+        warp_copy_shift(d, s, len, lane);
 }
 
+// Descriptors in the kernel parameter (constant bank: a warp's lanes read one broadcast).
 template <unsigned N>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSM)
     scatter_inline(const char *src, unsigned n, const inline_units_t<N> units)
 {
-    for (unsigned i = blockIdx.x; i < n; i += gridDim.x)
-        copy_unit(units.u[i], src);
+    unsigned lane = threadIdx.x & 31, warps = gridDim.x * kWarps;
+#pragma unroll 1
+    for (unsigned i = blockIdx.x * kWarps + threadIdx.x / 32; i < n; i += warps)
+        warp_copy_unit(units.u[i], src, lane);
 }
 
-__global__ void __launch_bounds__(kThreads)
+// Descriptors uploaded to device memory: each warp loads its next descriptor before copying the
+// current unit, so the load's latency hides behind the copy.
+__global__ void __launch_bounds__(kThreads, kBlocksPerSM)
     scatter_uploaded(const char *src, unsigned n, const unit_t *units)
 {
-    for (unsigned i = blockIdx.x; i < n; i += gridDim.x)
-        copy_unit(units[i], src);
+    unsigned lane = threadIdx.x & 31, warps = gridDim.x * kWarps;
+    unsigned i = blockIdx.x * kWarps + threadIdx.x / 32;
+    if (i >= n)
+        return;
+    unit_t cur = units[i];
+#pragma unroll 1
+    for (; i < n; i += warps) {
+        unit_t next = i + warps < n ? units[i + warps] : cur;
+        warp_copy_unit(cur, src, lane);
+        cur = next;
+    }
 }
 
 } // namespace
 
-struct kvs__scatter {
-    int device;
-    unsigned grid; // blocks of a full launch
-    cudaEvent_t done;
-    bool pending; // `done` recorded after the last kernel that used the upload buffers
+// A pinned descriptor buffer, its device copy, and the event recorded after the kernel that last
+// read them.
+struct slot_t {
     unit_t *host; // pinned
     unit_t *dev;
     size_t cap; // units in host and dev
+    cudaEvent_t done;
+    bool pending;
+};
+
+struct kvs__scatter {
+    int device;
+    unsigned grid; // blocks of a full launch
+    slot_t slot[2];
+    unsigned next; // the slot the next uploaded launch uses
 };
 
 static int cuda_fail(cudaError_t e, const char *what)
@@ -183,60 +236,64 @@ extern "C" int kvs__scatter_create(const kvs__scatter_config_t *cfg, kvs__scatte
         return rc;
     }
     cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, s->device);
-    if (e == cudaSuccess)
-        e = cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming);
+    for (int i = 0; i < 2 && e == cudaSuccess; i++)
+        e = cudaEventCreateWithFlags(&s->slot[i].done, cudaEventDisableTiming);
     leave_device(s, prev);
     if (e != cudaSuccess) {
-        kvs__free(s);
+        kvs__scatter_destroy(s);
         return cuda_fail(e, "scatter setup");
     }
-    // 8 resident blocks of 256 threads fill an SM (2048 threads on Hopper).
-    unsigned full = (unsigned)sms * 8u;
+    unsigned full = (unsigned)sms * kBlocksPerSM;
     s->grid = cfg->max_blocks && cfg->max_blocks < full ? cfg->max_blocks : full;
     *s_p = s;
     return KVS_OK;
 }
 
-// Grows the upload buffers to hold `n` units; the previous ones must be idle.
-static int ensure_upload(kvs__scatter_t *s, size_t n)
+// Grows a slot to hold `n` units; the slot is idle.
+static int ensure_slot(slot_t *sl, size_t n)
 {
-    if (n <= s->cap)
+    if (n <= sl->cap)
         return KVS_OK;
-    size_t cap = s->cap ? s->cap : 4096;
+    size_t cap = sl->cap ? sl->cap : 4096;
     while (cap < n)
         cap *= 2;
-    cudaFreeHost(s->host);
-    cudaFree(s->dev);
-    s->host = NULL;
-    s->dev = NULL;
-    s->cap = 0;
-    cudaError_t e = cudaMallocHost(reinterpret_cast<void **>(&s->host), cap * sizeof(unit_t));
+    cudaFreeHost(sl->host);
+    cudaFree(sl->dev);
+    sl->host = sl->dev = NULL;
+    sl->cap = 0;
+    cudaError_t e = cudaMallocHost(reinterpret_cast<void **>(&sl->host), cap * sizeof(unit_t));
     if (e == cudaSuccess)
-        e = cudaMalloc(reinterpret_cast<void **>(&s->dev), cap * sizeof(unit_t));
+        e = cudaMalloc(reinterpret_cast<void **>(&sl->dev), cap * sizeof(unit_t));
     if (e != cudaSuccess) {
-        cudaFreeHost(s->host);
-        s->host = NULL;
-        s->dev = NULL;
+        cudaFreeHost(sl->host);
+        sl->host = sl->dev = NULL;
         return cuda_fail(e, "descriptor buffer allocation");
     }
-    s->cap = cap;
+    sl->cap = cap;
     return KVS_OK;
 }
 
-// Splits the fragments into units written to `out` (which holds `nunits`).
+// Splits the fragments into units written to `out` (which holds all of them).
 static void build_units(const kvs__scatter_frag_t *frags, uint32_t n, unit_t *out)
 {
     uint64_t off = 0;
     size_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint64_t len = frags[i].len;
-        for (uint64_t o = 0; frags[i].dst != NULL && o < len; o += KVS_SCATTER_UNIT_BYTES) {
+        unsigned long long dst = (unsigned long long)(uintptr_t)frags[i].dst;
+        for (uint64_t o = 0; dst != 0 && o < len; o += KVS_SCATTER_UNIT_BYTES) {
             uint64_t l = len - o < KVS_SCATTER_UNIT_BYTES ? len - o : KVS_SCATTER_UNIT_BYTES;
-            out[k++] = unit_t{(unsigned long long)(uintptr_t)frags[i].dst + o,
-                              (unsigned long long)(off + o), (unsigned)l, 0u};
+            out[k++] = unit_t{dst + o, (unsigned long long)(off + o) | ((l - 1) << 48)};
         }
         off += len;
     }
+}
+
+// Blocks for `nunits` units: enough for a warp each, at most the context's grid.
+static unsigned blocks_for(const kvs__scatter_t *s, size_t nunits)
+{
+    size_t b = (nunits + kWarps - 1) / kWarps;
+    return b < s->grid ? (unsigned)b : s->grid;
 }
 
 template <unsigned N>
@@ -246,8 +303,7 @@ static cudaError_t launch_inline(const kvs__scatter_t *s, const char *src,
 {
     inline_units_t<N> p;
     build_units(frags, n, p.u);
-    unsigned grid = nunits < s->grid ? (unsigned)nunits : s->grid;
-    scatter_inline<N><<<grid, kThreads, 0, stream>>>(src, (unsigned)nunits, p);
+    scatter_inline<N><<<blocks_for(s, nunits), kThreads, 0, stream>>>(src, (unsigned)nunits, p);
     return cudaGetLastError();
 }
 
@@ -268,8 +324,8 @@ extern "C" int kvs__scatter_launch(kvs__scatter_t *s, const void *src,
     }
     if (nunits == 0)
         return KVS_OK;
-    if (nunits > UINT32_MAX)
-        return KVS_INVALID_PARAMS;
+    if (nunits > UINT32_MAX || total >= (1ull << 48))
+        return KVS_INVALID_PARAMS; // source offsets travel in 48 bits
     cudaStream_t stream = static_cast<cudaStream_t>(stream_);
     const char *csrc = static_cast<const char *>(src);
     int prev;
@@ -282,27 +338,29 @@ extern "C" int kvs__scatter_launch(kvs__scatter_t *s, const void *src,
     } else if (nunits <= kLargeUnits) {
         e = launch_inline<kLargeUnits>(s, csrc, frags, n, nunits, stream);
     } else {
-        // The upload buffers are reused only after the kernel that last read them.
-        e = s->pending ? cudaEventSynchronize(s->done) : cudaSuccess;
-        s->pending = false;
+        // Two buffers in turn; each is rewritten only after the kernel that read it.
+        slot_t *sl = &s->slot[s->next];
+        s->next ^= 1;
+        e = sl->pending ? cudaEventSynchronize(sl->done) : cudaSuccess;
+        sl->pending = false;
         if (e != cudaSuccess) {
-            rc = cuda_fail(e, "waiting for the previous scatter");
+            rc = cuda_fail(e, "waiting for an earlier scatter");
             goto out;
         }
-        rc = ensure_upload(s, nunits);
+        rc = ensure_slot(sl, nunits);
         if (rc != KVS_OK)
             goto out;
-        build_units(frags, n, s->host);
-        e = cudaMemcpyAsync(s->dev, s->host, nunits * sizeof(unit_t), cudaMemcpyHostToDevice,
+        build_units(frags, n, sl->host);
+        e = cudaMemcpyAsync(sl->dev, sl->host, nunits * sizeof(unit_t), cudaMemcpyHostToDevice,
                             stream);
         if (e == cudaSuccess) {
-            unsigned grid = nunits < s->grid ? (unsigned)nunits : s->grid;
-            scatter_uploaded<<<grid, kThreads, 0, stream>>>(csrc, (unsigned)nunits, s->dev);
+            scatter_uploaded<<<blocks_for(s, nunits), kThreads, 0, stream>>>(csrc, (unsigned)nunits,
+                                                                             sl->dev);
             e = cudaGetLastError();
         }
         if (e == cudaSuccess) {
-            e = cudaEventRecord(s->done, stream);
-            s->pending = e == cudaSuccess;
+            e = cudaEventRecord(sl->done, stream);
+            sl->pending = e == cudaSuccess;
         }
     }
     if (e != cudaSuccess)
@@ -318,11 +376,15 @@ extern "C" void kvs__scatter_destroy(kvs__scatter_t *s)
         return;
     int prev;
     if (enter_device(s, &prev) == KVS_OK) {
-        if (s->pending)
-            cudaEventSynchronize(s->done);
-        cudaEventDestroy(s->done);
-        cudaFreeHost(s->host);
-        cudaFree(s->dev);
+        for (int i = 0; i < 2; i++) {
+            slot_t *sl = &s->slot[i];
+            if (sl->pending)
+                cudaEventSynchronize(sl->done);
+            if (sl->done != NULL)
+                cudaEventDestroy(sl->done);
+            cudaFreeHost(sl->host);
+            cudaFree(sl->dev);
+        }
         leave_device(s, prev);
     }
     kvs__free(s);

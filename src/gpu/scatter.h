@@ -38,11 +38,13 @@ int kvs__scatter_create(const kvs__scatter_config_t *cfg, kvs__scatter_t **s_p);
  * skips its `len` bytes of the source (padding, or a key that is not to be written). Fragments
  * must not overlap each other
  * or the source. `frags` is borrowed for the call only; `src` and the destinations must stay
- * valid until the stream passes the kernel. Few descriptors travel as kernel parameters; more
- * are uploaded from a pinned buffer of the context, reused once its previous upload and kernel
- * are done. Returns OK once enqueued, INVALID_PARAMS for bad arguments, NO_MEMORY, or
- * TRANSFER_FAIL when CUDA refuses (the reason is logged). Not thread-safe: one caller at a
- * time per context. The caller's current device is left as it was. */
+ * valid until the stream passes the kernel. Up to KVS_SCATTER_INLINE_UNITS work units travel
+ * as a kernel parameter; more are written to one of the context's two pinned buffers and
+ * uploaded before the kernel, each buffer rewritten only after the kernel that last read it (a
+ * third launch in a row may wait for the first). The total length must stay below 2^48. Returns OK
+ * once enqueued, INVALID_PARAMS for bad arguments, NO_MEMORY, or TRANSFER_FAIL when CUDA refuses
+ * (the reason is logged). Not thread-safe: one caller at a time per context. The caller's current
+ * device is left as it was. */
 int kvs__scatter_launch(kvs__scatter_t *s, const void *src, const kvs__scatter_frag_t *frags,
                         uint32_t n, void *stream);
 
@@ -52,7 +54,7 @@ void kvs__scatter_destroy(kvs__scatter_t *s);
 /* Largest piece of a fragment one block copies (larger fragments are split). */
 #define KVS_SCATTER_UNIT_BYTES (64u << 10)
 /* Work units carried as kernel parameters at most (else uploaded). */
-#define KVS_SCATTER_INLINE_UNITS 1280u
+#define KVS_SCATTER_INLINE_UNITS 2000u
 
 #ifdef __cplusplus
 }

@@ -438,6 +438,40 @@ static int gpu_copy(shm_transport_t *t, shm_seg_t *g, kvs_xfer_req_t *r, streams
     return rc == KVS_OK ? KVS_OK : KVS_TRANSFER_FAIL;
 }
 
+/* Consecutive GPU requests with one destination fragment each, adjacent both in the segment and
+ * in GPU memory (a staging fill of keys that were put one after another): one copy for the run
+ * instead of one per key (each copy costs the copy engine ~5 us). */
+typedef struct {
+    shm_seg_t *g;
+    kvs_xfer_req_t *first;
+    uint32_t count;
+    struct iovec iov; /* the run's destination (or source) bytes in GPU memory */
+    uint64_t offset;  /* in the segment */
+} gpu_run_t;
+
+static bool run_extends(const gpu_run_t *u, const shm_seg_t *g, const kvs_xfer_req_t *r)
+{
+    const kvs_xfer_req_t *f = u->first;
+    return u->count > 0 && g == u->g && r->iovcnt == 1 && r->op == f->op && r->gpu == f->gpu &&
+           r->offset == u->offset + u->iov.iov_len &&
+           (char *)r->iov[0].iov_base == (char *)u->iov.iov_base + u->iov.iov_len;
+}
+
+static void run_flush(shm_transport_t *t, gpu_run_t *u, streams_t *st)
+{
+    if (u->count == 0)
+        return;
+    kvs_xfer_req_t whole = *u->first;
+    whole.offset = u->offset;
+    whole.length = u->iov.iov_len;
+    whole.iov = &u->iov;
+    whole.iovcnt = 1;
+    int rc = gpu_copy(t, u->g, &whole, st);
+    for (uint32_t i = 0; i < u->count; i++)
+        u->first[i].status = rc;
+    u->count = 0;
+}
+
 static int shm_wait(kvs_transport_t *base, kvs_batch_t *b, uint64_t deadline_ns)
 {
     shm_transport_t *t = (shm_transport_t *)base;
@@ -445,11 +479,20 @@ static int shm_wait(kvs_transport_t *base, kvs_batch_t *b, uint64_t deadline_ns)
         return KVS_INVALID_PARAMS;
     int rc = KVS_OK;
     streams_t streams = {{NULL}};
+    gpu_run_t run = {0};
     for (uint32_t i = 0; i < b->n; i++) {
         kvs_xfer_req_t *r = &b->reqs[i];
         shm_seg_t *g = b->segs[i];
+        if (g != NULL && r->gpu != 0 && run_extends(&run, g, r)) {
+            run.iov.iov_len += r->length;
+            run.count++;
+            continue;
+        }
+        run_flush(t, &run, &streams);
         if (g != NULL && kvs__now_ns() >= deadline_ns) {
             r->status = KVS_TIMED_OUT;
+        } else if (g != NULL && r->gpu != 0 && r->iovcnt == 1) {
+            run = (gpu_run_t){g, r, 1, r->iov[0], r->offset}; /* may grow */
         } else if (g != NULL && r->gpu != 0) {
             r->status = gpu_copy(t, g, r, &streams);
         } else if (g != NULL) {
@@ -465,6 +508,7 @@ static int shm_wait(kvs_transport_t *base, kvs_batch_t *b, uint64_t deadline_ns)
             }
         }
     }
+    run_flush(t, &run, &streams);
     /* GPU copies end here, before the wait returns: nothing lands afterwards. */
     for (size_t d = 0; d < KVS_ARRAY_SIZE(streams.s); d++) {
         if (streams.s[d] == NULL)

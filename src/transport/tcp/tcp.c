@@ -99,7 +99,7 @@ int kvs__tcp_config_init(kvs__tcp_config_t *cfg)
     if (cfg == NULL)
         return KVS_INVALID_PARAMS;
     *cfg = (kvs__tcp_config_t){
-        .conns_per_peer = 4, .chunk_bytes = 2u << 20, .window = 8, .io_timeout_ms = 5000};
+        .conns_per_peer = 8, .chunk_bytes = 2u << 20, .window = 8, .io_timeout_ms = 5000};
     uint64_t conns = cfg->conns_per_peer, window = cfg->window;
     int rc = KVS_OK;
     if (kvs__env_u64("KVS_TCP_CONNECTIONS", 64, &conns) != KVS_OK ||

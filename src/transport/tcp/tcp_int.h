@@ -6,7 +6,7 @@
 #include "../transport_int.h"
 
 typedef struct {
-    uint32_t conns_per_peer; /* KVS_TCP_CONNECTIONS, default 4 */
+    uint32_t conns_per_peer; /* KVS_TCP_CONNECTIONS, default 8 */
     uint64_t chunk_bytes;    /* KVS_TCP_CHUNK_BYTES, default 2 MiB, at most 16 MiB */
     uint32_t window;         /* chunks in flight per connection, default 8 */
     uint64_t io_timeout_ms;  /* bound on each blocking socket step, default 5000 */
