@@ -228,6 +228,66 @@ static void test_staging_seven_keys_four_fills(void)
     server_stop(&st.srv);
 }
 
+/* Keys that all fit half the buffer fill halves in turn (one fill's receive overlapping the
+ * previous fill's scatter); one larger key makes fills take the whole buffer again. */
+static void test_staging_half_buffer_fills(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    kvs_client_t *c = staged_client(&st, 5000, NULL);
+    /* Six keys of 200000 bytes: two per half (524288 bytes), so three fills. */
+    uint64_t sizes[6] = {200000, 200000, 200000, 200000, 200000, 200000};
+    const char *keys[6] = {"h0", "h1", "h2", "h3", "h4", "h5"};
+    for (int i = 0; i < 6; i++)
+        put_key(c, keys[i], sizes[i]);
+    dest_t d;
+    dest_init(c, &d, sizes, 6);
+    int64_t res[6];
+    CHECK_STATUS(read_keys(c, &d, keys, 6, res), KVS_OK);
+    for (int i = 0; i < 6; i++) {
+        CHECK_EQ_INT(res[i], (int64_t)sizes[i]);
+        CHECK(key_exact(&d, i, keys[i]));
+    }
+    kvs_client_stats_t s = stats(c);
+    CHECK_EQ_U64(s.fills, 3);
+    CHECK_EQ_U64(s.scatter_launches, 3);
+    CHECK_EQ_U64(s.get_submissions, 0);
+    dest_free(c, &d);
+    /* A key above half the buffer: whole-buffer fills, all three keys in one. */
+    uint64_t big[3] = {600000, 100000, 100000};
+    const char *bk[3] = {"b0", "b1", "b2"};
+    for (int i = 0; i < 3; i++)
+        put_key(c, bk[i], big[i]);
+    dest_init(c, &d, big, 3);
+    CHECK_STATUS(read_keys(c, &d, bk, 3, res), KVS_OK);
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ_INT(res[i], (int64_t)big[i]);
+        CHECK(key_exact(&d, i, bk[i]));
+    }
+    s = stats(c);
+    CHECK_EQ_U64(s.fills, 4);
+    CHECK_EQ_U64(s.scatter_launches, 4);
+    dest_free(c, &d);
+    kvs_client_close(c);
+    /* Over tcp (a fill ends in a drain of its connections) fills take the whole buffer: the
+     * six keys need two. */
+    setenv("KVS_PROTOCOL", "tcp", 1);
+    c = staged_client(&st, 5000, NULL);
+    unsetenv("KVS_PROTOCOL");
+    dest_init(c, &d, sizes, 6);
+    CHECK_STATUS(read_keys(c, &d, keys, 6, res), KVS_OK);
+    for (int i = 0; i < 6; i++) {
+        CHECK_EQ_INT(res[i], (int64_t)sizes[i]);
+        CHECK(key_exact(&d, i, keys[i]));
+    }
+    s = stats(c);
+    CHECK_EQ_U64(s.fills, 2);
+    CHECK_EQ_U64(s.tcp_transfers, 6);
+    dest_free(c, &d);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
 static void test_staging_changing_destinations_duplicates_and_missing(void)
 {
     store_t st;
@@ -681,6 +741,7 @@ int main(int argc, char **argv)
     static const kvs_test_case_t cases[] = {
         KVS_TEST_CASE(test_staging_exact_capacity),
         KVS_TEST_CASE(test_staging_seven_keys_four_fills),
+        KVS_TEST_CASE(test_staging_half_buffer_fills),
         KVS_TEST_CASE(test_staging_changing_destinations_duplicates_and_missing),
         KVS_TEST_CASE(test_staging_overlap_and_other_domain_fall_back),
         KVS_TEST_CASE(test_staging_busy_buffer_falls_back),

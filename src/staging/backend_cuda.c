@@ -50,14 +50,16 @@ static void cuda_free(int domain, void *buf)
     cudaSetDevice(prev);
 }
 
-static int cuda_scatter(int domain, const void *src, const kvs__scatter_frag_t *frags, uint32_t n)
+static int cuda_scatter(int domain, const void *src, const kvs__scatter_frag_t *frags, uint32_t n,
+                        void **done_p)
 {
+    *done_p = NULL;
     pthread_mutex_lock(&lock);
     int rc = KVS_OK;
+    int prev = 0;
+    cudaGetDevice(&prev);
     if (ctx[domain] == NULL) {
         kvs__scatter_config_t cfg = {.device = domain, .max_blocks = 0};
-        int prev = 0;
-        cudaGetDevice(&prev);
         rc = kvs__scatter_create(&cfg, &ctx[domain]);
         if (rc == KVS_OK &&
             (cudaSetDevice(domain) != cudaSuccess ||
@@ -66,24 +68,46 @@ static int cuda_scatter(int domain, const void *src, const kvs__scatter_frag_t *
             ctx[domain] = NULL;
             rc = KVS_TRANSFER_FAIL;
         }
-        cudaSetDevice(prev);
     }
-    kvs__scatter_t *s = ctx[domain];
-    cudaStream_t st = streams[domain];
+    /* The context and stream are shared by the clients of a process: launches are serialised;
+     * each launch records its own event, which the caller waits for outside the lock. */
+    cudaEvent_t ev = NULL;
+    if (rc == KVS_OK)
+        rc = kvs__scatter_launch(ctx[domain], src, frags, n, streams[domain]);
+    if (rc == KVS_OK) {
+        cudaError_t e = cudaSetDevice(domain);
+        if (e == cudaSuccess)
+            e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+        if (e == cudaSuccess)
+            e = cudaEventRecord(ev, streams[domain]);
+        if (e != cudaSuccess) {
+            /* Without an event the only safe wait is the whole stream. */
+            kvs_warn("staging: scatter event on GPU %d: %s", domain, cudaGetErrorString(e));
+            cudaStreamSynchronize(streams[domain]);
+            if (ev != NULL)
+                cudaEventDestroy(ev);
+            ev = NULL;
+            rc = KVS_TRANSFER_FAIL;
+        }
+    }
+    cudaSetDevice(prev);
     pthread_mutex_unlock(&lock);
-    if (rc != KVS_OK)
-        return rc;
-    /* One staging buffer per client and one call per buffer at a time: the context and stream
-     * are shared between clients of a process, so launches on them are serialised. */
-    pthread_mutex_lock(&lock);
-    rc = kvs__scatter_launch(s, src, frags, n, st);
-    cudaError_t e = rc == KVS_OK ? cudaStreamSynchronize(st) : cudaSuccess;
-    pthread_mutex_unlock(&lock);
+    *done_p = ev;
+    return rc;
+}
+
+static int cuda_scatter_wait(int domain, void *done)
+{
+    if (done == NULL)
+        return KVS_OK;
+    cudaEvent_t ev = done;
+    cudaError_t e = cudaEventSynchronize(ev);
+    cudaEventDestroy(ev);
     if (e != cudaSuccess) {
         kvs_warn("staging: scatter on GPU %d failed: %s", domain, cudaGetErrorString(e));
-        rc = KVS_TRANSFER_FAIL;
+        return KVS_TRANSFER_FAIL;
     }
-    return rc;
+    return KVS_OK;
 }
 
 const kvs__staging_backend_t kvs__staging_backend_cuda = {
@@ -93,6 +117,7 @@ const kvs__staging_backend_t kvs__staging_backend_cuda = {
     .alloc = cuda_alloc,
     .free = cuda_free,
     .scatter = cuda_scatter,
+    .scatter_wait = cuda_scatter_wait,
 };
 
 #endif

@@ -28,15 +28,24 @@ static void host_free(int domain, void *buf)
     free(buf);
 }
 
-static int host_scatter(int domain, const void *src, const kvs__scatter_frag_t *frags, uint32_t n)
+static int host_scatter(int domain, const void *src, const kvs__scatter_frag_t *frags, uint32_t n,
+                        void **done_p)
 {
     KVS_UNUSED(domain);
+    *done_p = NULL; /* done by the time it returns */
     const char *s = src;
     for (uint32_t i = 0; i < n; i++) {
         if (frags[i].dst != NULL)
             memcpy(frags[i].dst, s, (size_t)frags[i].len);
         s += frags[i].len;
     }
+    return KVS_OK;
+}
+
+static int host_scatter_wait(int domain, void *done)
+{
+    KVS_UNUSED(domain);
+    KVS_UNUSED(done);
     return KVS_OK;
 }
 
@@ -47,4 +56,5 @@ const kvs__staging_backend_t kvs__staging_backend_host = {
     .alloc = host_alloc,
     .free = host_free,
     .scatter = host_scatter,
+    .scatter_wait = host_scatter_wait,
 };

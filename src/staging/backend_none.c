@@ -22,12 +22,21 @@ static void none_free(int domain, void *buf)
     KVS_UNUSED(buf);
 }
 
-static int none_scatter(int domain, const void *src, const kvs__scatter_frag_t *frags, uint32_t n)
+static int none_scatter(int domain, const void *src, const kvs__scatter_frag_t *frags, uint32_t n,
+                        void **done_p)
 {
+    *done_p = NULL;
     KVS_UNUSED(domain);
     KVS_UNUSED(src);
     KVS_UNUSED(frags);
     KVS_UNUSED(n);
+    return KVS_UNSUPPORTED;
+}
+
+static int none_scatter_wait(int domain, void *done)
+{
+    KVS_UNUSED(domain);
+    KVS_UNUSED(done);
     return KVS_UNSUPPORTED;
 }
 
@@ -38,4 +47,5 @@ const kvs__staging_backend_t kvs__staging_backend_none = {
     .alloc = none_alloc,
     .free = none_free,
     .scatter = none_scatter,
+    .scatter_wait = none_scatter_wait,
 };

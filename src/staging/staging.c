@@ -352,12 +352,37 @@ static int fall_back(kvs__staging_t *st, kvs__fallback_t why)
 
 /* ---- fills ----------------------------------------------------------------------------------- */
 
-/* Receives keys [a, b) at offsets off[] and scatters the ones that arrived in time. */
-static void run_fill(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t a, uint32_t b,
-                     const uint64_t *off, uint64_t deadline_ns, kvs_xfer_req_t *reqs,
-                     struct iovec *bufv, kvs__scatter_frag_t *frags)
+/* A fill's scatter while it may still run: the part of the buffer it reads is not reused until
+ * fill_finish. */
+typedef struct {
+    bool launched;
+    void *done; /* the backend's token */
+    uint32_t a, b, keys;
+} pending_t;
+
+/* Waits for a fill's scatter; a failed one fails the keys it carried (never replayed). */
+static void fill_finish(kvs__staging_t *st, kvs__staged_key_t *keys, pending_t *p)
 {
-    char *buf = st->buf;
+    if (!p->launched)
+        return;
+    p->launched = false;
+    int rc = st->be->scatter_wait(st->buf_domain, p->done);
+    if (rc != KVS_OK) {
+        kvs_warn("staging: scatter failed (%s); %u key(s) fail", kvs_status_str(rc), p->keys);
+        for (uint32_t i = p->a; i < p->b; i++) {
+            if (keys[i].status == KVS_OK)
+                keys[i].status = KVS_TRANSFER_FAIL;
+        }
+    }
+}
+
+/* Receives keys [a, b) at offsets off[] from `base` in the buffer and starts the scatter of the
+ * ones that arrived in time (*p, finished by fill_finish). */
+static void run_fill(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t a, uint32_t b,
+                     const uint64_t *off, uint64_t base, uint64_t deadline_ns, kvs_xfer_req_t *reqs,
+                     struct iovec *bufv, kvs__scatter_frag_t *frags, pending_t *p)
+{
+    char *buf = (char *)st->buf + base;
     uint32_t nr = b - a;
     for (uint32_t i = a; i < b; i++) {
         bufv[i - a] = (struct iovec){buf + off[i], (size_t)keys[i].size};
@@ -432,11 +457,13 @@ static void run_fill(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t a, ui
     }
     if (scatter_keys == 0)
         return;
+    void *done = NULL;
     int rc = st->hooks.fail_scatter ? KVS_TRANSFER_FAIL
-                                    : st->be->scatter(st->buf_domain, buf, frags, nf);
+                                    : st->be->scatter(st->buf_domain, buf, frags, nf, &done);
     atomic_fetch_add(&st->st.scatter_launches, 1);
+    *p = (pending_t){true, done, a, b, scatter_keys};
     if (rc != KVS_OK) {
-        /* Never replayed through direct reads: the keys fail. */
+        p->launched = false;
         kvs_warn("staging: scatter failed (%s); %u key(s) fail", kvs_status_str(rc), scatter_keys);
         for (uint32_t i = a; i < b; i++) {
             if (keys[i].status == KVS_OK)
@@ -499,11 +526,22 @@ int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n, u
         fall_back(st, KVS_FALLBACK_alloc_failed);
         goto release;
     }
+    /* When every key fits half the buffer and is read by a transport whose submissions cost no
+     * ramp-up (shm), fills take half each, in turn: a fill's receive overlaps the previous
+     * fill's scatter (DESIGN §1 allows reusing parts of the buffer so). Otherwise fills take
+     * the whole buffer, one after another: over tcp every fill ends in a drain where
+     * connections idle, and halving fills doubled those (96 x 12 MiB: 0.83x -> 0.88x of raw
+     * tcp in one run, while shm gained 1.19x -> 1.17x of the H2D limit). */
+    uint64_t half = st->cfg.buffer_bytes / 2 / KVS_STAGING_ALIGN * KVS_STAGING_ALIGN;
+    bool halves = half > 0;
+    for (uint32_t i = 0; i < n && halves; i++)
+        halves = keys[i].size <= half && (keys[i].t->ops->caps & KVS_TRANSPORT_CAP_CHEAP_SUBMIT);
+    uint64_t cap = halves ? half : st->cfg.buffer_bytes;
     uint32_t nfills = 0;
     uint64_t cur = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint64_t at = KVS_ALIGN_UP(cur, KVS_STAGING_ALIGN);
-        if (i > 0 && at + keys[i].size > st->cfg.buffer_bytes) {
+        if (i > 0 && at + keys[i].size > cap) {
             fill_end[nfills++] = i; /* a key that does not fit closes the fill */
             at = 0;
         }
@@ -516,8 +554,15 @@ int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n, u
     kvs_debug("staging: %u key(s) in %u fill(s)", n, nfills);
     /* Planning time, the busy wait excluded. */
     atomic_fetch_add(&st->st.plan_ns, (t_wait - t_enter) + (kvs__now_ns() - t_held));
-    for (uint32_t f = 0, a = 0; f < nfills; a = fill_end[f++])
-        run_fill(st, keys, a, fill_end[f], off, deadline_ns, reqs, bufv, frags);
+    pending_t pend[2] = {{0}};
+    for (uint32_t f = 0, a = 0; f < nfills; a = fill_end[f++]) {
+        pending_t *p = &pend[halves ? f % 2 : 0];
+        fill_finish(st, keys, p); /* the scatter that last read this part */
+        run_fill(st, keys, a, fill_end[f], off, halves ? (f % 2) * half : 0, deadline_ns, reqs,
+                 bufv, frags, p);
+    }
+    fill_finish(st, keys, &pend[0]);
+    fill_finish(st, keys, &pend[1]);
     ret = KVS_OK;
 release:
     buffer_release(st);

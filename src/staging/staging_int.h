@@ -60,8 +60,13 @@ typedef struct {
     int (*domain_of)(int reg_domain);
     int (*alloc)(int domain, uint64_t bytes, void **buf_p);
     void (*free)(int domain, void *buf);
-    /* Copies src to the fragments (dst NULL: skip those source bytes) and waits for it. */
-    int (*scatter)(int domain, const void *src, const kvs__scatter_frag_t *frags, uint32_t n);
+    /* Starts copying src to the fragments (dst NULL: skip those source bytes); *done_p is the
+     * token scatter_wait takes (NULL when the copy already ended). A failure here means nothing
+     * was started. `frags` is borrowed for the call only. */
+    int (*scatter)(int domain, const void *src, const kvs__scatter_frag_t *frags, uint32_t n,
+                   void **done_p);
+    /* Waits for a started scatter and releases its token: its result. */
+    int (*scatter_wait)(int domain, void *done);
 } kvs__staging_backend_t;
 
 extern const kvs__staging_backend_t kvs__staging_backend_host;

@@ -28,6 +28,9 @@ typedef enum {
 #define KVS_TRANSPORT_CAP_ZERO_COPY                                                                \
     0x4u /* bytes go straight between socket/segment and                                           \
           * local memory, no intermediate buffer */
+/* Submissions cost no ramp-up or drain (a copy per request, no connections to fill): staging may
+ * split a call into more, smaller fills to overlap receives with scatters. */
+#define KVS_TRANSPORT_CAP_CHEAP_SUBMIT 0x8u
 
 typedef struct kvs_transport kvs_transport_t;
 typedef struct kvs_endpoint kvs_endpoint_t;

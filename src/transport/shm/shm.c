@@ -560,7 +560,7 @@ static void shm_destroy(kvs_transport_t *base)
 static const kvs_transport_ops_t shm_ops = {
     .name = "shm",
     .caps = KVS_TRANSPORT_CAP_SAME_HOST | KVS_TRANSPORT_CAP_ZERO_COPY |
-            (KVS_GPU_BUILT ? KVS_TRANSPORT_CAP_GPU_DEST : 0),
+            KVS_TRANSPORT_CAP_CHEAP_SUBMIT | (KVS_GPU_BUILT ? KVS_TRANSPORT_CAP_GPU_DEST : 0),
     .ep_open = shm_ep_open,
     .mem_reg = shm_mem_reg,
     .mem_dereg = shm_mem_reg,
