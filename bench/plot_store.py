@@ -37,7 +37,7 @@ def main(src, dst):
     ax.set_ylabel("median ms per call (slowest reader)")
     ax.set_xticks(range(len(configs)))
     ax.set_xticklabels([f"{t}\n{l}\n{n} reader(s)" for t, l, n in configs], fontsize=8)
-    ax.set_title("kvstash bench store: reads into 8 KiB-page destinations")
+    ax.set_title("kvstash bench store: reads into paged destinations, limits from the same run")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(dst, dpi=120)
