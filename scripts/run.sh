@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job: builds kvstash, starts a store (an owner and its embedded master) on loopback,
 # stores and fetches a file with the command line, runs a client workload against it (batch
-# puts, multi-buffer gets with every byte checked, throughput), and stops it.
+# puts, multi-buffer gets with every byte checked, throughput), and stops it; then a short
+# store benchmark (its own store and reader processes; GPU pages where a GPU is present, else
+# host pages) of direct, grouped and staged reads beside the limit measured in the same run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -31,3 +33,6 @@ echo "--- client workload: batch puts, multi-buffer gets into scattered 64 KiB p
 kvs bench client --keys 32 --size 4MiB --page 64KiB --reps 5
 echo "--- kvstash stat"
 kvs stat
+echo "--- store benchmark (short form; the full protocol: docs/store_bench.md)"
+build/kvstash bench store --layout 32x4MiB,256x256KiB --fragment-size 16KiB --readers 1 \
+    --rounds 1 --samples 3 --direct-samples 1 --threads 0

@@ -618,17 +618,20 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
             k->res[i] = KVS_TRANSFER_FAIL;
             continue;
         }
-        /* Cut larger destinations of the single-buffer calls to the object. */
-        uint64_t left = d->size;
-        uint32_t used = 0;
-        struct iovec *iov = &k->iov[k->first[i]];
-        while (left > 0) {
-            if (iov[used].iov_len > left)
-                iov[used].iov_len = (size_t)left;
-            left -= iov[used++].iov_len;
+        /* Cut larger destinations of the single-buffer calls to the object (exact calls
+         * already match it: no pass over their fragments). */
+        if (!exact) {
+            uint64_t left = d->size;
+            uint32_t used = 0;
+            struct iovec *iov = &k->iov[k->first[i]];
+            while (left > 0) {
+                if (iov[used].iov_len > left)
+                    iov[used].iov_len = (size_t)left;
+                left -= iov[used++].iov_len;
+            }
+            k->cnt[i] = used;
+            k->total[i] = d->size;
         }
-        k->cnt[i] = used;
-        k->total[i] = d->size;
         lease_until[i] = t_lookup + d->lease_ms * KVS_NS_PER_MS;
         slots[ns++] = (read_slot_t){t, ep, i, rep->segment_id, rep->offset, d->size};
     }

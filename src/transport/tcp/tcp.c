@@ -56,7 +56,8 @@ struct tcp_conn {
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    int fd; /* -1 while disconnected; closed only under lock */
+    int fd;         /* -1 while disconnected; closed only under lock */
+    int opening_fd; /* the socket of a handshake in progress (cancel shuts it down), or -1 */
     chunk_t *head, *tail;
     chunk_t *inflight[MAX_WINDOW];
     uint32_t ninflight;
@@ -191,6 +192,10 @@ static int conn_open(tcp_conn_t *c)
                          .tv_usec = (suseconds_t)(t->cfg.io_timeout_ms % 1000) * 1000};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    /* A cancelled wait must not sit out the handshake's I/O time-out: it can shut this down. */
+    pthread_mutex_lock(&c->lock);
+    c->opening_fd = fd;
+    pthread_mutex_unlock(&c->lock);
     kvs__wbuf_t w;
     kvs__wbuf_init(&w);
     kvs__frame_begin(&w, KVS_MSG_HELLO, 0);
@@ -213,15 +218,16 @@ static int conn_open(tcp_conn_t *c)
          kvs__hello_rsp_decode(pb, rh.len, NULL, &hr) != KVS_OK || hr.status != KVS_OK))
         rc = KVS_PROTOCOL_ERROR;
     kvs__wbuf_free(&w);
+    pthread_mutex_lock(&c->lock);
+    c->opening_fd = -1;
+    if (rc == KVS_OK)
+        c->fd = fd;
+    pthread_mutex_unlock(&c->lock);
     if (rc != KVS_OK) {
         kvs_warn("tcp: handshake with %s failed: %s", c->ep->name, kvs_status_str(rc));
         close(fd);
-        return rc;
     }
-    pthread_mutex_lock(&c->lock);
-    c->fd = fd;
-    pthread_mutex_unlock(&c->lock);
-    return KVS_OK;
+    return rc;
 }
 
 static void conn_close(tcp_conn_t *c)
@@ -550,6 +556,7 @@ static int tcp_ep_open(kvs_transport_t *base, const char *endpoint, kvs_endpoint
         tcp_conn_t *c = &ep->conns[i];
         c->ep = ep;
         c->fd = -1;
+        c->opening_fd = -1;
         pthread_mutex_init(&c->lock, NULL);
         pthread_cond_init(&c->cond, NULL);
         if (pthread_create(&c->thread, NULL, conn_thread, c) != 0) {
@@ -668,8 +675,11 @@ static void conn_cancel(tcp_conn_t *c, kvs_batch_t *b)
     }
     c->tail = last;
     for (uint32_t i = 0; i < c->ninflight; i++) {
-        if (c->inflight[i]->b == b && c->fd >= 0) {
-            shutdown(c->fd, SHUT_RDWR);
+        if (c->inflight[i]->b == b) {
+            if (c->fd >= 0)
+                shutdown(c->fd, SHUT_RDWR);
+            if (c->opening_fd >= 0)
+                shutdown(c->opening_fd, SHUT_RDWR); /* its handshake fails at once */
             break;
         }
     }
