@@ -228,12 +228,14 @@ static void test_staging_seven_keys_four_fills(void)
     server_stop(&st.srv);
 }
 
-/* Keys that all fit half the buffer fill halves in turn (one fill's receive overlapping the
- * previous fill's scatter); one larger key makes fills take the whole buffer again. */
+/* With MC_STORE_GPU_STAGING_HALF_FILLS=1, keys that all fit half the buffer fill halves in turn
+ * over shm (one fill's receive overlapping the previous fill's scatter); one larger key, tcp, or
+ * the default (off) make fills take the whole buffer. */
 static void test_staging_half_buffer_fills(void)
 {
     store_t st;
     store_start(&st, NULL);
+    setenv("MC_STORE_GPU_STAGING_HALF_FILLS", "1", 1);
     kvs_client_t *c = staged_client(&st, 5000, NULL);
     /* Six keys of 200000 bytes: two per half (524288 bytes), so three fills. */
     uint64_t sizes[6] = {200000, 200000, 200000, 200000, 200000, 200000};
@@ -283,6 +285,20 @@ static void test_staging_half_buffer_fills(void)
     s = stats(c);
     CHECK_EQ_U64(s.fills, 2);
     CHECK_EQ_U64(s.tcp_transfers, 6);
+    dest_free(c, &d);
+    kvs_client_close(c);
+    /* Off (the default): whole-buffer fills over shm too. */
+    unsetenv("MC_STORE_GPU_STAGING_HALF_FILLS");
+    c = staged_client(&st, 5000, NULL);
+    dest_init(c, &d, sizes, 6);
+    CHECK_STATUS(read_keys(c, &d, keys, 6, res), KVS_OK);
+    for (int i = 0; i < 6; i++) {
+        CHECK_EQ_INT(res[i], (int64_t)sizes[i]);
+        CHECK(key_exact(&d, i, keys[i]));
+    }
+    s = stats(c);
+    CHECK_EQ_U64(s.fills, 2);
+    CHECK_EQ_U64(s.shm_transfers, 6);
     dest_free(c, &d);
     kvs_client_close(c);
     server_stop(&st.srv);

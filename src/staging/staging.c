@@ -69,6 +69,8 @@ int kvs__staging_config_init(kvs__staging_config_t *cfg)
     }
     if (kvs__env_u64("MC_STORE_GPU_STAGING_BUSY_WAIT_US", 60000000, &cfg->busy_wait_us) != KVS_OK)
         rc = KVS_INVALID_PARAMS;
+    if (kvs__env_bool("MC_STORE_GPU_STAGING_HALF_FILLS", &cfg->half_fills) != KVS_OK)
+        rc = KVS_INVALID_PARAMS;
     const char *be = getenv("MC_STORE_GPU_STAGING_BACKEND");
     if (be != NULL && *be != '\0') {
         if (strcmp(be, "host") == 0) {
@@ -526,14 +528,17 @@ int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n, u
         fall_back(st, KVS_FALLBACK_alloc_failed);
         goto release;
     }
-    /* When every key fits half the buffer and is read by a transport whose submissions cost no
-     * ramp-up (shm), fills take half each, in turn: a fill's receive overlaps the previous
-     * fill's scatter (DESIGN §1 allows reusing parts of the buffer so). Otherwise fills take
-     * the whole buffer, one after another: over tcp every fill ends in a drain where
-     * connections idle, and halving fills doubled those (96 x 12 MiB: 0.83x -> 0.88x of raw
-     * tcp in one run, while shm gained 1.19x -> 1.17x of the H2D limit). */
+    /* Half fills (opt-in, MC_STORE_GPU_STAGING_HALF_FILLS=1): when every key fits half the
+     * buffer and is read by a transport whose submissions cost no ramp-up (shm), fills take
+     * half each, in turn, so a fill's receive overlaps the previous fill's scatter (DESIGN §1
+     * allows reusing parts of the buffer so). Otherwise, and by default, fills take the whole
+     * buffer one after another. On the H200 (docs/store_bench.md) half fills moved 96 x 12 MiB
+     * over shm from 1.19x to 1.17x of the H2D limit but 1536 x 384 KiB from 1.29x to 1.41x
+     * (twice the fills, each with its own synchronised copy batch); over tcp every fill ends in
+     * a drain where connections idle, and halving fills doubled those (0.83x -> 0.88x of raw
+     * tcp), so tcp never takes them. */
     uint64_t half = st->cfg.buffer_bytes / 2 / KVS_STAGING_ALIGN * KVS_STAGING_ALIGN;
-    bool halves = half > 0;
+    bool halves = st->cfg.half_fills && half > 0;
     for (uint32_t i = 0; i < n && halves; i++)
         halves = keys[i].size <= half && (keys[i].t->ops->caps & KVS_TRANSPORT_CAP_CHEAP_SUBMIT);
     uint64_t cap = halves ? half : st->cfg.buffer_bytes;
