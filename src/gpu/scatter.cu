@@ -7,7 +7,7 @@
 // current one is copied. Units travel as a by-value kernel parameter when they fit, else they
 // are written to one of two pinned buffers of the context and uploaded with one copy before the
 // kernel (reading them from mapped host memory instead costs one small PCIe read per unit, which
-// measured 2-3x slower at 4-8 KiB units); each buffer is rewritten only after the kernel that
+// measured 1.3-1.4x slower at 4-8 KiB units); each buffer is rewritten only after the kernel that
 // last read it.
 #include "scatter.h"
 
