@@ -395,11 +395,16 @@ static int server_start(const opts_t *o, uint64_t seg_bytes, server_t *s)
     return -1;
 }
 
-static void server_stop(server_t *s)
+/* Stops the store; its log stays (and is named) only when the round failed. */
+static void server_stop(server_t *s, bool ok)
 {
     kill(s->pid, SIGTERM);
     waitpid(s->pid, NULL, 0);
     unlink(s->port_file);
+    if (ok)
+        unlink(s->log);
+    else
+        fprintf(stderr, "kvstash bench store: the store's log is %s\n", s->log);
 }
 
 /* ---- limits: host-to-device copies and raw sockets ------------------------------------------- */
@@ -1379,7 +1384,7 @@ int kvs__bench_store_main(int argc, char **argv)
                 return 1;
             read_job_t j = {&o, cf->topo, *l, cf->readers, rnd, srv.master};
             bool ok = run_children(cf->readers, reader_child, &j);
-            server_stop(&srv);
+            server_stop(&srv, ok);
             if (!ok)
                 return 1;
             for (unsigned r = 0; r < cf->readers; r++) {
@@ -1419,7 +1424,7 @@ int kvs__bench_store_main(int argc, char **argv)
         thr_job_t j = {&o, o.topo[0], *l, srv.master};
         fprintf(stderr, "[threads] %s %s ...\n", o.topo[0], layout_str(l, lb, sizeof(lb)));
         bool ok = run_children(1, threads_child, &j);
-        server_stop(&srv);
+        server_stop(&srv, ok);
         if (!ok)
             return 1;
         report_threads(&o, o.topo[0], stdout);
