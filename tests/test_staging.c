@@ -162,6 +162,21 @@ static int read_keys(kvs_client_t *c, dest_t *d, const char *const *keys, int n,
                                                    res);
 }
 
+/* Reads keys[0..n) (n <= 16) into fresh destinations: every key's size and bytes exact. */
+static void read_all_exact(kvs_client_t *c, const char *const *keys, const uint64_t *sizes, int n)
+{
+    CHECK(n <= 16);
+    dest_t d;
+    dest_init(c, &d, sizes, n);
+    int64_t res[16];
+    CHECK_STATUS(read_keys(c, &d, keys, n, res), KVS_OK);
+    for (int i = 0; i < n; i++) {
+        CHECK_EQ_INT(res[i], (int64_t)sizes[i]);
+        CHECK(key_exact(&d, i, keys[i]));
+    }
+    dest_free(c, &d);
+}
+
 /* ---- capacity and fills ---------------------------------------------------------------------- */
 
 static void test_staging_exact_capacity(void)
@@ -209,21 +224,13 @@ static void test_staging_seven_keys_four_fills(void)
     const char *keys[7] = {"s0", "s1", "s2", "s3", "s4", "s5", "s6"};
     for (int i = 0; i < 7; i++)
         put_key(c, keys[i], sizes[i]);
-    dest_t d;
-    dest_init(c, &d, sizes, 7);
-    int64_t res[7];
-    CHECK_STATUS(read_keys(c, &d, keys, 7, res), KVS_OK);
-    for (int i = 0; i < 7; i++) {
-        CHECK_EQ_INT(res[i], (int64_t)sizes[i]);
-        CHECK(key_exact(&d, i, keys[i]));
-    }
+    read_all_exact(c, keys, sizes, 7);
     kvs_client_stats_t s = stats(c);
     CHECK_EQ_U64(s.staged_reads, 1);
     CHECK_EQ_U64(s.staged_keys, 7);
     CHECK_EQ_U64(s.fills, 4);
     CHECK_EQ_U64(s.scatter_launches, 4);
     CHECK_EQ_U64(s.get_submissions, 0);
-    dest_free(c, &d);
     kvs_client_close(c);
     server_stop(&st.srv);
 }
@@ -242,64 +249,38 @@ static void test_staging_half_buffer_fills(void)
     const char *keys[6] = {"h0", "h1", "h2", "h3", "h4", "h5"};
     for (int i = 0; i < 6; i++)
         put_key(c, keys[i], sizes[i]);
-    dest_t d;
-    dest_init(c, &d, sizes, 6);
-    int64_t res[6];
-    CHECK_STATUS(read_keys(c, &d, keys, 6, res), KVS_OK);
-    for (int i = 0; i < 6; i++) {
-        CHECK_EQ_INT(res[i], (int64_t)sizes[i]);
-        CHECK(key_exact(&d, i, keys[i]));
-    }
+    read_all_exact(c, keys, sizes, 6);
     kvs_client_stats_t s = stats(c);
     CHECK_EQ_U64(s.fills, 3);
     CHECK_EQ_U64(s.scatter_launches, 3);
     CHECK_EQ_U64(s.get_submissions, 0);
-    dest_free(c, &d);
     /* A key above half the buffer: whole-buffer fills, all three keys in one. */
     uint64_t big[3] = {600000, 100000, 100000};
     const char *bk[3] = {"b0", "b1", "b2"};
     for (int i = 0; i < 3; i++)
         put_key(c, bk[i], big[i]);
-    dest_init(c, &d, big, 3);
-    CHECK_STATUS(read_keys(c, &d, bk, 3, res), KVS_OK);
-    for (int i = 0; i < 3; i++) {
-        CHECK_EQ_INT(res[i], (int64_t)big[i]);
-        CHECK(key_exact(&d, i, bk[i]));
-    }
+    read_all_exact(c, bk, big, 3);
     s = stats(c);
     CHECK_EQ_U64(s.fills, 4);
     CHECK_EQ_U64(s.scatter_launches, 4);
-    dest_free(c, &d);
     kvs_client_close(c);
     /* Over tcp (a fill ends in a drain of its connections) fills take the whole buffer: the
      * six keys need two. */
     setenv("KVS_PROTOCOL", "tcp", 1);
     c = staged_client(&st, 5000, NULL);
     unsetenv("KVS_PROTOCOL");
-    dest_init(c, &d, sizes, 6);
-    CHECK_STATUS(read_keys(c, &d, keys, 6, res), KVS_OK);
-    for (int i = 0; i < 6; i++) {
-        CHECK_EQ_INT(res[i], (int64_t)sizes[i]);
-        CHECK(key_exact(&d, i, keys[i]));
-    }
+    read_all_exact(c, keys, sizes, 6);
     s = stats(c);
     CHECK_EQ_U64(s.fills, 2);
     CHECK_EQ_U64(s.tcp_transfers, 6);
-    dest_free(c, &d);
     kvs_client_close(c);
     /* Off (the default): whole-buffer fills over shm too. */
     unsetenv("MC_STORE_GPU_STAGING_HALF_FILLS");
     c = staged_client(&st, 5000, NULL);
-    dest_init(c, &d, sizes, 6);
-    CHECK_STATUS(read_keys(c, &d, keys, 6, res), KVS_OK);
-    for (int i = 0; i < 6; i++) {
-        CHECK_EQ_INT(res[i], (int64_t)sizes[i]);
-        CHECK(key_exact(&d, i, keys[i]));
-    }
+    read_all_exact(c, keys, sizes, 6);
     s = stats(c);
     CHECK_EQ_U64(s.fills, 2);
     CHECK_EQ_U64(s.shm_transfers, 6);
-    dest_free(c, &d);
     kvs_client_close(c);
     server_stop(&st.srv);
 }
