@@ -2,9 +2,14 @@
 // destinations, by five methods: the kvstash kernel, cudaMemcpyBatchAsync, one cudaMemcpyAsync
 // per fragment, CUB's DeviceMemcpy::Batched (here only, never in the library) and one
 // contiguous copy of the same bytes (the limit). Host wall time covers building the method's
-// descriptors, uploading them, submitting and waiting; GPU time comes from events around the
-// submission. Medians after warm-up, methods in rotating order, every result verified on the
-// GPU against the source (the destinations are cleared before each call).
+// descriptors, uploading them, submitting and waiting. GPU time is the method's work on the GPU
+// alone: the submission is queued behind a gate kernel that the host opens once everything is
+// enqueued, and events time the queued work (uploads included, host preparation excluded). The
+// per-fragment APIs enqueue too much to wait behind a gate; their GPU time runs from submission.
+// Medians after warm-up, methods in rotating order, every result verified on the GPU against the
+// source (the destinations are cleared before each call). Placement of the fragments in the
+// destination pool is a parameter: shuffled (paged KV caches), in order, or shuffled only within
+// windows of a given size, to tell the cost of scattered destinations from the kernel's own.
 #include <cub/device/device_memcpy.cuh>
 #include <cuda_runtime.h>
 
@@ -15,6 +20,7 @@ extern "C" {
 }
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -45,9 +51,30 @@ enum method_t { M_KERNEL, M_BATCH, M_PER_FRAG, M_CUB, M_CONTIG, M_K8, M_K16, M_K
 const char *const kMethodNames[M_COUNT] = {
     "kvstash",    "cudaMemcpyBatchAsync", "cudaMemcpyAsync/frag", "cub::Batched",
     "contiguous", "kvstash/8 blocks",     "kvstash/16 blocks",    "kvstash/32 blocks"};
+const char *const kMethodKeys[M_COUNT] = {"kvstash",    "batch",   "per-frag", "cub",
+                                          "contiguous", "bounded", "bounded",  "bounded"};
 const uint32_t kBounded[3] = {8, 16, 32};
 
-// Counts bytes of each fragment that differ from the source (one block per fragment).
+// Methods that enqueue a handful of operations can wait behind a gate (see the top).
+bool gateable(method_t m)
+{
+    return m != M_BATCH && m != M_PER_FRAG;
+}
+
+// The gate: a host function in the stream that returns once the host opens it (state 1), or
+// gives up after two seconds (state 2, reported as an error).
+void CUDART_CB gate_fn(void *arg)
+{
+    std::atomic<int> *state = static_cast<std::atomic<int> *>(arg);
+    uint64_t t0 = kvs__now_ns();
+    while (state->load(std::memory_order_acquire) == 0) {
+        int closed = 0;
+        if (kvs__now_ns() - t0 > 2000000000ull && state->compare_exchange_strong(closed, 2))
+            return;
+    }
+}
+
+// Counts bytes of each piece that differ from the source (one block per piece).
 __global__ void verify_kernel(const char *src, const frag_t *frags, unsigned n,
                               unsigned long long *bad)
 {
@@ -64,14 +91,46 @@ __global__ void verify_kernel(const char *src, const frag_t *frags, unsigned n,
 struct set_t {
     std::string name;
     std::vector<frag_t> frags;
+    std::vector<kvs__scatter_frag_t> kfr; // the same, as kvstash's callers hand them over
     uint64_t bytes;
+    std::vector<frag_t> checks; // the fragments, then the contiguous copy, in pieces to verify
+    size_t contig_checks;       // where the contiguous copy's pieces start
 };
 
-// Lays out fragments of `total` bytes in the pool in shuffled order (with gaps of 1..15 bytes
-// when `gaps`).
-set_t make_set(const std::string &name, uint64_t total, char *pool, std::mt19937_64 &rng)
+// Splits [dst, dst + len) <- src_off.. into pieces a verify block each (64 KiB at most).
+void add_checks(std::vector<frag_t> &out, char *dst, uint64_t src_off, uint64_t len)
 {
-    set_t s{name, {}, 0};
+    for (uint64_t o = 0; o < len; o += 65536)
+        out.push_back(frag_t{dst + o, src_off + o, std::min<uint64_t>(65536, len - o)});
+}
+
+// How fragments are placed in the destination pool: `window` 0 shuffles them over the whole pool,
+// UINT64_MAX keeps them in source order, anything else shuffles them only among the fragments
+// that start within the same `window`-byte stretch of the source.
+struct placement_t {
+    std::string name;
+    uint64_t window;
+};
+
+bool parse_placement(const std::string &a, placement_t *p)
+{
+    if (a == "shuffled" || a == "ordered") {
+        *p = placement_t{a, a == "ordered" ? UINT64_MAX : 0};
+        return true;
+    }
+    uint64_t w = 0;
+    if (a.compare(0, 7, "window:") != 0 || kvs__parse_size(a.c_str() + 7, &w) != KVS_OK || w == 0)
+        return false;
+    *p = placement_t{a, w};
+    return true;
+}
+
+// Lays out fragments of `total` bytes in the pool as `pl` says (with gaps of 1..15 bytes for the
+// odd set).
+set_t make_set(const std::string &name, uint64_t total, const placement_t &pl, char *pool,
+               std::mt19937_64 &rng)
+{
+    set_t s{name, {}, {}, 0, {}, 0};
     std::vector<uint64_t> lens;
     static const uint64_t mixed[] = {4096, 8192, 16384, 65536, 262144, 1u << 20};
     bool odd = name == "odd", mix = name == "mixed";
@@ -89,7 +148,17 @@ set_t make_set(const std::string &name, uint64_t total, char *pool, std::mt19937
     std::vector<size_t> order(lens.size());
     for (size_t i = 0; i < order.size(); i++)
         order[i] = i;
-    std::shuffle(order.begin(), order.end(), rng);
+    if (pl.window == 0) {
+        std::shuffle(order.begin(), order.end(), rng);
+    } else if (pl.window != UINT64_MAX) {
+        uint64_t at = 0;
+        for (size_t b = 0, e = 0; b < order.size(); b = e) {
+            uint64_t stretch = at / pl.window;
+            for (e = b; e < order.size() && at / pl.window == stretch; e++)
+                at += lens[e];
+            std::shuffle(order.begin() + (ptrdiff_t)b, order.begin() + (ptrdiff_t)e, rng);
+        }
+    }
     std::vector<uint64_t> pos(lens.size());
     uint64_t p = odd ? 1 + rng() % 15 : 0;
     for (size_t k = 0; k < order.size(); k++) {
@@ -99,9 +168,14 @@ set_t make_set(const std::string &name, uint64_t total, char *pool, std::mt19937
     uint64_t off = 0;
     for (size_t i = 0; i < lens.size(); i++) {
         s.frags.push_back(frag_t{pool + pos[i], off, lens[i]});
+        s.kfr.push_back(kvs__scatter_frag_t{pool + pos[i], lens[i]});
         off += lens[i];
     }
     s.bytes = sum;
+    for (const frag_t &f : s.frags)
+        add_checks(s.checks, f.dst, f.src_off, f.len);
+    s.contig_checks = s.checks.size();
+    add_checks(s.checks, pool, 0, sum);
     return s;
 }
 
@@ -123,11 +197,11 @@ struct ctx_t {
     // verification
     frag_t *d_frags;
     unsigned long long *d_bad;
+    std::atomic<int> gate;
 };
 
 void run_method(ctx_t &c, method_t m, const set_t &s, std::vector<void *> &dsts,
-                std::vector<const void *> &srcs, std::vector<size_t> &sizes,
-                std::vector<kvs__scatter_frag_t> &kfr)
+                std::vector<const void *> &srcs, std::vector<size_t> &sizes)
 {
     const size_t n = s.frags.size();
     switch (m) {
@@ -135,11 +209,8 @@ void run_method(ctx_t &c, method_t m, const set_t &s, std::vector<void *> &dsts,
     case M_K8:
     case M_K16:
     case M_K32: {
-        kfr.resize(n);
-        for (size_t i = 0; i < n; i++)
-            kfr[i] = kvs__scatter_frag_t{s.frags[i].dst, s.frags[i].len};
         kvs__scatter_t *ctx = m == M_KERNEL ? c.scatter : c.bounded[m - M_K8];
-        int rc = kvs__scatter_launch(ctx, c.src, kfr.data(), (uint32_t)n, c.stream);
+        int rc = kvs__scatter_launch(ctx, c.src, s.kfr.data(), (uint32_t)n, c.stream);
         if (rc != KVS_OK) {
             std::fprintf(stderr, "bench scatter: kvstash launch: %s\n", kvs_status_str(rc));
             std::exit(1);
@@ -205,15 +276,9 @@ void run_method(ctx_t &c, method_t m, const set_t &s, std::vector<void *> &dsts,
 bool verify(ctx_t &c, method_t m, const set_t &s)
 {
     BENCH_CUDA(cudaMemsetAsync(c.d_bad, 0, sizeof(*c.d_bad), c.stream));
-    unsigned n = (unsigned)s.frags.size();
-    if (m == M_CONTIG) {
-        frag_t one{c.pool, 0, s.bytes};
-        BENCH_CUDA(
-            cudaMemcpyAsync(c.d_frags + n, &one, sizeof(one), cudaMemcpyHostToDevice, c.stream));
-        verify_kernel<<<2048, 256, 0, c.stream>>>(c.src, c.d_frags + n, 1, c.d_bad);
-    } else {
-        verify_kernel<<<std::min(n, 65535u), 256, 0, c.stream>>>(c.src, c.d_frags, n, c.d_bad);
-    }
+    size_t first = m == M_CONTIG ? s.contig_checks : 0;
+    unsigned n = (unsigned)((m == M_CONTIG ? s.checks.size() : s.contig_checks) - first);
+    verify_kernel<<<std::min(n, 65535u), 256, 0, c.stream>>>(c.src, c.d_frags + first, n, c.d_bad);
     unsigned long long bad = 1;
     BENCH_CUDA(cudaMemcpyAsync(&bad, c.d_bad, sizeof(bad), cudaMemcpyDeviceToHost, c.stream));
     BENCH_CUDA(cudaStreamSynchronize(c.stream));
@@ -228,15 +293,20 @@ double median(std::vector<double> v)
 
 void usage(FILE *f)
 {
-    std::fprintf(f,
-                 "usage: kvstash bench scatter [--bytes SIZE[,SIZE...]] [--sets NAME[,NAME...]]\n"
-                 "                             [--reps N] [--warmup N] [--csv PATH] [--device N]\n"
-                 "  --bytes   bytes per call (default 256MiB,1GiB)\n"
-                 "  --sets    fragment sets (default 4KiB,8KiB,16KiB,64KiB,256KiB,1MiB,12MiB,"
-                 "mixed,odd)\n"
-                 "  --reps    timed calls per method (default 20; methods whose calls take over\n"
-                 "            200 ms get 5)\n"
-                 "  --warmup  untimed calls per method first (default 3)\n");
+    std::fprintf(
+        f, "usage: kvstash bench scatter [--bytes SIZE[,SIZE...]] [--sets NAME[,NAME...]]\n"
+           "                             [--placement P[,P...]] [--methods M[,M...]]\n"
+           "                             [--reps N] [--warmup N] [--csv PATH] [--device N]\n"
+           "  --bytes      bytes per call (default 256MiB,1GiB)\n"
+           "  --sets       fragment sets (default 4KiB,8KiB,16KiB,64KiB,256KiB,1MiB,12MiB,"
+           "mixed,odd)\n"
+           "  --placement  where fragments land in the destination pool: shuffled (default),\n"
+           "               ordered, or window:SIZE (shuffled within SIZE-byte stretches)\n"
+           "  --methods    kvstash, batch, per-frag, cub, contiguous, bounded (8/16/32-block\n"
+           "               kvstash grids); default all\n"
+           "  --reps       timed calls per method (default 20; methods whose calls take over\n"
+           "               200 ms get 5)\n"
+           "  --warmup     untimed calls per method first (default 3, at least 1)\n");
 }
 
 std::vector<std::string> split(const char *s)
@@ -263,6 +333,10 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
     std::vector<std::string> byte_args = {"256MiB", "1GiB"};
     std::vector<std::string> sets = {"4KiB", "8KiB",  "16KiB", "64KiB", "256KiB",
                                      "1MiB", "12MiB", "mixed", "odd"};
+    std::vector<placement_t> placements = {placement_t{"shuffled", 0}};
+    bool use[M_COUNT];
+    for (int m = 0; m < M_COUNT; m++)
+        use[m] = true;
     unsigned reps = 20, warmup = 3;
     int device = 0;
     const char *csv = NULL;
@@ -276,6 +350,29 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
             byte_args = split(v);
         } else if (v && a == "--sets") {
             sets = split(v);
+        } else if (v && a == "--placement") {
+            placements.clear();
+            for (auto &p : split(v)) {
+                placement_t pl;
+                if (!parse_placement(p, &pl)) {
+                    std::fprintf(stderr, "kvstash bench scatter: bad placement '%s'\n", p.c_str());
+                    return 2;
+                }
+                placements.push_back(pl);
+            }
+        } else if (v && a == "--methods") {
+            for (int m = 0; m < M_COUNT; m++)
+                use[m] = false;
+            for (auto &k : split(v)) {
+                bool known = false;
+                for (int m = 0; m < M_COUNT; m++)
+                    if (k == kMethodKeys[m])
+                        use[m] = known = true;
+                if (!known) {
+                    std::fprintf(stderr, "kvstash bench scatter: unknown method '%s'\n", k.c_str());
+                    return 2;
+                }
+            }
         } else if (v && a == "--reps") {
             reps = (unsigned)std::atoi(v);
         } else if (v && a == "--warmup") {
@@ -291,8 +388,8 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
         }
         i++;
     }
-    if (reps == 0 || reps > 1000) {
-        std::fprintf(stderr, "kvstash bench scatter: --reps wants 1..1000\n");
+    if (reps == 0 || reps > 1000 || warmup == 0 || warmup > 1000 || placements.empty()) {
+        std::fprintf(stderr, "kvstash bench scatter: --reps and --warmup want 1..1000\n");
         return 2;
     }
     std::vector<uint64_t> totals;
@@ -318,10 +415,13 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
         return 1;
     }
     if (out)
-        std::fprintf(out, "bytes_per_call,set,fragments,method,reps,wall_ms_median,"
-                          "gpu_ms_median,wall_gbps,gpu_gbps,verified\n");
-    std::printf("device %d: %s, %d SMs; medians of timed calls after %u warm-up calls\n", device,
-                prop.name, prop.multiProcessorCount, warmup);
+        std::fprintf(out, "bytes_per_call,set,placement,fragments,method,reps,wall_ms_median,"
+                          "gpu_ms_median,wall_gbps,gpu_gbps,gpu_gated,enqueue_ms_median,"
+                          "prepare_us_median,submit_us_median,verified\n");
+    std::printf("device %d: %s, %d SMs; medians of timed calls after %u warm-up calls\n"
+                "GPU ms: the method's queued work alone (* timed from submission); enqueue ms:\n"
+                "host time in the method's calls (kvstash: prepare + submit, in µs)\n",
+                device, prop.name, prop.multiProcessorCount, warmup);
     std::mt19937_64 rng(42);
     int failures = 0;
     for (uint64_t total : totals) {
@@ -355,7 +455,8 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
         BENCH_CUDA(cudaMallocHost(&c.h_srcs, max_frags * sizeof(void *)));
         BENCH_CUDA(cudaMallocHost(&c.h_dsts, max_frags * sizeof(void *)));
         BENCH_CUDA(cudaMallocHost(&c.h_sizes, max_frags * sizeof(size_t)));
-        BENCH_CUDA(cudaMalloc(&c.d_frags, (max_frags + 1) * sizeof(frag_t)));
+        size_t max_checks = max_frags + 2 * (total / 65536 + 1);
+        BENCH_CUDA(cudaMalloc(&c.d_frags, max_checks * sizeof(frag_t)));
         BENCH_CUDA(cudaMalloc(&c.d_bad, sizeof(*c.d_bad)));
         c.cub_tmp_len = 0;
         BENCH_CUDA(cub::DeviceMemcpy::Batched(NULL, c.cub_tmp_len, c.d_srcs, c.d_dsts, c.d_sizes,
@@ -365,22 +466,25 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
         BENCH_CUDA(cudaEventCreate(&e0));
         BENCH_CUDA(cudaEventCreate(&e1));
         char tb[32];
-        std::printf("\n%s per call\n%-8s %9s  %-22s %10s %10s %10s %10s  %s\n",
-                    kvs__format_size(total, tb, sizeof(tb)), "set", "fragments", "method",
-                    "wall ms", "GPU ms", "wall GB/s", "GPU GB/s", "check");
-        for (const std::string &name : sets) {
-            set_t s = make_set(name, total, c.pool, rng);
+        std::printf("\n%s per call\n%-8s %-13s %9s  %-22s %9s %9s %9s %9s %10s  %s\n",
+                    kvs__format_size(total, tb, sizeof(tb)), "set", "placement", "fragments",
+                    "method", "wall ms", "GPU ms", "wall GB/s", "GPU GB/s", "enqueue ms", "check");
+        for (size_t si = 0; si < sets.size() * placements.size(); si++) {
+            const std::string &name = sets[si / placements.size()];
+            const placement_t &pl = placements[si % placements.size()];
+            set_t s = make_set(name, total, pl, c.pool, rng);
             if (s.frags.empty() || s.frags.size() > max_frags) {
                 std::fprintf(stderr, "bench scatter: set '%s' does not fit %s\n", name.c_str(), tb);
                 continue;
             }
-            BENCH_CUDA(cudaMemcpy(c.d_frags, s.frags.data(), s.frags.size() * sizeof(frag_t),
+            BENCH_CUDA(cudaMemcpy(c.d_frags, s.checks.data(), s.checks.size() * sizeof(frag_t),
                                   cudaMemcpyHostToDevice));
             std::vector<void *> dsts;
             std::vector<const void *> srcs;
             std::vector<size_t> sizes;
-            std::vector<kvs__scatter_frag_t> kfr;
-            std::vector<double> wall[M_COUNT], gpu[M_COUNT];
+            // enqueue: host time in the method's calls; prep/subm: kvstash's own split (µs)
+            std::vector<double> wall[M_COUNT], gpu[M_COUNT], enq[M_COUNT], prep[M_COUNT],
+                subm[M_COUNT];
             bool ok[M_COUNT];
             unsigned nreps[M_COUNT];
             for (int m = 0; m < M_COUNT; m++) {
@@ -390,42 +494,78 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
             for (unsigned r = 0; r < warmup + reps; r++) {
                 for (int k = 0; k < M_COUNT; k++) {
                     method_t m = (method_t)((k + r) % M_COUNT);
-                    if (r >= warmup && r - warmup >= nreps[m])
+                    if (!use[m] || (r >= warmup && r - warmup >= nreps[m]))
                         continue;
+                    // Wall time: submitted at once, host preparation included.
                     BENCH_CUDA(cudaMemsetAsync(c.pool, 0, c.pool_len, c.stream));
                     BENCH_CUDA(cudaStreamSynchronize(c.stream));
                     uint64_t t0 = kvs__now_ns();
                     BENCH_CUDA(cudaEventRecord(e0, c.stream));
-                    run_method(c, m, s, dsts, srcs, sizes, kfr);
+                    run_method(c, m, s, dsts, srcs, sizes);
+                    uint64_t tq = kvs__now_ns();
                     BENCH_CUDA(cudaEventRecord(e1, c.stream));
                     BENCH_CUDA(cudaStreamSynchronize(c.stream));
                     uint64_t t1 = kvs__now_ns();
+                    kvs__scatter_stats_t st = {0, 0, 0};
+                    if (m == M_KERNEL)
+                        kvs__scatter_stats(c.scatter, &st);
                     float gms = 0;
                     BENCH_CUDA(cudaEventElapsedTime(&gms, e0, e1));
                     ok[m] = ok[m] && verify(c, m, s);
                     double wms = (double)(t1 - t0) / 1e6;
+                    // GPU time: the same work queued behind the gate (not on the first call,
+                    // whose allocations may wait for the device).
+                    if (gateable(m) && r > 0) {
+                        BENCH_CUDA(cudaMemsetAsync(c.pool, 0, c.pool_len, c.stream));
+                        c.gate.store(0);
+                        BENCH_CUDA(cudaLaunchHostFunc(c.stream, gate_fn, &c.gate));
+                        BENCH_CUDA(cudaEventRecord(e0, c.stream));
+                        run_method(c, m, s, dsts, srcs, sizes);
+                        BENCH_CUDA(cudaEventRecord(e1, c.stream));
+                        if (c.gate.exchange(1) != 0) {
+                            std::fprintf(stderr, "bench scatter: the gate gave up waiting\n");
+                            return 1;
+                        }
+                        BENCH_CUDA(cudaStreamSynchronize(c.stream));
+                        BENCH_CUDA(cudaEventElapsedTime(&gms, e0, e1));
+                        ok[m] = ok[m] && verify(c, m, s);
+                    }
                     if (r == 0 && wms > 200 && nreps[m] > 5)
                         nreps[m] = 5;
                     if (r >= warmup) {
                         wall[m].push_back(wms);
                         gpu[m].push_back(gms);
+                        enq[m].push_back((double)(tq - t0) / 1e6);
+                        prep[m].push_back((double)st.prepare_ns / 1e3);
+                        subm[m].push_back((double)st.submit_ns / 1e3);
                     }
                 }
             }
             for (int m = 0; m < M_COUNT; m++) {
-                double w = median(wall[m]), g = median(gpu[m]);
+                if (!use[m])
+                    continue;
+                double w = median(wall[m]), g = median(gpu[m]), q = median(enq[m]);
                 double wg = (double)s.bytes / (w * 1e6), gg = (double)s.bytes / (g * 1e6);
+                double pu = median(prep[m]), su = median(subm[m]);
+                char split[48] = "";
+                if (m == M_KERNEL)
+                    std::snprintf(split, sizeof(split), " (%.0f + %.0f)", pu, su);
                 failures += !ok[m];
-                std::printf("%-8s %9zu  %-22s %10.3f %10.3f %10.1f %10.1f  %s%s\n", name.c_str(),
-                            s.frags.size(), kMethodNames[m], w, g, wg, gg,
+                std::printf("%-8s %-13s %9zu  %-22s %9.3f %8.3f%s %9.1f %9.1f %10.3f%s  %s%s\n",
+                            name.c_str(), pl.name.c_str(), s.frags.size(), kMethodNames[m], w, g,
+                            gateable((method_t)m) ? " " : "*", wg, gg, q, split,
                             ok[m] ? "ok" : "WRONG BYTES",
                             wall[m].size() < reps ? " (fewer reps)" : "");
                 if (out)
-                    std::fprintf(out, "%llu,%s,%zu,%s,%zu,%.4f,%.4f,%.2f,%.2f,%d\n",
-                                 (unsigned long long)total, name.c_str(), s.frags.size(),
-                                 kMethodNames[m], wall[m].size(), w, g, wg, gg, ok[m] ? 1 : 0);
+                    std::fprintf(out,
+                                 "%llu,%s,%s,%zu,%s,%zu,%.4f,%.4f,%.2f,%.2f,%d,%.4f,%.1f,%.1f,%d\n",
+                                 (unsigned long long)total, name.c_str(), pl.name.c_str(),
+                                 s.frags.size(), kMethodNames[m], wall[m].size(), w, g, wg, gg,
+                                 gateable((method_t)m) ? 1 : 0, q, pu, su, ok[m] ? 1 : 0);
             }
             std::fflush(stdout);
+            if (out)
+                std::fflush(out);
         }
         cudaEventDestroy(e0);
         cudaEventDestroy(e1);

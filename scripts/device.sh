@@ -4,6 +4,7 @@
 # Usage: scripts/device.sh SUITE...
 #   scatter        GPU scatter tests, the same under compute-sanitizer memcheck, `kvstash bench scatter`
 #   scatter-test   the tests and memcheck only (no benchmark)
+#   scatter-bench  the benchmark only
 #   gpu-direct     GPU destinations and sources over tcp and shm (tests), `kvstash bench gpu`
 #   gpu-staging    staging with the CUDA backend (tests, and the same under memcheck)
 #   torch          a PyTorch paged KV cache through the Python module, all four read modes
@@ -15,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build-gpu/out}
 mkdir -p "$out"
-(($#)) || { sed -n '2,14p' "$0"; exit 2; }
+(($#)) || { sed -n '2,15p' "$0"; exit 2; }
 {
     date -u +"%Y-%m-%dT%H:%M:%SZ"
     # (no commit line: the device machine's copy of .git may lag behind the tree it runs)
@@ -38,6 +39,10 @@ step() { # name, command...: runs, logs to $out/name.log, records a failure
 }
 for suite in "$@"; do
     case $suite in
+    scatter-bench)
+        # shellcheck disable=SC2086 # SCATTER_ARGS is a list of options
+        step scatter_bench build-gpu/kvstash bench scatter --csv "$out/scatter.csv" ${SCATTER_ARGS:-}
+        ;;
     scatter | scatter-test)
         step scatter_test build-gpu/tests/test_gpu_scatter
         if command -v compute-sanitizer >/dev/null; then

@@ -152,17 +152,26 @@ static void test_inline_descriptors(void)
     kvs__scatter_destroy(s);
 }
 
-static void test_uploaded_descriptors_and_reuse(void)
+static uint64_t len_1mib(void)
+{
+    return 1u << 20;
+}
+
+static void test_mapped_descriptors_and_reuse(void)
 {
     kvs__scatter_t *s = make(0);
     cudaStream_t st;
     CHECK_CUDA(cudaStreamCreate(&st));
-    /* Above the inline limit: uploaded from the two pinned buffers, which calls in a row take in
-     * turn and reuse (two streams, so a buffer's last reader may still be queued). */
+    /* Above the inline limit: read by the kernel from the two pinned buffers, which calls in a
+     * row take in turn, grow and reuse (two streams, so a buffer's last reader may still be
+     * queued). Chunks of 1, 2 and 8 units per warp, the last one partial. */
     for (int r = 0; r < 4; r++) {
         run_case(s, 3000, len_pages, (unsigned)r * 3, r % 2 ? st : NULL);
         run_case(s, 20000, len_small_odd, 7, st);
     }
+    run_case(s, 70001, len_tiny, 2, NULL);
+    /* Few fragments, many units (1 MiB each is 16). */
+    run_case(s, 200, len_1mib, 5, st);
     CHECK_CUDA(cudaStreamDestroy(st));
     kvs__scatter_destroy(s);
 }
@@ -232,7 +241,7 @@ int main(int argc, char **argv)
     }
     static const kvs_test_case_t cases[] = {
         KVS_TEST_CASE(test_inline_descriptors),
-        KVS_TEST_CASE(test_uploaded_descriptors_and_reuse),
+        KVS_TEST_CASE(test_mapped_descriptors_and_reuse),
         KVS_TEST_CASE(test_random_sets_1_byte_to_12_mib),
         KVS_TEST_CASE(test_bounded_blocks),
         KVS_TEST_CASE(test_skipped_source_ranges),

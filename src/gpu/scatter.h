@@ -25,6 +25,13 @@ typedef struct {
 
 typedef struct kvs__scatter kvs__scatter_t;
 
+/* Host time of a context's last successful launch (zeros when it copied nothing). */
+typedef struct {
+    uint64_t prepare_ns; /* checking the fragments and building the work units */
+    uint64_t submit_ns;  /* launching the kernel and recording its event */
+    uint64_t units;      /* work units launched */
+} kvs__scatter_stats_t;
+
 /* Whether this build has the CUDA implementation (a GPU may still be absent). */
 bool kvs__scatter_built(void);
 
@@ -39,14 +46,17 @@ int kvs__scatter_create(const kvs__scatter_config_t *cfg, kvs__scatter_t **s_p);
  * must not overlap each other
  * or the source. `frags` is borrowed for the call only; `src` and the destinations must stay
  * valid until the stream passes the kernel. Up to KVS_SCATTER_INLINE_UNITS work units travel
- * as a kernel parameter; more are written to one of the context's two pinned buffers and
- * uploaded before the kernel, each buffer rewritten only after the kernel that last read it (a
- * third launch in a row may wait for the first). The total length must stay below 2^48. Returns OK
- * once enqueued, INVALID_PARAMS for bad arguments, NO_MEMORY, or TRANSFER_FAIL when CUDA refuses
- * (the reason is logged). Not thread-safe: one caller at a time per context. The caller's current
- * device is left as it was. */
+ * as a kernel parameter; more are written to one of the context's two pinned buffers, which the
+ * kernel reads through their mapping, each buffer rewritten only after the kernel that last read
+ * it (a third launch in a row may wait for the first). The total length must stay below 2^48.
+ * Returns OK once enqueued, INVALID_PARAMS for bad arguments, NO_MEMORY, or TRANSFER_FAIL when CUDA
+ * refuses (the reason is logged). Not thread-safe: one caller at a time per context. The caller's
+ * current device is left as it was. */
 int kvs__scatter_launch(kvs__scatter_t *s, const void *src, const kvs__scatter_frag_t *frags,
                         uint32_t n, void *stream);
+
+/* Copies the host timings of the context's last launch to *out (no-op on NULL). */
+void kvs__scatter_stats(const kvs__scatter_t *s, kvs__scatter_stats_t *out);
 
 /* Waits for the context's last kernel, frees it. NULL is a no-op. */
 void kvs__scatter_destroy(kvs__scatter_t *s);

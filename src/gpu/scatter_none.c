@@ -26,6 +26,13 @@ int kvs__scatter_launch(kvs__scatter_t *s, const void *src, const kvs__scatter_f
     return KVS_UNSUPPORTED;
 }
 
+void kvs__scatter_stats(const kvs__scatter_t *s, kvs__scatter_stats_t *out)
+{
+    KVS_UNUSED(s);
+    if (out != NULL)
+        *out = (kvs__scatter_stats_t){0, 0, 0};
+}
+
 void kvs__scatter_destroy(kvs__scatter_t *s)
 {
     KVS_UNUSED(s);
