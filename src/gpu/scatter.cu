@@ -323,54 +323,44 @@ static int ensure_slot(slot_t *sl, size_t n)
     return KVS_OK;
 }
 
-// Checks the fragments; *nunits_p receives the number of work units they make.
-static int count_units(const void *src, const kvs__scatter_frag_t *frags, uint32_t n,
-                       size_t *nunits_p)
+// Checks the fragments and splits them into units, written to `out` while they fit in `cap`
+// (pass cap 0 to count only). *nunits_p receives the number of units. The common fragment, one
+// unit long, costs no check: 2^32 of them cannot wrap the 64-bit offset.
+static int build_units(const void *src, const kvs__scatter_frag_t *frags, uint32_t n, unit_t *out,
+                       size_t cap, size_t *nunits_p)
 {
-    uint64_t off = 0, k = 0;
+    uint64_t off = 0;
+    size_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint64_t len = frags[i].len;
-        if (len > UINT64_MAX - off)
-            return KVS_INVALID_PARAMS;
-        if (frags[i].dst != NULL)
-            k += (len + KVS_SCATTER_UNIT_BYTES - 1) / KVS_SCATTER_UNIT_BYTES;
-        off += len;
-    }
-    if (k > UINT32_MAX || off >= (1ull << 48) || (uintptr_t)src > UINTPTR_MAX - off)
-        return KVS_INVALID_PARAMS; // source offsets travel in 48 bits
-    *nunits_p = (size_t)k;
-    return KVS_OK;
-}
-
-// Where writing units stands: the next fragment, its source offset, units written.
-struct build_t {
-    uint32_t i;
-    uint64_t off;
-    size_t k;
-};
-
-// Writes the units of whole fragments (checked by count_units) from b->i on into out[b->k...]
-// until at least `until` units are written or the fragments end.
-static void write_units(const kvs__scatter_frag_t *frags, uint32_t n, unit_t *out, build_t *b,
-                        size_t until)
-{
-    uint32_t i = b->i;
-    uint64_t off = b->off;
-    size_t k = b->k;
-    for (; i < n && k < until; i++) {
-        uint64_t len = frags[i].len;
         unsigned long long dst = (unsigned long long)(uintptr_t)frags[i].dst;
-        if (len - 1 < KVS_SCATTER_UNIT_BYTES && dst != 0) { // the common case: one unit
-            out[k++] = unit_t{dst, (unsigned long long)off | ((len - 1) << 48)};
-        } else if (dst != 0) {
-            for (uint64_t o = 0; o < len; o += KVS_SCATTER_UNIT_BYTES) {
+        if (len - 1 < KVS_SCATTER_UNIT_BYTES && dst != 0) {
+            if (k < cap)
+                out[k] = unit_t{dst, (unsigned long long)off | ((len - 1) << 48)};
+            k++;
+            off += len;
+            continue;
+        }
+        if (len > UINT64_MAX - off || off + len >= (1ull << 48))
+            return KVS_INVALID_PARAMS; // source offsets travel in 48 bits
+        if (dst != 0) { // split into units, written only when all fit (else only counted)
+            uint64_t units = (len + KVS_SCATTER_UNIT_BYTES - 1) / KVS_SCATTER_UNIT_BYTES;
+            if (k > UINT32_MAX || units > UINT32_MAX - k)
+                return KVS_INVALID_PARAMS;
+            for (uint64_t o = 0; k + units <= cap && o < len; o += KVS_SCATTER_UNIT_BYTES) {
                 uint64_t l = len - o < KVS_SCATTER_UNIT_BYTES ? len - o : KVS_SCATTER_UNIT_BYTES;
-                out[k++] = unit_t{dst + o, (unsigned long long)(off + o) | ((l - 1) << 48)};
+                out[k + o / KVS_SCATTER_UNIT_BYTES] =
+                    unit_t{dst + o, (unsigned long long)(off + o) | ((l - 1) << 48)};
             }
+            k += units;
         }
         off += len;
     }
-    *b = build_t{i, off, k};
+    // Offsets only grow, so the last one bounds them all.
+    if (k > UINT32_MAX || off >= (1ull << 48) || (uintptr_t)src > UINTPTR_MAX - off)
+        return KVS_INVALID_PARAMS; // source offsets travel in 48 bits
+    *nunits_p = k;
+    return KVS_OK;
 }
 
 // Blocks for `warps_wanted` busy warps, at most the context's grid.
@@ -385,8 +375,8 @@ static int launch_inline(kvs__scatter_t *s, const char *src, const kvs__scatter_
                          uint32_t n, size_t nunits, cudaStream_t stream)
 {
     inline_units_t<N> p;
-    build_t b = {0, 0, 0};
-    write_units(frags, n, p.u, &b, N); // nunits <= N
+    size_t built;
+    build_units(src, frags, n, p.u, N, &built); // already checked
     s->prepared_at = kvs__now_ns();
     scatter_inline<N><<<blocks_for(s, nunits), kThreads, 0, stream>>>(src, (unsigned)nunits, p);
     cudaError_t e = cudaGetLastError();
@@ -404,40 +394,35 @@ static unsigned chunk_shift(const kvs__scatter_t *s, size_t nunits)
     return shift;
 }
 
-// Writes `nunits` units into a slot and launches the mapped kernel on them in pieces: the first
-// kFirstPiece units, then twice as many each time, so the GPU starts copying after a few
-// microseconds of host work and copies each piece while the host writes the next.
+// Builds the units into a slot and launches the mapped kernel.
 static int launch_mapped(kvs__scatter_t *s, const char *src, const kvs__scatter_frag_t *frags,
-                         uint32_t n, size_t nunits, cudaStream_t stream)
+                         uint32_t n, cudaStream_t stream)
 {
-    constexpr size_t kFirstPiece = 2048;
-    // Two slots in turn; each is rewritten only after the kernels that read it.
+    // Two slots in turn; each is rewritten only after the kernel that read it.
     slot_t *sl = &s->slot[s->next];
     s->next ^= 1;
     cudaError_t e = sl->pending ? cudaEventSynchronize(sl->done) : cudaSuccess;
     sl->pending = false;
     if (e != cudaSuccess)
         return cuda_fail(e, "waiting for an earlier scatter");
-    int rc = ensure_slot(sl, nunits);
-    if (rc != KVS_OK)
-        return rc;
-    build_t b = {0, 0, 0};
-    for (size_t piece = kFirstPiece; b.k < nunits && e == cudaSuccess; piece *= 2) {
-        size_t from = b.k;
-        write_units(frags, n, sl->host, &b, from + piece);
-        if (from == 0)
-            s->prepared_at = kvs__now_ns();
-        size_t cnt = b.k - from;
-        unsigned shift = chunk_shift(s, cnt);
-        scatter_mapped<<<blocks_for(s, ((cnt - 1) >> shift) + 1), kThreads, 0, stream>>>(
-            src, (unsigned)cnt, sl->dev + from, shift);
-        e = cudaGetLastError();
+    size_t nunits;
+    int rc = build_units(src, frags, n, sl->host, sl->cap, &nunits);
+    if (rc == KVS_OK && nunits > sl->cap) { // grown once, then built again
+        rc = ensure_slot(sl, nunits);
+        if (rc == KVS_OK)
+            rc = build_units(src, frags, n, sl->host, sl->cap, &nunits);
     }
-    // Recorded even after a failed launch: earlier pieces may still read the slot.
-    cudaError_t er = cudaEventRecord(sl->done, stream);
-    sl->pending = er == cudaSuccess;
+    if (rc != KVS_OK || nunits == 0)
+        return rc;
+    s->prepared_at = kvs__now_ns();
+    unsigned shift = chunk_shift(s, nunits);
+    size_t chunks = ((nunits - 1) >> shift) + 1;
+    scatter_mapped<<<blocks_for(s, chunks), kThreads, 0, stream>>>(src, (unsigned)nunits, sl->dev,
+                                                                   shift);
+    e = cudaGetLastError();
     if (e == cudaSuccess)
-        e = er;
+        e = cudaEventRecord(sl->done, stream);
+    sl->pending = e == cudaSuccess;
     s->stats.units = nunits;
     return e == cudaSuccess ? KVS_OK : cuda_fail(e, "scatter launch");
 }
@@ -457,14 +442,16 @@ extern "C" int kvs__scatter_launch(kvs__scatter_t *s, const void *src,
     if (rc != KVS_OK)
         return rc;
     size_t nunits = 0;
-    if ((rc = count_units(csrc, frags, n, &nunits)) != KVS_OK || nunits == 0) {
+    if (n > kLargeUnits) { // checked while built
+        rc = launch_mapped(s, csrc, frags, n, stream);
+    } else if ((rc = build_units(csrc, frags, n, NULL, 0, &nunits)) != KVS_OK || nunits == 0) {
         // bad arguments, or nothing to copy
     } else if (nunits <= kLargeUnits) {
         rc = nunits <= kSmallUnits ? launch_inline<kSmallUnits>(s, csrc, frags, n, nunits, stream)
                                    : launch_inline<kLargeUnits>(s, csrc, frags, n, nunits, stream);
         s->stats.units = nunits;
     } else {
-        rc = launch_mapped(s, csrc, frags, n, nunits, stream);
+        rc = launch_mapped(s, csrc, frags, n, stream);
     }
     leave_device(s, prev);
     if (rc == KVS_OK && s->prepared_at != 0) {
