@@ -43,15 +43,14 @@ int kvs__scatter_create(const kvs__scatter_config_t *cfg, kvs__scatter_t **s_p);
  * earlier lengths: the source is read in order, the destinations may lie anywhere, in any order
  * and at any alignment; zero-length fragments are skipped, and a fragment whose dst is NULL
  * skips its `len` bytes of the source (padding, or a key that is not to be written). Fragments
- * must not overlap each other
- * or the source. `frags` is borrowed for the call only; `src` and the destinations must stay
- * valid until the stream passes the kernel. Up to KVS_SCATTER_INLINE_UNITS work units travel
- * as a kernel parameter; more are written to one of the context's two pinned buffers, which the
- * kernel reads through their mapping, each buffer rewritten only after the kernel that last read
- * it (a third launch in a row may wait for the first). The total length must stay below 2^48.
- * Returns OK once enqueued, INVALID_PARAMS for bad arguments, NO_MEMORY, or TRANSFER_FAIL when CUDA
- * refuses (the reason is logged). Not thread-safe: one caller at a time per context. The caller's
- * current device is left as it was. */
+ * must not overlap each other or the source. `frags` is borrowed for the call only; `src` and
+ * the destinations must stay valid until the stream passes the kernel. Up to
+ * KVS_SCATTER_INLINE_UNITS work units travel as a kernel parameter; more are written to one of the
+ * context's two pinned buffers, which the kernel reads through their mapping, each buffer rewritten
+ * only after the kernel that last read it (a third launch in a row may wait for the first). The
+ * total length must stay below 2^48. Returns OK once enqueued, INVALID_PARAMS for bad arguments,
+ * NO_MEMORY, or TRANSFER_FAIL when CUDA refuses (the reason is logged). Not thread-safe: one caller
+ * at a time per context. The caller's current device is left as it was. */
 int kvs__scatter_launch(kvs__scatter_t *s, const void *src, const kvs__scatter_frag_t *frags,
                         uint32_t n, void *stream);
 
