@@ -13,7 +13,7 @@
 # $SCATTER_ARGS adds options to `kvstash bench scatter`.
 # Every suite runs even when an earlier one failed; the exit status says whether all passed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-build-gpu/out}
 mkdir -p "$out"
 (($#)) || { sed -n '2,15p' "$0"; exit 2; }
