@@ -11,6 +11,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -176,6 +177,60 @@ static void test_mapped_descriptors_and_reuse(void)
     kvs__scatter_destroy(s);
 }
 
+static uint64_t len_two_units(void)
+{
+    return KVS_SCATTER_UNIT_BYTES + 1 + kvs_test_rand() % 4096;
+}
+
+static void test_streamed_units_that_outgrow_the_buffer(void)
+{
+    /* Above the inline limit the kernel starts before the units are written, its buffer sized
+     * to the fragment count on a fresh context. Fragments of two units each overflow it: the
+     * fragments that do not fit go to a second launch, and the next call grows the buffer. */
+    kvs__scatter_t *s = make(0);
+    run_case(s, 2100, len_two_units, 4, NULL);
+    run_case(s, 2100, len_two_units, 0, NULL);
+    kvs__scatter_destroy(s);
+}
+
+static void test_bad_fragment_while_streaming(void)
+{
+    /* A bad fragment found after the kernel started: INVALID_PARAMS, the kernel ends (the
+     * stream drains), nothing from the bad fragment on is written, and the context still works. */
+    enum { N = 5000, BAD = 4000, LEN = 4096 };
+    kvs__scatter_t *s = make(0);
+    char *d_src = NULL, *d_dst = NULL;
+    CHECK_CUDA(cudaMalloc((void **)&d_src, (size_t)N * LEN));
+    CHECK_CUDA(cudaMalloc((void **)&d_dst, (size_t)N * LEN));
+    CHECK_CUDA(cudaMemset(d_src, 0x5A, (size_t)N * LEN));
+    CHECK_CUDA(cudaMemset(d_dst, GUARD_BYTE, (size_t)N * LEN));
+    kvs__scatter_frag_t *frags = calloc(N, sizeof(*frags));
+    CHECK(frags);
+    for (uint32_t i = 0; i < N; i++)
+        frags[i] = (kvs__scatter_frag_t){d_dst + (size_t)i * LEN, LEN};
+    frags[BAD].len = UINT64_MAX - 8;
+    CHECK_STATUS(kvs__scatter_launch(s, d_src, frags, N, NULL), KVS_INVALID_PARAMS);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    size_t rest = (size_t)(N - BAD) * LEN;
+    uint8_t *h = malloc(rest), *want = malloc(rest);
+    CHECK(h && want);
+    memset(want, GUARD_BYTE, rest);
+    CHECK_CUDA(cudaMemcpy(h, d_dst + (size_t)BAD * LEN, rest, cudaMemcpyDeviceToHost));
+    CHECK_EQ_MEM(h, want, rest);
+    frags[BAD].len = LEN;
+    CHECK_STATUS(kvs__scatter_launch(s, d_src, frags, N, NULL), KVS_OK);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    memset(want, 0x5A, rest);
+    CHECK_CUDA(cudaMemcpy(h, d_dst + (size_t)BAD * LEN, rest, cudaMemcpyDeviceToHost));
+    CHECK_EQ_MEM(h, want, rest);
+    free(h);
+    free(want);
+    free(frags);
+    CHECK_CUDA(cudaFree(d_src));
+    CHECK_CUDA(cudaFree(d_dst));
+    kvs__scatter_destroy(s);
+}
+
 static void test_random_sets_1_byte_to_12_mib(void)
 {
     kvs__scatter_t *s = make(0);
@@ -242,6 +297,8 @@ int main(int argc, char **argv)
     static const kvs_test_case_t cases[] = {
         KVS_TEST_CASE(test_inline_descriptors),
         KVS_TEST_CASE(test_mapped_descriptors_and_reuse),
+        KVS_TEST_CASE(test_streamed_units_that_outgrow_the_buffer),
+        KVS_TEST_CASE(test_bad_fragment_while_streaming),
         KVS_TEST_CASE(test_random_sets_1_byte_to_12_mib),
         KVS_TEST_CASE(test_bounded_blocks),
         KVS_TEST_CASE(test_skipped_source_ranges),

@@ -1,15 +1,18 @@
 // The scatter kernel: one launch copies a contiguous device source into many destination
 // fragments. The host splits fragments into work units of at most KVS_SCATTER_UNIT_BYTES,
 // described in 16 bytes each; each warp of a persistent grid copies whole units with 16-byte
-// streaming loads and stores, eight in flight per lane (4 KiB per warp, 128 KiB per SM) when
-// source and destination are equally aligned modulo 16, else four, each store funnel-shifted
-// from two aligned source blocks; bytes only for heads and tails. Units travel as a by-value
-// kernel parameter when they fit, else they are written to one of two pinned buffers of the
-// context that the kernel reads through their mapping, a chunk of up to 32 units per warp and
-// read (one PCIe read each, issued before the previous chunk is copied). Uploading them with a
-// cudaMemcpyAsync first cost the kernel's start 20 us per MiB of descriptors; reading one per
-// unit measured 1.3-1.4x slower at 4-8 KiB units. Each buffer is rewritten only after the kernel
-// that last read it.
+// loads and stores, eight in flight per lane (4 KiB per warp, 128 KiB per SM) when source and
+// destination are equally aligned modulo 16, else four, each store funnel-shifted from two
+// aligned source blocks; bytes only for heads and tails. (Plain loads and stores: the streaming
+// .cs hints measured 3% slower on a plain copy.) Units travel as a by-value kernel parameter when
+// they fit; else the kernel is launched first and reads them from one of two pinned buffers of
+// the context through their mapping while the host is still writing them: the host publishes the
+// count written so far, and each warp copies a chunk of up to 32 units once they are published
+// (one PCIe read each, issued before the previous chunk is copied). Writing every unit before
+// the launch kept the GPU idle for the 100-200 us that 65,536 units take to write; uploading
+// them with a cudaMemcpyAsync first cost the kernel's start 20 us per MiB of descriptors; reading
+// one per unit measured 1.3-1.4x slower at 4-8 KiB units. Each buffer is rewritten only after
+// the kernel that last read it.
 #include "scatter.h"
 
 extern "C" {
@@ -66,10 +69,10 @@ __device__ __forceinline__ void warp_copy_vec(char *dst, const char *src, unsign
         T *dp = d + i, v[kInFlight];
 #pragma unroll
         for (unsigned k = 0; k < kInFlight; k++)
-            v[k] = __ldcs(sp + k * 32); // streaming: neither side is read again
+            v[k] = sp[k * 32];
 #pragma unroll
         for (unsigned k = 0; k < kInFlight; k++)
-            __stcs(dp + k * 32, v[k]);
+            dp[k * 32] = v[k];
     }
     if (i < nvec) {
         // The last round: loads clamped to the last element (always valid, all in flight),
@@ -77,11 +80,11 @@ __device__ __forceinline__ void warp_copy_vec(char *dst, const char *src, unsign
         T v[kInFlight];
 #pragma unroll
         for (unsigned k = 0; k < kInFlight; k++)
-            v[k] = __ldcs(s + min(i + k * 32, nvec - 1));
+            v[k] = s[min(i + k * 32, nvec - 1)];
 #pragma unroll
         for (unsigned k = 0; k < kInFlight; k++)
             if (i + k * 32 < nvec)
-                __stcs(d + i + k * 32, v[k]);
+                d[i + k * 32] = v[k];
     }
     unsigned done = head + nvec * W, tail = len - done;
     if (lane < tail)
@@ -125,8 +128,8 @@ __device__ __forceinline__ void warp_copy_shifted(char *dst, const char *src, un
         uint4 a[F + 1];
 #pragma unroll
         for (unsigned k = 0; k < F; k++)
-            a[k] = __ldcs(sa + min(i0 + k * 32 + lane, nvec));
-        a[F] = __ldcs(sa + min(i0 + F * 32, nvec)); // the last lane's right neighbour
+            a[k] = sa[min(i0 + k * 32 + lane, nvec)];
+        a[F] = sa[min(i0 + F * 32, nvec)]; // the last lane's right neighbour
 #pragma unroll
         for (unsigned k = 0; k < F; k++) {
             uint4 give = lane == 0 ? a[k + 1] : a[k], b;
@@ -137,7 +140,7 @@ __device__ __forceinline__ void warp_copy_shifted(char *dst, const char *src, un
             b.w = __shfl_sync(0xffffffffu, give.w, (int)from);
             unsigned j = i0 + k * 32 + lane;
             if (j < nvec)
-                __stcs(d + j, shifted<Q>(a[k], b, sh));
+                d[j] = shifted<Q>(a[k], b, sh);
         }
     }
     unsigned done = head + 16 * nvec, tail = len - done;
@@ -182,51 +185,138 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM)
         warp_copy_unit(units.u[i], src, lane);
 }
 
-// Lane l's descriptor of chunk c (2^shift units from unit c << shift): one coalesced read of
-// the chunk per warp.
+// The published-units word of a streamed launch: the count of units the host has written so far
+// (low 31 bits), and kDone once that count is final.
+constexpr unsigned kDone = 1u << 31;
+constexpr unsigned kCountMask = kDone - 1;
+
+// Lane l's descriptor of chunk c (2^shift units from unit c << shift, of which the first n
+// exist): one coalesced read of the chunk per warp. A .cv read (cached lines of system memory
+// are treated as stale and fetched again), so it never returns a copy cached before the host
+// wrote the unit; ordered after the wait's acquire reads.
 __device__ __forceinline__ unit_t chunk_unit(const unit_t *units, unsigned n, unsigned c,
                                              unsigned shift, unsigned lane)
 {
     unsigned i = (c << shift) + lane;
-    return lane < (1u << shift) && i < n ? units[i] : unit_t{0, 0};
+    unit_t u{0, 0};
+    if (lane < (1u << shift) && i < n)
+        asm volatile("ld.global.cv.v2.u64 {%0, %1}, [%2];"
+                     : "=l"(u.dst), "=l"(u.off_len)
+                     : "l"(units + i)
+                     : "memory");
+    return u;
 }
 
-// Descriptors read straight from pinned host memory, a chunk of 2^shift consecutive units per
-// warp and read (one PCIe read of up to 512 bytes, not one per unit), kept in shared memory
-// while the warp copies them. The next chunk's read is issued before the current chunk is
-// copied, so its latency hides behind the copy.
+// Where a streamed kernel learns how many units the host has published. Reads of one host word
+// from many warps are served one at a time, about 1 us each (4,224 warps reading it once took
+// 4 ms), so warps read a device-memory mirror of it instead, and one waiting warp at a time (the
+// one that takes `lock`) reads the host word and refreshes the mirror.
+struct progress_t {
+    const unsigned *ctl;        // pinned host word: published units, kDone once final
+    unsigned long long *mirror; // device: seq << 32 | a value of *ctl seen in launch `seq`
+    unsigned *lock;             // device: 1 while a warp reads *ctl
+    unsigned seq;               // this launch's number (the mirror's older values differ)
+};
+
+// Waits until units [0, end) are published or the count is final; returns the word (the same in
+// every lane). The acquire reads order the warp's later descriptor reads after the host's writes
+// of the units counted (__syncwarp carries lane 0's order to the others). Grid warp 0 reads the
+// host word at once; another warp only after two tries found the mirror short and the lock free
+// (all warps taking the lock at the start cost 5-10 us of atomics). Between tries the warp sleeps
+// 1 us while the mirror is from an earlier launch (the first read of the host word takes about
+// that), else about 1 ns per missing unit (the host writes one in 1.5-3 ns), at least 0.5 us.
+__device__ unsigned wait_published(const progress_t &p, unsigned end, unsigned lane, bool first)
+{
+    for (unsigned tries = 0;; tries++) {
+        unsigned v = 0;
+        if (lane == 0) {
+            unsigned long long m;
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];"
+                         : "=l"(m)
+                         : "l"(p.mirror)
+                         : "memory");
+            v = (unsigned)(m >> 32) == p.seq ? (unsigned)m : 0;
+            if (!(v & kDone) && (v & kCountMask) < end && (first || tries >= 2) &&
+                *reinterpret_cast<volatile unsigned *>(p.lock) == 0u &&
+                atomicCAS(p.lock, 0u, 1u) == 0u) {
+                asm volatile("ld.acquire.sys.global.u32 %0, [%1];"
+                             : "=r"(v)
+                             : "l"(p.ctl)
+                             : "memory");
+                m = (unsigned long long)p.seq << 32 | v;
+                asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p.mirror), "l"(m)
+                             : "memory");
+                asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p.lock), "r"(0u)
+                             : "memory");
+            }
+        }
+        v = __shfl_sync(0xffffffffu, v, 0);
+        __syncwarp();
+        if ((v & kDone) || (v & kCountMask) >= end)
+            return v;
+        __nanosleep(v == 0 ? 1000u : min(max(end - (v & kCountMask), 500u), 32768u));
+    }
+}
+
+// Descriptors read straight from pinned host memory while the host is still writing them: the
+// kernel is launched first, the host publishes the count of units written every
+// kPublishUnits, and a warp copies a chunk of 2^shift consecutive units once they are all
+// published (or the count is final). A chunk is one PCIe read of up to 512 bytes, kept in shared
+// memory while the warp copies it; the next chunk's read is issued before the current chunk is
+// copied when it is already published.
 __global__ void __launch_bounds__(kThreads, kBlocksPerSM)
-    scatter_mapped(const char *src, unsigned n, const unit_t *units, unsigned shift)
+    scatter_stream(const char *src, const unit_t *units, const progress_t p, unsigned shift)
 {
     __shared__ unit_t chunk[kWarps][32];
-    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, warps = gridDim.x * kWarps;
-    unsigned nchunks = ((n - 1) >> shift) + 1;
+    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, warps = gridDim.x * kWarps;
     unsigned c = blockIdx.x * kWarps + warp;
-    if (c >= nchunks)
-        return;
-    unit_t next = chunk_unit(units, n, c, shift, lane);
+    unsigned seen = wait_published(p, (c + 1) << shift, lane, c == 0), cnt = seen & kCountMask;
+    if ((c << shift) >= cnt)
+        return; // the final count ends before this warp's first chunk
+    unit_t next = chunk_unit(units, cnt, c, shift, lane);
+    unsigned m = min(1u << shift, cnt - (c << shift)); // units in `next`
 #pragma unroll 1
-    for (; c < nchunks; c += warps) {
+    for (;;) {
         __syncwarp();
         chunk[warp][lane] = next;
         __syncwarp();
-        if (c + warps < nchunks)
-            next = chunk_unit(units, n, c + warps, shift, lane);
-        unsigned base = c << shift, cnt = min(1u << shift, n - base);
+        const unsigned ncur = m;
+        c += warps;
+        cnt = seen & kCountMask;
+        bool ready = (seen & kDone) ? (c << shift) < cnt : ((c + 1) << shift) <= cnt;
+        if (ready) { // prefetch: its latency hides behind the copy below
+            next = chunk_unit(units, cnt, c, shift, lane);
+            m = min(1u << shift, cnt - (c << shift));
+        }
 #pragma unroll 1
-        for (unsigned j = 0; j < cnt; j++)
+        for (unsigned j = 0; j < ncur; j++)
             warp_copy_unit(chunk[warp][j], src, lane);
+        if (!ready) {
+            if (seen & kDone)
+                return; // nothing left for this warp
+            seen = wait_published(p, (c + 1) << shift, lane, false);
+            cnt = seen & kCountMask;
+            if ((c << shift) >= cnt)
+                return;
+            next = chunk_unit(units, cnt, c, shift, lane);
+            m = min(1u << shift, cnt - (c << shift));
+        }
     }
 }
 
 } // namespace
 
-// A pinned descriptor buffer the kernel reads through its mapping, and the event recorded after
-// the kernel that last read it.
+// A pinned descriptor buffer the kernel reads through its mapping, the word through which the
+// host publishes how many of its units are written, and the event recorded after the kernel that
+// last read them.
 struct slot_t {
-    unit_t *host; // pinned, mapped
-    unit_t *dev;  // the kernel's pointer to it
-    size_t cap;   // units
+    unit_t *host;  // pinned, mapped
+    unit_t *dev;   // the kernel's pointer to it
+    size_t cap;    // units
+    unsigned *ctl; // published units (kDone: final), pinned, mapped; its own cache lines
+    const unsigned *ctl_dev;
+    unsigned long long *mirror; // device memory: the kernel's copy of *ctl (progress_t)
+    unsigned *lock;
     cudaEvent_t done;
     bool pending;
 };
@@ -235,9 +325,12 @@ struct kvs__scatter {
     int device;
     unsigned grid; // blocks of a full launch
     slot_t slot[2];
-    unsigned next; // the slot the next mapped launch uses
+    unsigned *ctl_block; // pinned, mapped: both slots' words, 128 bytes apart
+    char *dev_block;     // device memory: both slots' mirrors and locks, zeroed
+    unsigned seq;        // streamed launches so far
+    unsigned next;       // the slot the next mapped launch uses
+    size_t units_hint;   // the most units one call has made: a slot grows to it before launching
     kvs__scatter_stats_t stats;
-    uint64_t prepared_at; // when the current call's units were built
 };
 
 static int cuda_fail(cudaError_t e, const char *what)
@@ -288,6 +381,21 @@ extern "C" int kvs__scatter_create(const kvs__scatter_config_t *cfg, kvs__scatte
     cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, s->device);
     for (int i = 0; i < 2 && e == cudaSuccess; i++)
         e = cudaEventCreateWithFlags(&s->slot[i].done, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        e = cudaHostAlloc(reinterpret_cast<void **>(&s->ctl_block), 256, cudaHostAllocMapped);
+    unsigned *ctl_dev = NULL;
+    if (e == cudaSuccess)
+        e = cudaHostGetDevicePointer(reinterpret_cast<void **>(&ctl_dev), s->ctl_block, 0);
+    if (e == cudaSuccess)
+        e = cudaMalloc(reinterpret_cast<void **>(&s->dev_block), 512);
+    if (e == cudaSuccess)
+        e = cudaMemset(s->dev_block, 0, 512);
+    for (int i = 0; i < 2 && e == cudaSuccess; i++) {
+        s->slot[i].ctl = s->ctl_block + 32 * i;
+        s->slot[i].ctl_dev = ctl_dev + 32 * i;
+        s->slot[i].mirror = reinterpret_cast<unsigned long long *>(s->dev_block + 256 * i);
+        s->slot[i].lock = reinterpret_cast<unsigned *>(s->dev_block + 256 * i + 128);
+    }
     leave_device(s, prev);
     if (e != cudaSuccess) {
         kvs__scatter_destroy(s);
@@ -323,6 +431,15 @@ static int ensure_slot(slot_t *sl, size_t n)
     return KVS_OK;
 }
 
+// Units of one call at most (a kernel's count travels in the published word's 31 bits).
+constexpr size_t kMaxUnits = kCountMask;
+
+// Whether source offsets below `off` travel in 48 bits and keep src + offset in the address space.
+static bool offsets_ok(const void *src, uint64_t off)
+{
+    return off < (1ull << 48) && (uintptr_t)src <= UINTPTR_MAX - off;
+}
+
 // Checks the fragments and splits them into units, written to `out` while they fit in `cap`
 // (pass cap 0 to count only). *nunits_p receives the number of units. The common fragment, one
 // unit long, costs no check: 2^32 of them cannot wrap the 64-bit offset.
@@ -345,7 +462,7 @@ static int build_units(const void *src, const kvs__scatter_frag_t *frags, uint32
             return KVS_INVALID_PARAMS; // source offsets travel in 48 bits
         if (dst != 0) { // split into units, written only when all fit (else only counted)
             uint64_t units = (len + KVS_SCATTER_UNIT_BYTES - 1) / KVS_SCATTER_UNIT_BYTES;
-            if (k > UINT32_MAX || units > UINT32_MAX - k)
+            if (k > kMaxUnits || units > kMaxUnits - k)
                 return KVS_INVALID_PARAMS;
             for (uint64_t o = 0; k + units <= cap && o < len; o += KVS_SCATTER_UNIT_BYTES) {
                 uint64_t l = len - o < KVS_SCATTER_UNIT_BYTES ? len - o : KVS_SCATTER_UNIT_BYTES;
@@ -357,8 +474,8 @@ static int build_units(const void *src, const kvs__scatter_frag_t *frags, uint32
         off += len;
     }
     // Offsets only grow, so the last one bounds them all.
-    if (k > UINT32_MAX || off >= (1ull << 48) || (uintptr_t)src > UINTPTR_MAX - off)
-        return KVS_INVALID_PARAMS; // source offsets travel in 48 bits
+    if (k > kMaxUnits || !offsets_ok(src, off))
+        return KVS_INVALID_PARAMS;
     *nunits_p = k;
     return KVS_OK;
 }
@@ -377,9 +494,11 @@ static int launch_inline(kvs__scatter_t *s, const char *src, const kvs__scatter_
     inline_units_t<N> p;
     size_t built;
     build_units(src, frags, n, p.u, N, &built); // already checked
-    s->prepared_at = kvs__now_ns();
+    uint64_t t = kvs__now_ns();
     scatter_inline<N><<<blocks_for(s, nunits), kThreads, 0, stream>>>(src, (unsigned)nunits, p);
     cudaError_t e = cudaGetLastError();
+    s->stats.submit_ns += kvs__now_ns() - t;
+    s->stats.units += nunits;
     return e == cudaSuccess ? KVS_OK : cuda_fail(e, "scatter launch");
 }
 
@@ -394,9 +513,81 @@ static unsigned chunk_shift(const kvs__scatter_t *s, size_t nunits)
     return shift;
 }
 
-// Builds the units into a slot and launches the mapped kernel.
+// Units written between two publications of a streamed launch's count.
+constexpr size_t kPublishUnits = 512;
+
+static void publish(unsigned *ctl, size_t v)
+{
+    __atomic_store_n(ctl, (unsigned)v, __ATOMIC_RELEASE);
+}
+
+// Where a streamed launch's unit writing stopped.
+struct streamed_t {
+    uint32_t frags;     // fragments consumed: the rest did not fit the slot (or one was bad)
+    uint64_t off;       // their source bytes
+    size_t units;       // units written
+    size_t valid_units; // of which checked and published
+};
+
+// Checks the fragments and writes their units into the slot while the kernel already runs,
+// publishing the count every kPublishUnits units once the offsets so far are checked. Stops at
+// the first fragment whose units do not fit (OK, with r->frags < n) or that is bad
+// (INVALID_PARAMS). Like build_units, the common one-unit fragment costs no check of its own:
+// the checks at each publication bound everything before it.
+static int stream_units(const void *src, const kvs__scatter_frag_t *frags, uint32_t n, slot_t *sl,
+                        streamed_t *r)
+{
+    unit_t *out = sl->host;
+    const size_t cap = sl->cap < kMaxUnits ? sl->cap : kMaxUnits;
+    uint64_t off = 0;
+    size_t k = 0, valid = 0, next_pub = kPublishUnits;
+    uint32_t i = 0;
+    int rc = KVS_OK;
+    for (; i < n; i++) {
+        uint64_t len = frags[i].len;
+        unsigned long long dst = (unsigned long long)(uintptr_t)frags[i].dst;
+        if (len - 1 < KVS_SCATTER_UNIT_BYTES && dst != 0 && k < cap) {
+            out[k++] = unit_t{dst, (unsigned long long)off | ((len - 1) << 48)};
+            off += len;
+        } else {
+            if (len > UINT64_MAX - off || off + len >= (1ull << 48)) {
+                rc = KVS_INVALID_PARAMS; // source offsets travel in 48 bits
+                break;
+            }
+            if (dst != 0 && len != 0) {
+                uint64_t units = (len + KVS_SCATTER_UNIT_BYTES - 1) / KVS_SCATTER_UNIT_BYTES;
+                if (units > cap - k)
+                    break; // this fragment and the rest go to another launch
+                for (uint64_t o = 0; o < len; o += KVS_SCATTER_UNIT_BYTES) {
+                    uint64_t l =
+                        len - o < KVS_SCATTER_UNIT_BYTES ? len - o : KVS_SCATTER_UNIT_BYTES;
+                    out[k++] = unit_t{dst + o, (unsigned long long)(off + o) | ((l - 1) << 48)};
+                }
+            }
+            off += len;
+        }
+        if (k >= next_pub) {
+            if (!offsets_ok(src, off)) {
+                rc = KVS_INVALID_PARAMS;
+                break;
+            }
+            publish(sl->ctl, k);
+            valid = k;
+            next_pub = k + kPublishUnits;
+        }
+    }
+    if (rc == KVS_OK && !offsets_ok(src, off))
+        rc = KVS_INVALID_PARAMS;
+    *r = streamed_t{i, off, k, rc == KVS_OK ? k : valid};
+    return rc;
+}
+
+// Launches the streamed kernel on the next slot, then writes the units into that slot while it
+// runs. `known`: the exact unit count when the caller has counted it, else 0 (the slot is sized
+// to the fragment count or the most units an earlier call made, and fragments whose units do
+// not fit go to one more launch, sized exactly).
 static int launch_mapped(kvs__scatter_t *s, const char *src, const kvs__scatter_frag_t *frags,
-                         uint32_t n, cudaStream_t stream)
+                         uint32_t n, size_t known, cudaStream_t stream)
 {
     // Two slots in turn; each is rewritten only after the kernel that read it.
     slot_t *sl = &s->slot[s->next];
@@ -405,26 +596,42 @@ static int launch_mapped(kvs__scatter_t *s, const char *src, const kvs__scatter_
     sl->pending = false;
     if (e != cudaSuccess)
         return cuda_fail(e, "waiting for an earlier scatter");
-    size_t nunits;
-    int rc = build_units(src, frags, n, sl->host, sl->cap, &nunits);
-    if (rc == KVS_OK && nunits > sl->cap) { // grown once, then built again
-        rc = ensure_slot(sl, nunits);
-        if (rc == KVS_OK)
-            rc = build_units(src, frags, n, sl->host, sl->cap, &nunits);
-    }
-    if (rc != KVS_OK || nunits == 0)
+    // Sized for the most units an earlier call made; chunks and grid for at least one unit per
+    // fragment (a larger estimate would leave warps idle when the units are fewer).
+    size_t want = known ? known : (size_t)n;
+    int rc = ensure_slot(sl, KVS_MAX(want, s->units_hint));
+    if (rc != KVS_OK)
         return rc;
-    s->prepared_at = kvs__now_ns();
-    unsigned shift = chunk_shift(s, nunits);
-    size_t chunks = ((nunits - 1) >> shift) + 1;
-    scatter_mapped<<<blocks_for(s, chunks), kThreads, 0, stream>>>(src, (unsigned)nunits, sl->dev,
-                                                                   shift);
+    *sl->ctl = 0; // its last reader has finished; the launch below orders this store before it
+    unsigned shift = chunk_shift(s, want);
+    uint64_t t = kvs__now_ns();
+    progress_t p{sl->ctl_dev, sl->mirror, sl->lock, ++s->seq};
+    scatter_stream<<<blocks_for(s, ((want - 1) >> shift) + 1), kThreads, 0, stream>>>(src, sl->dev,
+                                                                                      p, shift);
     e = cudaGetLastError();
-    if (e == cudaSuccess)
-        e = cudaEventRecord(sl->done, stream);
-    sl->pending = e == cudaSuccess;
-    s->stats.units = nunits;
-    return e == cudaSuccess ? KVS_OK : cuda_fail(e, "scatter launch");
+    if (e != cudaSuccess)
+        return cuda_fail(e, "scatter launch"); // not running: nothing to publish
+    cudaError_t er = cudaEventRecord(sl->done, stream);
+    sl->pending = er == cudaSuccess;
+    s->stats.submit_ns += kvs__now_ns() - t;
+    // From here the kernel is waiting for units: every path publishes a final count.
+    streamed_t r;
+    rc = stream_units(src, frags, n, sl, &r);
+    publish(sl->ctl, r.valid_units | kDone);
+    s->stats.units += r.valid_units;
+    s->units_hint = KVS_MAX(s->units_hint, r.units);
+    if (er != cudaSuccess) { // the slot's next user could not wait for this kernel
+        cudaStreamSynchronize(stream);
+        return cuda_fail(er, "cudaEventRecord");
+    }
+    if (rc != KVS_OK || r.frags == n)
+        return rc;
+    size_t more; // the fragments that did not fit: counted, then launched on the other slot
+    rc = build_units(src + r.off, frags + r.frags, n - r.frags, NULL, 0, &more);
+    if (rc != KVS_OK || more == 0)
+        return rc;
+    s->units_hint = KVS_MAX(s->units_hint, r.units + more);
+    return launch_mapped(s, src + r.off, frags + r.frags, n - r.frags, more, stream);
 }
 
 extern "C" int kvs__scatter_launch(kvs__scatter_t *s, const void *src,
@@ -434,7 +641,6 @@ extern "C" int kvs__scatter_launch(kvs__scatter_t *s, const void *src,
         return KVS_INVALID_PARAMS;
     uint64_t t0 = kvs__now_ns();
     s->stats = kvs__scatter_stats_t{0, 0, 0};
-    s->prepared_at = 0;
     cudaStream_t stream = static_cast<cudaStream_t>(stream_);
     const char *csrc = static_cast<const char *>(src);
     int prev;
@@ -442,22 +648,21 @@ extern "C" int kvs__scatter_launch(kvs__scatter_t *s, const void *src,
     if (rc != KVS_OK)
         return rc;
     size_t nunits = 0;
-    if (n > kLargeUnits) { // checked while built
-        rc = launch_mapped(s, csrc, frags, n, stream);
+    if (n > kLargeUnits) { // checked while written
+        rc = launch_mapped(s, csrc, frags, n, 0, stream);
     } else if ((rc = build_units(csrc, frags, n, NULL, 0, &nunits)) != KVS_OK || nunits == 0) {
         // bad arguments, or nothing to copy
     } else if (nunits <= kLargeUnits) {
         rc = nunits <= kSmallUnits ? launch_inline<kSmallUnits>(s, csrc, frags, n, nunits, stream)
                                    : launch_inline<kLargeUnits>(s, csrc, frags, n, nunits, stream);
-        s->stats.units = nunits;
     } else {
-        rc = launch_mapped(s, csrc, frags, n, stream);
+        rc = launch_mapped(s, csrc, frags, n, nunits, stream);
     }
     leave_device(s, prev);
-    if (rc == KVS_OK && s->prepared_at != 0) {
-        s->stats.prepare_ns = s->prepared_at - t0;
-        s->stats.submit_ns = kvs__now_ns() - s->prepared_at;
-    }
+    if (rc == KVS_OK && s->stats.units != 0)
+        s->stats.prepare_ns = kvs__now_ns() - t0 - s->stats.submit_ns;
+    else
+        s->stats = kvs__scatter_stats_t{0, 0, 0};
     return rc;
 }
 
@@ -481,6 +686,8 @@ extern "C" void kvs__scatter_destroy(kvs__scatter_t *s)
                 cudaEventDestroy(sl->done);
             cudaFreeHost(sl->host);
         }
+        cudaFreeHost(s->ctl_block);
+        cudaFree(s->dev_block);
         leave_device(s, prev);
     }
     kvs__free(s);

@@ -27,8 +27,8 @@ typedef struct kvs__scatter kvs__scatter_t;
 
 /* Host time of a context's last successful launch (zeros when it copied nothing). */
 typedef struct {
-    uint64_t prepare_ns; /* checking the fragments and building the work units */
-    uint64_t submit_ns;  /* launching the kernel and recording its event */
+    uint64_t prepare_ns; /* checking the fragments and writing the work units */
+    uint64_t submit_ns;  /* launching the kernel (before the units are written, when streamed) */
     uint64_t units;      /* work units launched */
 } kvs__scatter_stats_t;
 
@@ -45,12 +45,15 @@ int kvs__scatter_create(const kvs__scatter_config_t *cfg, kvs__scatter_t **s_p);
  * skips its `len` bytes of the source (padding, or a key that is not to be written). Fragments
  * must not overlap each other or the source. `frags` is borrowed for the call only; `src` and
  * the destinations must stay valid until the stream passes the kernel. Up to
- * KVS_SCATTER_INLINE_UNITS work units travel as a kernel parameter; more are written to one of the
- * context's two pinned buffers, which the kernel reads through their mapping, each buffer rewritten
- * only after the kernel that last read it (a third launch in a row may wait for the first). The
- * total length must stay below 2^48. Returns OK once enqueued, INVALID_PARAMS for bad arguments,
- * NO_MEMORY, or TRANSFER_FAIL when CUDA refuses (the reason is logged). Not thread-safe: one caller
- * at a time per context. The caller's current device is left as it was. */
+ * KVS_SCATTER_INLINE_UNITS work units travel as a kernel parameter; with more, the kernel is
+ * enqueued first and reads the units from one of the context's two pinned buffers while this call
+ * writes them (each buffer rewritten only after the kernel that last read it: a third launch in
+ * a row may wait for the first). The total length must stay below 2^48. Returns OK once
+ * enqueued, INVALID_PARAMS for bad arguments, NO_MEMORY, or TRANSFER_FAIL when CUDA refuses (the
+ * reason is logged). Bad arguments are found before anything is copied, except a fragment that
+ * takes the source past 2^48 bytes among more than KVS_SCATTER_INLINE_UNITS fragments: fragments
+ * before it may have been copied, none from it on. Not thread-safe: one caller at a time per
+ * context. The caller's current device is left as it was. */
 int kvs__scatter_launch(kvs__scatter_t *s, const void *src, const kvs__scatter_frag_t *frags,
                         uint32_t n, void *stream);
 
@@ -62,7 +65,7 @@ void kvs__scatter_destroy(kvs__scatter_t *s);
 
 /* Largest piece of a fragment one block copies (larger fragments are split). */
 #define KVS_SCATTER_UNIT_BYTES (64u << 10)
-/* Work units carried as kernel parameters at most (else uploaded). */
+/* Work units carried as kernel parameters at most (else read from pinned memory). */
 #define KVS_SCATTER_INLINE_UNITS 2000u
 
 #ifdef __cplusplus
