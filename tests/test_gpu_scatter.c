@@ -177,19 +177,28 @@ static void test_mapped_descriptors_and_reuse(void)
     kvs__scatter_destroy(s);
 }
 
-static uint64_t len_two_units(void)
+static unsigned two_unit_left;
+
+/* Two units (just over 64 KiB) while two_unit_left lasts, then 1..17 bytes. */
+static uint64_t len_two_units_then_tiny(void)
 {
+    if (two_unit_left == 0)
+        return len_tiny();
+    two_unit_left--;
     return KVS_SCATTER_UNIT_BYTES + 1 + kvs_test_rand() % 4096;
 }
 
 static void test_streamed_units_that_outgrow_the_buffer(void)
 {
     /* Above the inline limit the kernel starts before the units are written, its buffer sized
-     * to the fragment count on a fresh context. Fragments of two units each overflow it: the
-     * fragments that do not fit go to a second launch, and the next call grows the buffer. */
+     * to the fragment count on a fresh context (2,001 rounded up to 3,072 units). 1,200
+     * fragments of two units overflow it: the fragments that do not fit go to a second launch,
+     * and the next call's buffer is sized for the units the first one made. */
     kvs__scatter_t *s = make(0);
-    run_case(s, 2100, len_two_units, 4, NULL);
-    run_case(s, 2100, len_two_units, 0, NULL);
+    for (int r = 0; r < 2; r++) {
+        two_unit_left = 1200;
+        run_case(s, KVS_SCATTER_INLINE_UNITS + 1, len_two_units_then_tiny, 4u * (unsigned)r, NULL);
+    }
     kvs__scatter_destroy(s);
 }
 
@@ -197,7 +206,7 @@ static void test_bad_fragment_while_streaming(void)
 {
     /* A bad fragment found after the kernel started: INVALID_PARAMS, the kernel ends (the
      * stream drains), nothing from the bad fragment on is written, and the context still works. */
-    enum { N = 5000, BAD = 4000, LEN = 4096 };
+    enum { N = 5000, BAD = 4700, LEN = 4096 };
     kvs__scatter_t *s = make(0);
     char *d_src = NULL, *d_dst = NULL;
     CHECK_CUDA(cudaMalloc((void **)&d_src, (size_t)N * LEN));

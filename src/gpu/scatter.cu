@@ -191,20 +191,16 @@ constexpr unsigned kDone = 1u << 31;
 constexpr unsigned kCountMask = kDone - 1;
 
 // Lane l's descriptor of chunk c (2^shift units from unit c << shift, of which the first n
-// exist): one coalesced read of the chunk per warp. A .cv read (cached lines of system memory
-// are treated as stale and fetched again), so it never returns a copy cached before the host
-// wrote the unit; ordered after the wait's acquire reads.
+// exist): one coalesced read of the chunk per warp. A plain (cached) read, so the warps of a block,
+// whose chunks are neighbours, share one PCIe read per line (see docs/scatter.md, step 9). No line
+// can be cached before all its units are written: the host publishes counts in whole 128-byte lines
+// (multiples of 8 units) and a warp reads only units below a published count, or below the final
+// one.
 __device__ __forceinline__ unit_t chunk_unit(const unit_t *units, unsigned n, unsigned c,
                                              unsigned shift, unsigned lane)
 {
     unsigned i = (c << shift) + lane;
-    unit_t u{0, 0};
-    if (lane < (1u << shift) && i < n)
-        asm volatile("ld.global.cv.v2.u64 {%0, %1}, [%2];"
-                     : "=l"(u.dst), "=l"(u.off_len)
-                     : "l"(units + i)
-                     : "memory");
-    return u;
+    return lane < (1u << shift) && i < n ? units[i] : unit_t{0, 0};
 }
 
 // Where a streamed kernel learns how many units the host has published. Reads of one host word
@@ -412,9 +408,7 @@ static int ensure_slot(slot_t *sl, size_t n)
 {
     if (n <= sl->cap)
         return KVS_OK;
-    size_t cap = sl->cap ? sl->cap : 4096;
-    while (cap < n)
-        cap *= 2;
+    size_t cap = KVS_MAX(2 * sl->cap, (n + 1023) & ~(size_t)1023); // doubling: few regrowths
     cudaFreeHost(sl->host);
     sl->host = sl->dev = NULL;
     sl->cap = 0;
@@ -513,7 +507,7 @@ static unsigned chunk_shift(const kvs__scatter_t *s, size_t nunits)
     return shift;
 }
 
-// Units written between two publications of a streamed launch's count.
+// Units written between two publications of a streamed launch's count (a multiple of 8).
 constexpr size_t kPublishUnits = 512;
 
 static void publish(unsigned *ctl, size_t v)
@@ -543,13 +537,22 @@ static int stream_units(const void *src, const kvs__scatter_frag_t *frags, uint3
     size_t k = 0, valid = 0, next_pub = kPublishUnits;
     uint32_t i = 0;
     int rc = KVS_OK;
-    for (; i < n; i++) {
-        uint64_t len = frags[i].len;
-        unsigned long long dst = (unsigned long long)(uintptr_t)frags[i].dst;
-        if (len - 1 < KVS_SCATTER_UNIT_BYTES && dst != 0 && k < cap) {
+    while (i < n) {
+        // One-unit fragments up to the next publication or the buffer's end: each makes exactly
+        // one unit, so this loop tests nothing else.
+        size_t room = (next_pub < cap ? next_pub : cap) - k;
+        uint32_t stop = (size_t)(n - i) <= room ? n : i + (uint32_t)room;
+        for (; i < stop; i++) {
+            uint64_t len = frags[i].len;
+            unsigned long long dst = (unsigned long long)(uintptr_t)frags[i].dst;
+            if (len - 1 >= KVS_SCATTER_UNIT_BYTES || dst == 0)
+                break;
             out[k++] = unit_t{dst, (unsigned long long)off | ((len - 1) << 48)};
             off += len;
-        } else {
+        }
+        if (i < n && (i < stop || k == cap)) { // not one unit long, or the buffer is full
+            uint64_t len = frags[i].len;
+            unsigned long long dst = (unsigned long long)(uintptr_t)frags[i].dst;
             if (len > UINT64_MAX - off || off + len >= (1ull << 48)) {
                 rc = KVS_INVALID_PARAMS; // source offsets travel in 48 bits
                 break;
@@ -565,15 +568,17 @@ static int stream_units(const void *src, const kvs__scatter_frag_t *frags, uint3
                 }
             }
             off += len;
+            i++;
         }
         if (k >= next_pub) {
             if (!offsets_ok(src, off)) {
                 rc = KVS_INVALID_PARAMS;
                 break;
             }
-            publish(sl->ctl, k);
-            valid = k;
-            next_pub = k + kPublishUnits;
+            size_t lines = k & ~(size_t)7; // whole 128-byte lines only (chunk_unit says why)
+            publish(sl->ctl, lines);
+            valid = lines;
+            next_pub = lines + kPublishUnits;
         }
     }
     if (rc == KVS_OK && !offsets_ok(src, off))

@@ -48,12 +48,12 @@ int kvs__scatter_create(const kvs__scatter_config_t *cfg, kvs__scatter_t **s_p);
  * KVS_SCATTER_INLINE_UNITS work units travel as a kernel parameter; with more, the kernel is
  * enqueued first and reads the units from one of the context's two pinned buffers while this call
  * writes them (each buffer rewritten only after the kernel that last read it: a third launch in
- * a row may wait for the first). The total length must stay below 2^48. Returns OK once
- * enqueued, INVALID_PARAMS for bad arguments, NO_MEMORY, or TRANSFER_FAIL when CUDA refuses (the
- * reason is logged). Bad arguments are found before anything is copied, except a fragment that
- * takes the source past 2^48 bytes among more than KVS_SCATTER_INLINE_UNITS fragments: fragments
- * before it may have been copied, none from it on. Not thread-safe: one caller at a time per
- * context. The caller's current device is left as it was. */
+ * a row may wait for the first). The total length must stay below 2^48. Returns OK once enqueued,
+ * INVALID_PARAMS for bad arguments, NO_MEMORY, or TRANSFER_FAIL when CUDA refuses (the reason is
+ * logged). Bad arguments are found before anything is copied, except a fragment that takes the
+ * source past 2^48 bytes among more than KVS_SCATTER_INLINE_UNITS fragments: fragments before it
+ * may have been copied, none from it on. Not thread-safe: one caller at a time per context. The
+ * caller's current device is left as it was. */
 int kvs__scatter_launch(kvs__scatter_t *s, const void *src, const kvs__scatter_frag_t *frags,
                         uint32_t n, void *stream);
 
