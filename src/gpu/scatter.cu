@@ -14,6 +14,7 @@
 // one per unit measured 1.3-1.4x slower at 4-8 KiB units. Each buffer is rewritten only after
 // the kernel that last read it.
 #include "scatter.h"
+#include "scatter_units.h"
 
 extern "C" {
 #include "../common/common_int.h"
@@ -27,11 +28,7 @@ extern "C" {
 namespace
 {
 
-// dst, and the source offset (low 48 bits) with len - 1 (high 16 bits): a unit is 1..64 KiB.
-struct unit_t {
-    unsigned long long dst;
-    unsigned long long off_len;
-};
+using unit_t = kvs__scatter_unit_t; // 16 bytes: see scatter_units.h
 static_assert(KVS_SCATTER_UNIT_BYTES <= 65536, "a unit's length - 1 must fit 16 bits");
 
 constexpr unsigned kThreads = 256;
@@ -187,8 +184,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM)
 
 // The published-units word of a streamed launch: the count of units the host has written so far
 // (low 31 bits), and kDone once that count is final.
-constexpr unsigned kDone = 1u << 31;
-constexpr unsigned kCountMask = kDone - 1;
+constexpr unsigned kDone = KVS_SCATTER_DONE;
+constexpr unsigned kCountMask = KVS_SCATTER_MAX_UNITS;
 
 // Lane l's descriptor of chunk c (2^shift units from unit c << shift, of which the first n
 // exist): one coalesced read of the chunk per warp. A plain (cached) read, so the warps of a block,
@@ -256,10 +253,10 @@ __device__ unsigned wait_published(const progress_t &p, unsigned end, unsigned l
 
 // Descriptors read straight from pinned host memory while the host is still writing them: the
 // kernel is launched first, the host publishes the count of units written every
-// kPublishUnits, and a warp copies a chunk of 2^shift consecutive units once they are all
-// published (or the count is final). A chunk is one PCIe read of up to 512 bytes, kept in shared
-// memory while the warp copies it; the next chunk's read is issued before the current chunk is
-// copied when it is already published.
+// KVS_SCATTER_PUBLISH_UNITS, and a warp copies a chunk of 2^shift consecutive units once they are
+// all published (or the count is final). A chunk is one PCIe read of up to 512 bytes, kept in
+// shared memory while the warp copies it; the next chunk's read is issued before the current chunk
+// is copied when it is already published.
 __global__ void __launch_bounds__(kThreads, kBlocksPerSM)
     scatter_stream(const char *src, const unit_t *units, const progress_t p, unsigned shift)
 {
@@ -425,55 +422,6 @@ static int ensure_slot(slot_t *sl, size_t n)
     return KVS_OK;
 }
 
-// Units of one call at most (a kernel's count travels in the published word's 31 bits).
-constexpr size_t kMaxUnits = kCountMask;
-
-// Whether source offsets below `off` travel in 48 bits and keep src + offset in the address space.
-static bool offsets_ok(const void *src, uint64_t off)
-{
-    return off < (1ull << 48) && (uintptr_t)src <= UINTPTR_MAX - off;
-}
-
-// Checks the fragments and splits them into units, written to `out` while they fit in `cap`
-// (pass cap 0 to count only). *nunits_p receives the number of units. The common fragment, one
-// unit long, costs no check: 2^32 of them cannot wrap the 64-bit offset.
-static int build_units(const void *src, const kvs__scatter_frag_t *frags, uint32_t n, unit_t *out,
-                       size_t cap, size_t *nunits_p)
-{
-    uint64_t off = 0;
-    size_t k = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint64_t len = frags[i].len;
-        unsigned long long dst = (unsigned long long)(uintptr_t)frags[i].dst;
-        if (len - 1 < KVS_SCATTER_UNIT_BYTES && dst != 0) {
-            if (k < cap)
-                out[k] = unit_t{dst, (unsigned long long)off | ((len - 1) << 48)};
-            k++;
-            off += len;
-            continue;
-        }
-        if (len > UINT64_MAX - off || off + len >= (1ull << 48))
-            return KVS_INVALID_PARAMS; // source offsets travel in 48 bits
-        if (dst != 0) { // split into units, written only when all fit (else only counted)
-            uint64_t units = (len + KVS_SCATTER_UNIT_BYTES - 1) / KVS_SCATTER_UNIT_BYTES;
-            if (k > kMaxUnits || units > kMaxUnits - k)
-                return KVS_INVALID_PARAMS;
-            for (uint64_t o = 0; k + units <= cap && o < len; o += KVS_SCATTER_UNIT_BYTES) {
-                uint64_t l = len - o < KVS_SCATTER_UNIT_BYTES ? len - o : KVS_SCATTER_UNIT_BYTES;
-                out[k + o / KVS_SCATTER_UNIT_BYTES] =
-                    unit_t{dst + o, (unsigned long long)(off + o) | ((l - 1) << 48)};
-            }
-            k += units;
-        }
-        off += len;
-    }
-    // Offsets only grow, so the last one bounds them all.
-    if (k > kMaxUnits || !offsets_ok(src, off))
-        return KVS_INVALID_PARAMS;
-    *nunits_p = k;
-    return KVS_OK;
-}
-
 // Blocks for `warps_wanted` busy warps, at most the context's grid.
 static unsigned blocks_for(const kvs__scatter_t *s, size_t warps_wanted)
 {
@@ -487,7 +435,7 @@ static int launch_inline(kvs__scatter_t *s, const char *src, const kvs__scatter_
 {
     inline_units_t<N> p;
     size_t built;
-    build_units(src, frags, n, p.u, N, &built); // already checked
+    kvs__scatter_build_units(src, frags, n, p.u, N, &built); // already checked
     uint64_t t = kvs__now_ns();
     scatter_inline<N><<<blocks_for(s, nunits), kThreads, 0, stream>>>(src, (unsigned)nunits, p);
     cudaError_t e = cudaGetLastError();
@@ -507,84 +455,10 @@ static unsigned chunk_shift(const kvs__scatter_t *s, size_t nunits)
     return shift;
 }
 
-// Units written between two publications of a streamed launch's count (a multiple of 8).
-constexpr size_t kPublishUnits = 512;
-
+// Stores a streamed launch's published word for the kernel to read.
 static void publish(unsigned *ctl, size_t v)
 {
     __atomic_store_n(ctl, (unsigned)v, __ATOMIC_RELEASE);
-}
-
-// Where a streamed launch's unit writing stopped.
-struct streamed_t {
-    uint32_t frags;     // fragments consumed: the rest did not fit the slot (or one was bad)
-    uint64_t off;       // their source bytes
-    size_t units;       // units written
-    size_t valid_units; // of which checked and published
-};
-
-// Checks the fragments and writes their units into the slot while the kernel already runs,
-// publishing the count every kPublishUnits units once the offsets so far are checked. Stops at
-// the first fragment whose units do not fit (OK, with r->frags < n) or that is bad
-// (INVALID_PARAMS). Like build_units, the common one-unit fragment costs no check of its own:
-// the checks at each publication bound everything before it.
-static int stream_units(const void *src, const kvs__scatter_frag_t *frags, uint32_t n, slot_t *sl,
-                        streamed_t *r)
-{
-    unit_t *out = sl->host;
-    const size_t cap = sl->cap < kMaxUnits ? sl->cap : kMaxUnits;
-    uint64_t off = 0;
-    size_t k = 0, valid = 0, next_pub = kPublishUnits;
-    uint32_t i = 0;
-    int rc = KVS_OK;
-    while (i < n) {
-        // One-unit fragments up to the next publication or the buffer's end: each makes exactly
-        // one unit, so this loop tests nothing else.
-        size_t room = (next_pub < cap ? next_pub : cap) - k;
-        uint32_t stop = (size_t)(n - i) <= room ? n : i + (uint32_t)room;
-        for (; i < stop; i++) {
-            uint64_t len = frags[i].len;
-            unsigned long long dst = (unsigned long long)(uintptr_t)frags[i].dst;
-            if (len - 1 >= KVS_SCATTER_UNIT_BYTES || dst == 0)
-                break;
-            out[k++] = unit_t{dst, (unsigned long long)off | ((len - 1) << 48)};
-            off += len;
-        }
-        if (i < n && (i < stop || k == cap)) { // not one unit long, or the buffer is full
-            uint64_t len = frags[i].len;
-            unsigned long long dst = (unsigned long long)(uintptr_t)frags[i].dst;
-            if (len > UINT64_MAX - off || off + len >= (1ull << 48)) {
-                rc = KVS_INVALID_PARAMS; // source offsets travel in 48 bits
-                break;
-            }
-            if (dst != 0 && len != 0) {
-                uint64_t units = (len + KVS_SCATTER_UNIT_BYTES - 1) / KVS_SCATTER_UNIT_BYTES;
-                if (units > cap - k)
-                    break; // this fragment and the rest go to another launch
-                for (uint64_t o = 0; o < len; o += KVS_SCATTER_UNIT_BYTES) {
-                    uint64_t l =
-                        len - o < KVS_SCATTER_UNIT_BYTES ? len - o : KVS_SCATTER_UNIT_BYTES;
-                    out[k++] = unit_t{dst + o, (unsigned long long)(off + o) | ((l - 1) << 48)};
-                }
-            }
-            off += len;
-            i++;
-        }
-        if (k >= next_pub) {
-            if (!offsets_ok(src, off)) {
-                rc = KVS_INVALID_PARAMS;
-                break;
-            }
-            size_t lines = k & ~(size_t)7; // whole 128-byte lines only (chunk_unit says why)
-            publish(sl->ctl, lines);
-            valid = lines;
-            next_pub = lines + kPublishUnits;
-        }
-    }
-    if (rc == KVS_OK && !offsets_ok(src, off))
-        rc = KVS_INVALID_PARAMS;
-    *r = streamed_t{i, off, k, rc == KVS_OK ? k : valid};
-    return rc;
 }
 
 // Launches the streamed kernel on the next slot, then writes the units into that slot while it
@@ -620,8 +494,8 @@ static int launch_mapped(kvs__scatter_t *s, const char *src, const kvs__scatter_
     sl->pending = er == cudaSuccess;
     s->stats.submit_ns += kvs__now_ns() - t;
     // From here the kernel is waiting for units: every path publishes a final count.
-    streamed_t r;
-    rc = stream_units(src, frags, n, sl, &r);
+    kvs__scatter_streamed_t r;
+    rc = kvs__scatter_stream_units(src, frags, n, sl->host, sl->cap, sl->ctl, &r);
     publish(sl->ctl, r.valid_units | kDone);
     s->stats.units += r.valid_units;
     s->units_hint = KVS_MAX(s->units_hint, r.units);
@@ -632,7 +506,7 @@ static int launch_mapped(kvs__scatter_t *s, const char *src, const kvs__scatter_
     if (rc != KVS_OK || r.frags == n)
         return rc;
     size_t more; // the fragments that did not fit: counted, then launched on the other slot
-    rc = build_units(src + r.off, frags + r.frags, n - r.frags, NULL, 0, &more);
+    rc = kvs__scatter_build_units(src + r.off, frags + r.frags, n - r.frags, NULL, 0, &more);
     if (rc != KVS_OK || more == 0)
         return rc;
     s->units_hint = KVS_MAX(s->units_hint, r.units + more);
@@ -655,7 +529,8 @@ extern "C" int kvs__scatter_launch(kvs__scatter_t *s, const void *src,
     size_t nunits = 0;
     if (n > kLargeUnits) { // checked while written
         rc = launch_mapped(s, csrc, frags, n, 0, stream);
-    } else if ((rc = build_units(csrc, frags, n, NULL, 0, &nunits)) != KVS_OK || nunits == 0) {
+    } else if ((rc = kvs__scatter_build_units(csrc, frags, n, NULL, 0, &nunits)) != KVS_OK ||
+               nunits == 0) {
         // bad arguments, or nothing to copy
     } else if (nunits <= kLargeUnits) {
         rc = nunits <= kSmallUnits ? launch_inline<kSmallUnits>(s, csrc, frags, n, nunits, stream)
