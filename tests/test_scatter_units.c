@@ -9,8 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define UNIT KVS_SCATTER_UNIT_BYTES
-#define SRC  ((const void *)(uintptr_t)0x7e0000000000ull)
+#define UNIT  KVS_SCATTER_UNIT_BYTES
+#define SRC   ((const void *)(uintptr_t)0x7e0000000000ull)
+#define GUARD 8 /* units */
 
 /* The reference: one fragment at a time, every check spelled out. Writes up to `cap` units and
  * returns their total count in *count_p; INVALID_PARAMS as the library defines it. */
@@ -135,8 +136,11 @@ static void test_stream_stops_where_units_do_not_fit(void)
         size_t want;
         CHECK_STATUS(ref_units(SRC, f, n, NULL, 0, &want), KVS_OK);
         size_t cap = 1 + kvs_test_rand() % want;
-        kvs__scatter_unit_t *a = calloc(want, sizeof(*a)), *b = calloc(cap, sizeof(*b));
+        /* Guard units after the buffer: the writer's non-temporal stores are not seen by
+         * AddressSanitizer, so this checks that it writes nothing past `cap`. */
+        kvs__scatter_unit_t *a = calloc(want, sizeof(*a)), *b = calloc(cap + GUARD, sizeof(*b));
         CHECK(a && b);
+        memset(b + cap, 0xa5, GUARD * sizeof(*b));
         CHECK_STATUS(ref_units(SRC, f, n, a, want, &want), KVS_OK);
         uint32_t published = 0;
         kvs__scatter_streamed_t r;
@@ -152,6 +156,8 @@ static void test_stream_stops_where_units_do_not_fit(void)
         CHECK_EQ_INT(r.units, before);
         CHECK_EQ_INT(r.off, off);
         CHECK_EQ_MEM(b, a, r.units * sizeof(*a));
+        for (size_t g = 0; g < GUARD * sizeof(*b); g++)
+            CHECK_EQ_INT(((const unsigned char *)(b + cap))[g], 0xa5);
         if (r.frags < n)
             CHECK(frag_units(&f[r.frags]) > cap - r.units);
         else
@@ -237,6 +243,17 @@ static void test_unit_encoding(void)
     CHECK_STATUS(kvs__scatter_stream_units(SRC, f, 5, u, 8, &published, &r), KVS_OK);
     CHECK_EQ_INT(r.units, 4);
     CHECK_EQ_MEM(u, want, sizeof(want));
+    /* The streamed writer's stores need 16-byte alignment: a misaligned buffer is refused
+     * before anything is written. */
+    memset(u, 0, sizeof(u));
+    published = 7;
+    kvs__scatter_unit_t *odd = (kvs__scatter_unit_t *)(void *)((char *)u + 8);
+    CHECK_STATUS(kvs__scatter_stream_units(SRC, f, 5, odd, 6, &published, &r), KVS_INVALID_PARAMS);
+    CHECK_EQ_INT(r.units, 0);
+    CHECK_EQ_INT(r.valid_units, 0);
+    CHECK_EQ_INT(published, 7);
+    const kvs__scatter_unit_t zero[8] = {{0, 0}};
+    CHECK_EQ_MEM(u, zero, sizeof(zero));
 }
 
 int main(int argc, char **argv)

@@ -13,10 +13,17 @@
 extern "C" {
 #endif
 
+#ifdef __cplusplus
+#define KVS_SCATTER_ALIGN16 alignas(16)
+#else
+#define KVS_SCATTER_ALIGN16 _Alignas(16)
+#endif
+
 /* One work unit as the kernel reads it: the destination, and the source offset (low 48 bits)
- * with length - 1 (high 16 bits), so a unit is 1..64 KiB. */
+ * with length - 1 (high 16 bits), so a unit is 1..64 KiB. 16-byte aligned: the streamed writer
+ * stores each with one 16-byte non-temporal store. */
 typedef struct {
-    uint64_t dst;
+    KVS_SCATTER_ALIGN16 uint64_t dst;
     uint64_t off_len;
 } kvs__scatter_unit_t;
 
@@ -44,7 +51,9 @@ typedef struct {
 
 /* Writes the fragments' units to `out` (at most `cap`) for a kernel that is already running,
  * storing the count written so far into *published (release order, whole 128-byte lines only)
- * every KVS_SCATTER_PUBLISH_UNITS units, once the offsets so far are checked. Stops at the first
+ * every KVS_SCATTER_PUBLISH_UNITS units, once the offsets so far are checked. On x86 the units
+ * are written with non-temporal stores, fenced before each publication and before returning, so
+ * `out` must be 16-byte aligned (else INVALID_PARAMS, nothing written). Stops at the first
  * fragment whose units do not fit (OK, with r->frags < n) or that is bad (INVALID_PARAMS, same
  * rules as kvs__scatter_build_units; r->valid_units is then the count last published). The caller
  * publishes the final count, r->valid_units | KVS_SCATTER_DONE. */
