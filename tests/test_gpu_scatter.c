@@ -127,6 +127,14 @@ static uint64_t len_wide(void)
     return KVS_MIN(len, 12ull << 20);
 }
 
+static uint64_t len_some_multi_unit(void)
+{
+    /* One in 20 takes 2-4 units, the rest 1 byte to 9000. */
+    uint64_t r = kvs_test_rand();
+    return r % 20 == 0 ? KVS_SCATTER_UNIT_BYTES + 1 + (r >> 8) % (3 * KVS_SCATTER_UNIT_BYTES)
+                       : 1 + (r >> 8) % 9000;
+}
+
 static uint64_t len_12mib(void)
 {
     return 12ull << 20;
@@ -267,6 +275,10 @@ static void test_skipped_source_ranges(void)
     run_case_skipping(s, 30, len_small_odd, 0, NULL, 3);
     run_case_skipping(s, 1000, len_pages, 5, NULL, 2);
     run_case_skipping(s, 4000, len_small_odd, 1, NULL, 7);
+    /* Streamed (above the inline limit), every other fragment skipped, and skips among
+     * multi-unit fragments. */
+    run_case_skipping(s, 9000, len_pages, 3, NULL, 2);
+    run_case_skipping(s, 3000, len_some_multi_unit, 6, NULL, 5);
     kvs__scatter_destroy(s);
 }
 
