@@ -8,6 +8,8 @@
 int kvs__bench_allocator_main(int argc, char **argv);
 /* `kvstash bench transport [options]`: loopback transport throughput against plain sockets. */
 int kvs__bench_transport_main(int argc, char **argv);
+/* `kvstash bench proto [options]`: wire-format encoding and decoding rates (LOOKUP replies). */
+int kvs__bench_proto_main(int argc, char **argv);
 
 /* `kvstash bench client [options]`: put and multi-buffer get throughput against the store at
  * `master` (NULL: the client default). */

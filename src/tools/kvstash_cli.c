@@ -23,6 +23,7 @@ static void usage(FILE *f)
                "  stat                      master counters and mounted segments\n"
                "  bench allocator [...]     allocator replay benchmark (--help for options)\n"
                "  bench transport [...]     loopback tcp transport vs plain sockets\n"
+               "  bench proto [...]         wire-format decoding and encoding rates\n"
                "  bench client [...]        put and multi-buffer get throughput against a store\n"
                "  bench scatter [...]       GPU scatter kernel vs CUDA copy APIs (CUDA builds)\n"
                "  bench gpu [...]           direct reads into device pages vs the copy engine\n"
@@ -272,6 +273,8 @@ int main(int argc, char **argv)
             return kvs__bench_allocator_main(argc - i, argv + i);
         if (i < argc && strcmp(argv[i], "transport") == 0)
             return kvs__bench_transport_main(argc - i, argv + i);
+        if (i < argc && strcmp(argv[i], "proto") == 0)
+            return kvs__bench_proto_main(argc - i, argv + i);
         if (i < argc && strcmp(argv[i], "client") == 0)
             return kvs__bench_client_main(master, argc - i, argv + i);
         if (i < argc && strcmp(argv[i], "store") == 0)
@@ -290,8 +293,8 @@ int main(int argc, char **argv)
 #endif
         }
         fprintf(stderr,
-                "kvstash bench: unknown benchmark '%s' (known: allocator, transport, client, "
-                "store, scatter, gpu)\n",
+                "kvstash bench: unknown benchmark '%s' (known: allocator, transport, proto, "
+                "client, store, scatter, gpu)\n",
                 i < argc ? argv[i] : "");
         return 2;
     }
