@@ -35,7 +35,8 @@ static int build_sample(kvs__arena_t *a, uint32_t n, uint32_t nrep, uint32_t nse
     for (uint32_t i = 0; i < n; i++) {
         for (uint32_t j = 0; j < nrep; j++)
             reps[i * nrep + j] = (kvs__replica_t){(i + j) % nseg + 1, (uint64_t)i << 24};
-        objs[i] = (kvs__obj_desc_t){0, 12u << 20, 9800, nrep, &reps[i * nrep]};
+        objs[i] = (kvs__obj_desc_t){
+            .size = 12u << 20, .lease_ms = 9800, .nreps = nrep, .reps = &reps[i * nrep]};
     }
     kvs__placement_rsp_t m = {0, nseg, segs, n, objs};
     kvs__placement_rsp_encode(w, &m);
@@ -81,8 +82,8 @@ int kvs__bench_proto_main(int argc, char **argv)
             kvs__arena_t da;
             kvs__arena_init(&da);
             kvs__placement_rsp_t m;
-            rc = kvs__placement_rsp_decode(w.data, w.len, &da, &m);
-            if (rc == KVS_OK && m.n != n)
+            rc = kvs__placement_rsp_decode(w.data, w.len, w.version, &da, &m);
+            if (rc == KVS_OK && m.nobjs != n)
                 rc = KVS_PROTOCOL_ERROR;
             kvs__arena_free(&da);
         }
@@ -92,7 +93,7 @@ int kvs__bench_proto_main(int argc, char **argv)
         kvs__arena_t da;
         kvs__arena_init(&da);
         if (rc == KVS_OK)
-            rc = kvs__placement_rsp_decode(w.data, w.len, &da, &m);
+            rc = kvs__placement_rsp_decode(w.data, w.len, w.version, &da, &m);
         uint64_t t2 = kvs__now_ns();
         for (uint64_t k = 0; k < iters && rc == KVS_OK; k++) {
             kvs__wbuf_reset(&out);

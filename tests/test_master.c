@@ -55,7 +55,7 @@ static int put_start_ex(fx_t *f, const char *key, uint64_t size, uint32_t replic
     kvs__put_start_req_t req = {kvs__str_c(node), replicas, kvs__str_c(preferred), flags, 1, &it};
     kvs__placement_rsp_t rsp;
     CHECK_STATUS(kvs__master_put_start(f->m, f->now, &req, &f->arena, &rsp), KVS_OK);
-    CHECK_EQ_INT(rsp.n, 1);
+    CHECK_EQ_INT(rsp.nobjs, 1);
     if (d_p)
         *d_p = rsp.objs[0];
     return rsp.objs[0].status;
@@ -75,7 +75,7 @@ static int key_op(fx_t *f, keys_fn fn, const char *key, uint32_t flags)
     kvs__keys_req_t req = {flags, 1, &k};
     kvs__status_list_rsp_t rsp;
     CHECK_STATUS(fn(f->m, f->now, &req, &f->arena, &rsp), KVS_OK);
-    CHECK_EQ_INT(rsp.n, 1);
+    CHECK_EQ_INT(rsp.nresults, 1);
     return rsp.results[0];
 }
 
@@ -94,9 +94,9 @@ static int lookup(fx_t *f, const char *key, kvs__obj_desc_t *d_p)
         *d_p = rsp.objs[0];
     if (rsp.objs[0].status == KVS_OK) {
         /* Every replica's segment is described in the response. */
-        for (uint32_t j = 0; j < rsp.objs[0].nrep; j++) {
+        for (uint32_t j = 0; j < rsp.objs[0].nreps; j++) {
             bool found = false;
-            for (uint32_t s = 0; s < rsp.nseg; s++)
+            for (uint32_t s = 0; s < rsp.nsegs; s++)
                 found |= rsp.segs[s].id == rsp.objs[0].reps[j].segment_id;
             CHECK(found);
         }
@@ -118,7 +118,7 @@ static void test_two_phase_put(void)
     mount(&f, f.client, "s1", "n", 1 << 20);
     kvs__obj_desc_t d;
     CHECK_STATUS(put_start_ex(&f, "k", 1000, 1, "n", "", 0, &d), KVS_OK);
-    CHECK_EQ_INT(d.nrep, 1);
+    CHECK_EQ_INT(d.nreps, 1);
     CHECK_EQ_U64(d.size, 1000);
     CHECK_STATUS(lookup(&f, "k", NULL), KVS_REPLICA_IS_NOT_READY);
     CHECK_EQ_INT(EXISTS(&f, "k"), 0);
@@ -130,7 +130,7 @@ static void test_two_phase_put(void)
     kvs__obj_desc_t l;
     CHECK_STATUS(lookup(&f, "k", &l), KVS_OK);
     CHECK_EQ_U64(l.size, 1000);
-    CHECK_EQ_INT(l.nrep, 1);
+    CHECK_EQ_INT(l.nreps, 1);
     CHECK_EQ_U64(l.reps[0].offset, d.reps[0].offset);
     CHECK_EQ_U64(l.lease_ms, 10000);
     CHECK_STATUS(END(&f, "missing"), KVS_OBJECT_NOT_FOUND);
@@ -345,7 +345,7 @@ static void test_liveness(void)
     CHECK_STATUS(lookup(&f, "only1", NULL), KVS_OBJECT_NOT_FOUND);
     kvs__obj_desc_t d;
     CHECK_STATUS(lookup(&f, "k", &d), KVS_OK); /* its other replica survives */
-    CHECK_EQ_INT(d.nrep, 1);
+    CHECK_EQ_INT(d.nreps, 1);
     CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, f.client), KVS_SEGMENT_NOT_FOUND);
     CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, 0), KVS_INVALID_PARAMS);
     f.now = t0 + 1900 * MS;
@@ -404,7 +404,7 @@ static void test_placement(void)
         CHECK_STATUS(rsp.objs[i].status, KVS_OK);
         CHECK_EQ_U64(rsp.objs[i].reps[0].segment_id, b1);
     }
-    CHECK_EQ_INT(rsp.nseg, 1);
+    CHECK_EQ_INT(rsp.nsegs, 1);
     /* Same node from nodeA: co-located on one of A's segments. */
     for (int i = 0; i < 5; i++)
         keys[i][0] = 'a';
@@ -419,10 +419,10 @@ static void test_placement(void)
     CHECK_STATUS(put_start_ex(&f, "pref", 4096, 1, "nodeA", "b1", 0, &p), KVS_OK);
     CHECK_EQ_U64(p.reps[0].segment_id, b1);
     CHECK_STATUS(put_start_ex(&f, "r2", 4096, 2, "nodeA", "", 0, &p), KVS_OK);
-    CHECK_EQ_INT(p.nrep, 2);
+    CHECK_EQ_INT(p.nreps, 2);
     CHECK(p.reps[0].segment_id != p.reps[1].segment_id);
     CHECK_STATUS(put_start_ex(&f, "r9", 4096, 9, "nodeA", "", 0, &p), KVS_OK);
-    CHECK_EQ_INT(p.nrep, 3);
+    CHECK_EQ_INT(p.nreps, 3);
     fx_fini(&f);
 }
 
@@ -440,17 +440,17 @@ static void test_unmount_and_list(void)
     kvs__list_req_t lr = {kvs__str_c("o"), 0};
     kvs__list_rsp_t ls;
     CHECK_STATUS(kvs__master_list(f.m, &lr, &f.arena, &ls), KVS_OK);
-    CHECK_EQ_INT(ls.n, 2);
+    CHECK_EQ_INT(ls.nentries, 2);
     CHECK(!ls.truncated);
     lr = (kvs__list_req_t){kvs__str_c(""), 2};
     CHECK_STATUS(kvs__master_list(f.m, &lr, &f.arena, &ls), KVS_OK);
-    CHECK_EQ_INT(ls.n, 2);
+    CHECK_EQ_INT(ls.nentries, 2);
     CHECK(ls.truncated);
     CHECK_STATUS(kvs__master_unmount(f.m, f.client, s1), KVS_OK);
     CHECK_STATUS(lookup(&f, "on1", NULL), KVS_OBJECT_NOT_FOUND);
     kvs__obj_desc_t d;
     CHECK_STATUS(lookup(&f, "both", &d), KVS_OK);
-    CHECK_EQ_INT(d.nrep, 1);
+    CHECK_EQ_INT(d.nreps, 1);
     CHECK_STATUS(END(&f, "on2"), KVS_OK);
     CHECK_EQ_U64(counter(&f, "segments_unmounted"), 1);
     CHECK_EQ_U64(counter(&f, "objects"), 2);

@@ -42,42 +42,42 @@ static void mount_and_put(kvs__rpc_t *rpc, const char *seg, const char *key)
     kvs__wbuf_init(&rsp);
     kvs__arena_t a;
     kvs__arena_init(&a);
-    kvs__frame_begin(&req, KVS_MSG_MOUNT, 0);
+    kvs__rpc_begin(rpc, &req, KVS_MSG_MOUNT);
     kvs__mount_req_t m = {kvs__rpc_hello(rpc)->client_id, kvs__str_c(seg), kvs__str_c("testnode"),
                           kvs__str_c("127.0.0.1:1"), 1 << 20};
     kvs__mount_req_encode(&req, &m);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
     CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
     kvs__mount_rsp_t mr;
-    CHECK_STATUS(kvs__mount_rsp_decode(rsp.data, rsp.len, &a, &mr), KVS_OK);
+    CHECK_STATUS(kvs__mount_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &mr), KVS_OK);
     CHECK_STATUS(mr.status, KVS_OK);
 
     kvs__put_item_t it = {kvs__str_c(key), 5000};
     kvs__put_start_req_t ps = {kvs__str_c("testnode"), 1, kvs__str_c(""), 0, 1, &it};
-    kvs__frame_begin(&req, KVS_MSG_PUT_START, 0);
+    kvs__rpc_begin(rpc, &req, KVS_MSG_PUT_START);
     kvs__put_start_req_encode(&req, &ps);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
     CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
     kvs__placement_rsp_t pr;
-    CHECK_STATUS(kvs__placement_rsp_decode(rsp.data, rsp.len, &a, &pr), KVS_OK);
+    CHECK_STATUS(kvs__placement_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &pr), KVS_OK);
     CHECK_STATUS(pr.objs[0].status, KVS_OK);
     CHECK_EQ_U64(pr.segs[0].id, mr.segment_id);
 
     kvs__str_t k = kvs__str_c(key);
     kvs__keys_req_t kr = {0, 1, &k};
-    kvs__frame_begin(&req, KVS_MSG_PUT_END, 0);
+    kvs__rpc_begin(rpc, &req, KVS_MSG_PUT_END);
     kvs__keys_req_encode(&req, &kr);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
     CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
     kvs__status_list_rsp_t sr;
-    CHECK_STATUS(kvs__status_list_rsp_decode(rsp.data, rsp.len, &a, &sr), KVS_OK);
+    CHECK_STATUS(kvs__status_list_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &sr), KVS_OK);
     CHECK_STATUS(sr.results[0], KVS_OK);
 
-    kvs__frame_begin(&req, KVS_MSG_LOOKUP, 0);
+    kvs__rpc_begin(rpc, &req, KVS_MSG_LOOKUP);
     kvs__keys_req_encode(&req, &kr);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
     CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
-    CHECK_STATUS(kvs__placement_rsp_decode(rsp.data, rsp.len, &a, &pr), KVS_OK);
+    CHECK_STATUS(kvs__placement_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &pr), KVS_OK);
     CHECK_STATUS(pr.objs[0].status, KVS_OK);
     CHECK_EQ_U64(pr.objs[0].size, 5000);
     kvs__arena_free(&a);
@@ -100,7 +100,7 @@ static void raw_send(int fd, const void *p, size_t n)
 
 static void raw_frame(int fd, uint16_t type, const void *payload, uint32_t len)
 {
-    kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION, type, 1, len};
+    kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION_MAX, type, 1, len};
     uint8_t hb[KVS_FRAME_HDR_LEN];
     kvs__frame_hdr_encode(&h, hb);
     raw_send(fd, hb, sizeof(hb));
@@ -143,7 +143,7 @@ static void say_hello(int fd)
 {
     kvs__wbuf_t w;
     kvs__wbuf_init(&w);
-    kvs__hello_req_t h = {KVS_PROTO_VERSION, kvs__str_c("raw"), 0};
+    kvs__hello_req_t h = {KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX, kvs__str_c("raw"), 0, 0};
     kvs__hello_req_encode(&w, &h);
     raw_frame(fd, KVS_MSG_HELLO, w.data, (uint32_t)w.len);
     int32_t st;
@@ -180,20 +180,23 @@ static void test_malformed_frames_drop_only_their_connection(void)
     CHECK(raw_closed(fd));
     close(fd);
 
-    /* Another protocol version. */
-    fd = raw_connect(&s);
-    kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, 9, KVS_MSG_HELLO, 1, 0};
+    /* Another protocol version: an older one, and a newer one whose HELLO we cannot read. */
+    kvs__frame_hdr_t h;
     uint8_t hb[KVS_FRAME_HDR_LEN];
-    kvs__frame_hdr_encode(&h, hb);
-    raw_send(fd, hb, sizeof(hb));
-    CHECK_EQ_INT(raw_response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
-    CHECK_STATUS(st, KVS_INVALID_VERSION);
-    CHECK(raw_closed(fd));
-    close(fd);
+    for (unsigned v = KVS_PROTO_VERSION_MIN - 1; v <= 9; v += 10 - KVS_PROTO_VERSION_MIN) {
+        fd = raw_connect(&s);
+        h = (kvs__frame_hdr_t){KVS_PROTO_MAGIC, (uint16_t)v, KVS_MSG_HELLO, 1, 0};
+        kvs__frame_hdr_encode(&h, hb);
+        raw_send(fd, hb, sizeof(hb));
+        CHECK_EQ_INT(raw_response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
+        CHECK_STATUS(st, KVS_INVALID_VERSION);
+        CHECK(raw_closed(fd));
+        close(fd);
+    }
 
     /* Oversized: a header announcing 1 GiB. */
     fd = raw_connect(&s);
-    h = (kvs__frame_hdr_t){KVS_PROTO_MAGIC, KVS_PROTO_VERSION, KVS_MSG_LOOKUP, 1, 1u << 30};
+    h = (kvs__frame_hdr_t){KVS_PROTO_MAGIC, KVS_PROTO_VERSION_MAX, KVS_MSG_LOOKUP, 1, 1u << 30};
     kvs__frame_hdr_encode(&h, hb);
     raw_send(fd, hb, sizeof(hb));
     CHECK_EQ_INT(raw_response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
@@ -222,7 +225,7 @@ static void test_malformed_frames_drop_only_their_connection(void)
     close(fd);
     fd = raw_connect(&s);
     say_hello(fd);
-    h = (kvs__frame_hdr_t){KVS_PROTO_MAGIC, KVS_PROTO_VERSION, KVS_MSG_LOOKUP, 1, 100};
+    h = (kvs__frame_hdr_t){KVS_PROTO_MAGIC, KVS_PROTO_VERSION_MAX, KVS_MSG_LOOKUP, 1, 100};
     kvs__frame_hdr_encode(&h, hb);
     raw_send(fd, hb, sizeof(hb));
     raw_send(fd, "0123456789", 10);
@@ -248,6 +251,90 @@ static void test_malformed_frames_drop_only_their_connection(void)
     server_stop(&s);
 }
 
+/* Reads one response frame whole: its header and payload (caller frees). */
+static uint8_t *raw_response_frame(int fd, kvs__frame_hdr_t *h)
+{
+    uint8_t hb[KVS_FRAME_HDR_LEN];
+    uint64_t dl = kvs__now_ns() + 3 * KVS_NS_PER_S;
+    CHECK_STATUS(kvs__recv_all(fd, hb, sizeof(hb), dl), KVS_OK);
+    CHECK_STATUS(kvs__frame_hdr_decode(hb, sizeof(hb), KVS_FRAME_MAX_PAYLOAD, h), KVS_OK);
+    uint8_t *p = malloc(h->len + 1);
+    CHECK_STATUS(kvs__recv_all(fd, p, h->len, dl), KVS_OK);
+    return p;
+}
+
+/* Version negotiation at HELLO and unknown message types, on the wire. */
+static void test_versions_and_unknown_types(void)
+{
+    server_t s;
+    master_start(&s, NULL);
+
+    /* A newer peer: its HELLO is of a version above ours and carries a field we do not know.
+     * The master skips it and answers in the highest version both speak. */
+    int fd = raw_connect(&s);
+    kvs__wbuf_t w;
+    kvs__wbuf_init(&w);
+    w.version = KVS_PROTO_VERSION_MAX;
+    kvs__hello_req_t hr = {KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX + 3, kvs__str_c("new"), 0,
+                           0};
+    kvs__hello_req_encode(&w, &hr);
+    kvs__wbuf_put_u64(&w, 0x1234567890abcdefull); /* the newer field */
+    kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION_MAX + 3, KVS_MSG_HELLO, 5,
+                          (uint32_t)w.len};
+    uint8_t hb[KVS_FRAME_HDR_LEN];
+    kvs__frame_hdr_encode(&h, hb);
+    raw_send(fd, hb, sizeof(hb));
+    raw_send(fd, w.data, w.len);
+    kvs__frame_hdr_t rh;
+    uint8_t *p = raw_response_frame(fd, &rh);
+    CHECK_EQ_INT(rh.type, KVS_MSG_HELLO | KVS_RSP_FLAG);
+    CHECK_EQ_INT(rh.version, KVS_PROTO_VERSION_MAX);
+    kvs__hello_rsp_t hello;
+    CHECK_STATUS(kvs__hello_rsp_decode(p, rh.len, rh.version, NULL, &hello), KVS_OK);
+    CHECK_STATUS(hello.status, KVS_OK);
+    CHECK_EQ_INT(hello.version, KVS_PROTO_VERSION_MAX);
+    CHECK(hello.client_id != 0 && hello.incarnation != 0);
+    free(p);
+
+    /* A message type this master does not know: a clear error, and the connection stays. */
+    raw_frame(fd, 0x77, "abcdefgh", 8);
+    p = raw_response_frame(fd, &rh);
+    CHECK_EQ_INT(rh.type, KVS_MSG_ERROR | KVS_RSP_FLAG);
+    kvs__error_rsp_t e;
+    CHECK_STATUS(kvs__error_rsp_decode(p, rh.len, rh.version, NULL, &e), KVS_OK);
+    CHECK_STATUS(e.status, KVS_UNSUPPORTED);
+    CHECK(memmem(e.message.ptr, e.message.len, "unknown message type 119", 24) != NULL);
+    free(p);
+    int32_t st;
+    raw_frame(fd, KVS_MSG_STAT, NULL, 0);
+    CHECK_EQ_INT(raw_response(fd, &st), KVS_MSG_STAT | KVS_RSP_FLAG);
+    CHECK_STATUS(st, KVS_OK);
+    close(fd);
+
+    /* No version in common: refused in words, and the connection closed. */
+    fd = raw_connect(&s);
+    kvs__wbuf_reset(&w);
+    hr = (kvs__hello_req_t){KVS_PROTO_VERSION_MAX + 1, KVS_PROTO_VERSION_MAX + 2,
+                            kvs__str_c("future"), 0, 0};
+    kvs__hello_req_encode(&w, &hr);
+    h = (kvs__frame_hdr_t){KVS_PROTO_MAGIC, KVS_PROTO_VERSION_MAX + 2, KVS_MSG_HELLO, 6,
+                           (uint32_t)w.len};
+    kvs__frame_hdr_encode(&h, hb);
+    raw_send(fd, hb, sizeof(hb));
+    raw_send(fd, w.data, w.len);
+    p = raw_response_frame(fd, &rh);
+    CHECK_EQ_INT(rh.type, KVS_MSG_ERROR | KVS_RSP_FLAG);
+    CHECK_STATUS(kvs__error_rsp_decode(p, rh.len, rh.version, NULL, &e), KVS_OK);
+    CHECK_STATUS(e.status, KVS_INVALID_VERSION);
+    CHECK(memmem(e.message.ptr, e.message.len, "no version in common", 20) != NULL);
+    free(p);
+    CHECK(raw_closed(fd));
+    close(fd);
+    kvs__wbuf_free(&w);
+    server_check_alive(&s);
+    server_stop(&s);
+}
+
 static void test_random_frames_do_not_hurt(void)
 {
     server_t s;
@@ -263,7 +350,7 @@ static void test_random_frames_do_not_hurt(void)
                 payload[i] = (uint8_t)kvs_test_rand();
             uint16_t type = (uint16_t)(1 + kvs_test_rand() % (KVS_MSG_MAX_ - 1));
             /* The server may hang up on any of these; later sends then fail, which is fine. */
-            kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION, type, 1, len};
+            kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION_MAX, type, 1, len};
             uint8_t hb[KVS_FRAME_HDR_LEN];
             kvs__frame_hdr_encode(&h, hb);
             uint64_t dl = kvs__now_ns() + KVS_NS_PER_S;
@@ -300,7 +387,7 @@ static void test_liveness_over_the_network(void)
         kvs__wbuf_t req, rsp;
         kvs__wbuf_init(&req);
         kvs__wbuf_init(&rsp);
-        kvs__frame_begin(&req, KVS_MSG_HEARTBEAT, 0);
+        kvs__rpc_begin(rpc, &req, KVS_MSG_HEARTBEAT);
         kvs__ids_req_t hb = {kvs__rpc_hello(rpc)->client_id, 0};
         kvs__ids_req_encode(&req, &hb);
         CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
@@ -355,6 +442,7 @@ int main(int argc, char **argv)
     static const kvs_test_case_t cases[] = {
         KVS_TEST_CASE(test_serves_valid_requests),
         KVS_TEST_CASE(test_malformed_frames_drop_only_their_connection),
+        KVS_TEST_CASE(test_versions_and_unknown_types),
         KVS_TEST_CASE(test_random_frames_do_not_hurt),
         KVS_TEST_CASE(test_liveness_over_the_network),
         KVS_TEST_CASE(test_cli),

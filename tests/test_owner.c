@@ -20,7 +20,7 @@ static int dial(owner_fixture_t *f)
 
 static void send_frame(int fd, uint16_t type, uint32_t len, const void *payload, size_t n)
 {
-    kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION, type, 9, len};
+    kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION_MAX, type, 9, len};
     uint8_t hb[KVS_FRAME_HDR_LEN];
     kvs__frame_hdr_encode(&h, hb);
     uint64_t dl = kvs__now_ns() + 3 * KVS_NS_PER_S;
@@ -33,7 +33,7 @@ static void hello(int fd)
 {
     kvs__wbuf_t w;
     kvs__wbuf_init(&w);
-    kvs__hello_req_t h = {KVS_PROTO_VERSION, kvs__str_c("t"), 0};
+    kvs__hello_req_t h = {KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX, kvs__str_c("t"), 0, 0};
     kvs__hello_req_encode(&w, &h);
     send_frame(fd, KVS_MSG_HELLO, (uint32_t)w.len, w.data, w.len);
     kvs__wbuf_free(&w);
@@ -78,9 +78,10 @@ static bool closed_by_peer(int fd)
 
 static void data_req(uint8_t out[KVS_DATA_REQ_LEN], uint64_t seg, uint64_t off, uint64_t len)
 {
-    kvs__wbuf_t w = {.data = out, .cap = KVS_DATA_REQ_LEN};
+    kvs__wbuf_t w = kvs__wbuf_over(out, KVS_DATA_REQ_LEN, KVS_PROTO_VERSION_MAX);
     kvs__data_req_t d = {seg, off, len};
     kvs__data_req_encode(&w, &d);
+    CHECK(!w.failed && w.len == KVS_DATA_REQ_LEN);
 }
 
 static void test_bad_frames_and_offsets(void)
@@ -123,6 +124,32 @@ static void test_bad_frames_and_offsets(void)
     data_req(dr, FIX_SEGMENT_ID, 0, 1000);
     send_frame(fd, KVS_MSG_DATA_WRITE, KVS_DATA_REQ_LEN + 10, dr, sizeof(dr));
     CHECK_EQ_INT(response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
+    CHECK(closed_by_peer(fd));
+    close(fd);
+
+    fd = dial(&f); /* an unknown message type: a clear error, its payload skipped */
+    hello(fd);
+    send_frame(fd, 0x66, 5, "01234", 5);
+    CHECK_EQ_INT(response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
+    CHECK_STATUS(st, KVS_UNSUPPORTED);
+    data_req(dr, FIX_SEGMENT_ID, 0, 16);
+    send_frame(fd, KVS_MSG_DATA_READ, KVS_DATA_REQ_LEN, dr, sizeof(dr));
+    CHECK_EQ_INT(response(fd, &st), KVS_MSG_DATA_READ | KVS_RSP_FLAG);
+    CHECK_STATUS(st, KVS_OK);
+    close(fd);
+
+    fd = dial(&f); /* a HELLO with no version in common */
+    {
+        kvs__wbuf_t w;
+        kvs__wbuf_init(&w);
+        kvs__hello_req_t h = {KVS_PROTO_VERSION_MAX + 1, KVS_PROTO_VERSION_MAX + 1,
+                              kvs__str_c("t"), 0, 0};
+        kvs__hello_req_encode(&w, &h);
+        send_frame(fd, KVS_MSG_HELLO, (uint32_t)w.len, w.data, w.len);
+        kvs__wbuf_free(&w);
+    }
+    CHECK_EQ_INT(response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
+    CHECK_STATUS(st, KVS_INVALID_VERSION);
     CHECK(closed_by_peer(fd));
     close(fd);
 

@@ -398,39 +398,159 @@ int kvs__client_call(kvs_client_t *c, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
     return rc;
 }
 
-int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
-                          const kvs__str_t *keys, kvs__wbuf_t *rsp)
+/* ---- batched master calls ------------------------------------------------------------------
+ * A legal call (up to KVS_MAX_BATCH keys of up to KVS_MAX_KEY_LEN bytes) can outgrow one frame
+ * (65,536 keys of 1 KiB are 67 MB), so requests are split into frames that fit and the answers
+ * joined. Replies always fit: test_proto checks the schema's bounds against the frame limit. */
+
+/* The request of one batch call: either keys (LOOKUP, EXISTS, ...) or PUT_START items. */
+typedef struct {
+    uint16_t type;
+    const kvs__keys_req_t *keys;
+    const kvs__put_start_req_t *put;
+} batch_req_t;
+
+static uint32_t batch_len(const batch_req_t *b)
 {
-    kvs__wbuf_t req;
+    return b->keys ? b->keys->nkeys : b->put->nitems;
+}
+
+/* The first `count` elements from `first` fit one frame's payload. */
+static uint32_t batch_fit(const batch_req_t *b, uint32_t first)
+{
+    uint64_t bytes = b->keys ? KVS__MIN_BYTES_keys_req
+                             : KVS__MIN_BYTES_put_start_req + b->put->node.len +
+                                   b->put->preferred_segment.len;
+    uint32_t n = batch_len(b), i = first;
+    for (; i < n; i++) {
+        bytes += b->keys ? 4u + b->keys->keys[i].len
+                         : KVS__MIN_BYTES_put_item + b->put->items[i].key.len;
+        if (bytes > KVS_FRAME_MAX_PAYLOAD)
+            break;
+    }
+    return i - first;
+}
+
+static void batch_encode(const batch_req_t *b, uint32_t first, uint32_t count, kvs__wbuf_t *w)
+{
+    if (b->keys) {
+        kvs__keys_req_t part = *b->keys;
+        part.nkeys = count;
+        part.keys += first;
+        kvs__keys_req_encode(w, &part);
+    } else {
+        kvs__put_start_req_t part = *b->put;
+        part.nitems = count;
+        part.items += first;
+        kvs__put_start_req_encode(w, &part);
+    }
+}
+
+/* Joins the placement of one part into `all` (objs sized for the whole batch): its objects at
+ * `first`, its segments unless already listed. */
+static int placement_join(kvs__placement_rsp_t *all, const kvs__placement_rsp_t *part,
+                          uint32_t first, kvs__arena_t *arena)
+{
+    memcpy(all->objs + first, part->objs, (size_t)part->nobjs * sizeof(*part->objs));
+    kvs__seg_info_t *segs =
+        kvs__arena_alloc(arena, ((size_t)all->nsegs + part->nsegs) * sizeof(*segs));
+    if (segs == NULL)
+        return KVS_NO_MEMORY;
+    memcpy(segs, all->segs, (size_t)all->nsegs * sizeof(*segs));
+    uint32_t ns = all->nsegs;
+    for (uint32_t i = 0; i < part->nsegs; i++) {
+        uint32_t j = 0;
+        while (j < ns && segs[j].id != part->segs[i].id)
+            j++;
+        if (j == ns)
+            segs[ns++] = part->segs[i];
+    }
+    all->segs = segs;
+    all->nsegs = ns;
+    return KVS_OK;
+}
+
+/* One batch call: answers in `sl` (status lists) or `pr` (placements), one entry per element,
+ * everything owned by `arena`. Returns the call's status; a part the master refused or that
+ * failed in transport fails the whole call. */
+static int batch_call(kvs_client_t *c, const batch_req_t *b, kvs__arena_t *arena,
+                      kvs__status_list_rsp_t *sl, kvs__placement_rsp_t *pr)
+{
+    uint32_t n = batch_len(b);
+    if (sl != NULL) {
+        *sl = (kvs__status_list_rsp_t){.nresults = n};
+        sl->results = kvs__arena_alloc(arena, (size_t)n * sizeof(*sl->results));
+    } else {
+        *pr = (kvs__placement_rsp_t){.nobjs = n};
+        pr->objs = kvs__arena_alloc(arena, (size_t)n * sizeof(*pr->objs));
+        pr->segs = kvs__arena_alloc(arena, 0);
+    }
+    if (sl != NULL ? sl->results == NULL : pr->objs == NULL || pr->segs == NULL)
+        return KVS_NO_MEMORY;
+    kvs__wbuf_t req, rsp;
     kvs__wbuf_init(&req);
-    kvs__frame_begin(&req, type, 0);
-    kvs__keys_req_t kr = {flags, n, (kvs__str_t *)keys};
-    kvs__keys_req_encode(&req, &kr);
-    int rc = kvs__client_call(c, &req, rsp);
+    kvs__wbuf_init(&rsp);
+    int rc = KVS_OK;
+    for (uint32_t first = 0; rc == KVS_OK && first < n;) {
+        uint32_t count = batch_fit(b, first);
+        if (count == 0) {
+            rc = KVS_INVALID_PARAMS; /* one element larger than a frame: validation missed it */
+            break;
+        }
+        kvs__rpc_begin(c->rpc, &req, b->type);
+        batch_encode(b, first, count, &req);
+        rc = kvs__client_call(c, &req, &rsp);
+        /* The answer is kept in the arena: its strings are borrowed by the decoded parts. */
+        uint8_t *payload = rc == KVS_OK ? kvs__arena_alloc(arena, rsp.len) : NULL;
+        if (rc == KVS_OK && payload == NULL)
+            rc = KVS_NO_MEMORY;
+        if (rc == KVS_OK && rsp.len > 0)
+            memcpy(payload, rsp.data, rsp.len);
+        if (rc == KVS_OK && sl != NULL) {
+            kvs__status_list_rsp_t part;
+            if (kvs__status_list_rsp_decode(payload, rsp.len, rsp.version, arena, &part) != KVS_OK ||
+                (part.status == KVS_OK && part.nresults != count))
+                rc = KVS_PROTOCOL_ERROR;
+            else if ((rc = part.status) == KVS_OK)
+                memcpy(sl->results + first, part.results, (size_t)count * sizeof(*part.results));
+        } else if (rc == KVS_OK) {
+            kvs__placement_rsp_t part;
+            if (kvs__placement_rsp_decode(payload, rsp.len, rsp.version, arena, &part) != KVS_OK ||
+                (part.status == KVS_OK && part.nobjs != count))
+                rc = KVS_PROTOCOL_ERROR;
+            else if ((rc = part.status) == KVS_OK)
+                rc = placement_join(pr, &part, first, arena);
+        }
+        first += count;
+    }
     kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
     return rc;
 }
 
-int kvs__client_placement_rsp(int rc, const kvs__wbuf_t *rsp, uint32_t n, kvs__arena_t *arena,
-                              kvs__placement_rsp_t *pr)
+int kvs__client_keys_status(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
+                            const kvs__str_t *keys, kvs__arena_t *arena,
+                            kvs__status_list_rsp_t *sl)
 {
-    if (rc != KVS_OK)
-        return rc;
-    if (kvs__placement_rsp_decode(rsp->data, rsp->len, arena, pr) != KVS_OK ||
-        (pr->status == KVS_OK && pr->n != n))
-        return KVS_PROTOCOL_ERROR;
-    return pr->status;
+    kvs__keys_req_t kr = {flags, n, (kvs__str_t *)keys};
+    batch_req_t b = {type, &kr, NULL};
+    return batch_call(c, &b, arena, sl, NULL);
 }
 
-int kvs__client_status_list_rsp(int rc, const kvs__wbuf_t *rsp, uint32_t n, kvs__arena_t *arena,
-                                kvs__status_list_rsp_t *sl)
+int kvs__client_keys_placement(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
+                               const kvs__str_t *keys, kvs__arena_t *arena,
+                               kvs__placement_rsp_t *pr)
 {
-    if (rc != KVS_OK)
-        return rc;
-    if (kvs__status_list_rsp_decode(rsp->data, rsp->len, arena, sl) != KVS_OK ||
-        (sl->status == KVS_OK && sl->n != n))
-        return KVS_PROTOCOL_ERROR;
-    return sl->status;
+    kvs__keys_req_t kr = {flags, n, (kvs__str_t *)keys};
+    batch_req_t b = {type, &kr, NULL};
+    return batch_call(c, &b, arena, NULL, pr);
+}
+
+int kvs__client_put_start(kvs_client_t *c, const kvs__put_start_req_t *ps, kvs__arena_t *arena,
+                          kvs__placement_rsp_t *pr)
+{
+    batch_req_t b = {KVS_MSG_PUT_START, NULL, ps};
+    return batch_call(c, &b, arena, NULL, pr);
 }
 
 /* A keys call whose answer is one status per key: results[i] for keys[i]. */
@@ -451,14 +571,10 @@ static int status_list_call(kvs_client_t *c, uint16_t type, uint32_t flags, size
         }
         ks[i] = kvs__str_c(keys[i]);
     }
-    kvs__wbuf_t rsp;
-    kvs__wbuf_init(&rsp);
     kvs__arena_t arena;
     kvs__arena_init(&arena);
     kvs__status_list_rsp_t sl;
-    int rc =
-        kvs__client_status_list_rsp(kvs__client_keys_call(c, type, flags, (uint32_t)n, ks, &rsp),
-                                    &rsp, (uint32_t)n, &arena, &sl);
+    int rc = kvs__client_keys_status(c, type, flags, (uint32_t)n, ks, &arena, &sl);
     if (rc == KVS_OK) {
         for (size_t i = 0; i < n; i++)
             results[i] = sl.results[i];
@@ -466,7 +582,6 @@ static int status_list_call(kvs_client_t *c, uint16_t type, uint32_t flags, size
         rc = kvs__fail(rc, "%s failed: %s", kvs__msg_name(type), kvs_status_str(rc));
     }
     kvs__arena_free(&arena);
-    kvs__wbuf_free(&rsp);
     kvs__free(ks);
     return rc;
 }
@@ -510,14 +625,11 @@ int64_t kvs_client_get_size(kvs_client_t *c, const char *key)
     kvs__client_enter(c);
     atomic_fetch_add(&c->st.size_calls, 1);
     kvs__str_t k = kvs__str_c(key);
-    kvs__wbuf_t rsp;
-    kvs__wbuf_init(&rsp);
     kvs__arena_t arena;
     kvs__arena_init(&arena);
     int64_t result;
     kvs__placement_rsp_t pr;
-    int rc = kvs__client_placement_rsp(kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, 1, &k, &rsp),
-                                       &rsp, 1, &arena, &pr);
+    int rc = kvs__client_keys_placement(c, KVS_MSG_LOOKUP, 0, 1, &k, &arena, &pr);
     if (rc == KVS_OK)
         rc = pr.objs[0].status;
     if (rc == KVS_OK)
@@ -525,7 +637,6 @@ int64_t kvs_client_get_size(kvs_client_t *c, const char *key)
     else
         result = kvs__fail(rc, "get_size '%s': %s", key, kvs_status_str(rc));
     kvs__arena_free(&arena);
-    kvs__wbuf_free(&rsp);
     kvs__client_leave(c);
     return result;
 }
@@ -544,15 +655,15 @@ void kvs__client_sweep(kvs_client_t *c)
     kvs__wbuf_init(&rsp);
     kvs__arena_t arena;
     kvs__arena_init(&arena);
-    kvs__frame_begin(&req, KVS_MSG_STAT, 0);
+    kvs__rpc_begin(c->rpc, &req, KVS_MSG_STAT);
     kvs__stat_rsp_t sr;
     if (kvs__client_call(c, &req, &rsp) == KVS_OK &&
-        kvs__stat_rsp_decode(rsp.data, rsp.len, &arena, &sr) == KVS_OK && sr.status == KVS_OK) {
-        uint64_t *ids = kvs__malloc(KVS_MAX(sr.nseg, 1) * sizeof(*ids));
-        for (uint32_t i = 0; ids != NULL && i < sr.nseg; i++)
+        kvs__stat_rsp_decode(rsp.data, rsp.len, rsp.version, &arena, &sr) == KVS_OK && sr.status == KVS_OK) {
+        uint64_t *ids = kvs__malloc(KVS_MAX(sr.nsegs, 1) * sizeof(*ids));
+        for (uint32_t i = 0; ids != NULL && i < sr.nsegs; i++)
             ids[i] = sr.segs[i].id;
         if (ids != NULL)
-            kvs__shm_retain(c->shm, ids, sr.nseg);
+            kvs__shm_retain(c->shm, ids, sr.nsegs);
         kvs__free(ids);
     }
     kvs__arena_free(&arena);

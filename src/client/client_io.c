@@ -141,7 +141,7 @@ static int usable_keys(const call_t *k, kvs__str_t **keys_p, size_t **map_p, uin
 
 static const kvs__seg_info_t *seg_find(const kvs__placement_rsp_t *pr, uint64_t id)
 {
-    for (uint32_t i = 0; i < pr->nseg; i++) {
+    for (uint32_t i = 0; i < pr->nsegs; i++) {
         if (pr->segs[i].id == id)
             return &pr->segs[i];
     }
@@ -229,17 +229,15 @@ static void put_finish(kvs_client_t *c, call_t *k, const size_t *idx, uint32_t m
     if (m == 0)
         return;
     kvs__str_t *ks = kvs__malloc(m * sizeof(*ks));
-    kvs__wbuf_t rsp;
-    kvs__wbuf_init(&rsp);
     kvs__arena_t arena;
     kvs__arena_init(&arena);
     int rc = ks ? KVS_OK : KVS_NO_MEMORY;
     for (uint32_t j = 0; rc == KVS_OK && j < m; j++)
         ks[j] = kvs__str_c(k->keys[idx[j]]);
-    if (rc == KVS_OK)
-        rc = kvs__client_keys_call(c, ok ? KVS_MSG_PUT_END : KVS_MSG_PUT_REVOKE, 0, m, ks, &rsp);
     kvs__status_list_rsp_t sl;
-    rc = kvs__client_status_list_rsp(rc, &rsp, m, &arena, &sl);
+    if (rc == KVS_OK)
+        rc = kvs__client_keys_status(c, ok ? KVS_MSG_PUT_END : KVS_MSG_PUT_REVOKE, 0, m, ks,
+                                     &arena, &sl);
     if (ok) {
         /* A put whose end was not confirmed is not readable; the master revokes it in time. */
         for (uint32_t j = 0; j < m; j++)
@@ -249,7 +247,6 @@ static void put_finish(kvs_client_t *c, call_t *k, const size_t *idx, uint32_t m
                  kvs_status_str(rc));
     }
     kvs__arena_free(&arena);
-    kvs__wbuf_free(&rsp);
     kvs__free(ks);
 }
 
@@ -271,9 +268,6 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
     kvs_xfer_req_t *reqs = NULL;
     kvs_transport_t **req_t = NULL;
     size_t *req_key = NULL, *done = NULL;
-    kvs__wbuf_t req, rsp;
-    kvs__wbuf_init(&req);
-    kvs__wbuf_init(&rsp);
     kvs__arena_t arena;
     kvs__arena_init(&arena);
     if (rc != KVS_OK || (m && items == NULL)) {
@@ -289,20 +283,18 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
         .replica_num = rc_->replica_num,
         .preferred_segment = kvs__str_c(rc_->preferred_segment ? rc_->preferred_segment : ""),
         .flags = rc_->prefer_alloc_in_same_node ? KVS_PUT_FLAG_SAME_NODE : 0,
-        .n = m,
+        .nitems = m,
         .items = items,
     };
-    kvs__frame_begin(&req, KVS_MSG_PUT_START, 0);
-    kvs__put_start_req_encode(&req, &ps);
     kvs__placement_rsp_t pr;
-    rc = kvs__client_placement_rsp(kvs__client_call(c, &req, &rsp), &rsp, m, &arena, &pr);
+    rc = kvs__client_put_start(c, &ps, &arena, &pr);
     if (rc != KVS_OK) {
         rc = kvs__fail(rc, "put: the master refused the batch: %s", kvs_status_str(rc));
         goto out;
     }
     uint32_t nreq = 0;
     for (uint32_t j = 0; j < m; j++)
-        nreq += pr.objs[j].status == KVS_OK ? pr.objs[j].nrep : 0;
+        nreq += pr.objs[j].status == KVS_OK ? pr.objs[j].nreps : 0;
     reqs = kvs__calloc(KVS_MAX(nreq, 1), sizeof(*reqs));
     req_t = kvs__malloc(KVS_MAX(nreq, 1) * sizeof(*req_t));
     req_key = kvs__malloc(KVS_MAX(nreq, 1) * sizeof(*req_key));
@@ -320,7 +312,7 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
             k->res[i] = d->status;
             continue;
         }
-        for (uint32_t q = 0; q < d->nrep; q++) {
+        for (uint32_t q = 0; q < d->nreps; q++) {
             kvs_endpoint_t *ep = NULL;
             int erc = route_for(c, seg_find(&pr, d->reps[q].segment_id), &req_t[r], &ep);
             if (erc != KVS_OK) {
@@ -355,8 +347,6 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
     put_finish(c, k, done + nok, nbad, false);
 out:
     kvs__arena_free(&arena);
-    kvs__wbuf_free(&req);
-    kvs__wbuf_free(&rsp);
     kvs__free(done);
     kvs__free(req_key);
     kvs__free(req_t);
@@ -504,7 +494,7 @@ static const kvs__replica_t *pick_replica(kvs_client_t *c, const kvs__placement_
                                           const kvs__seg_info_t **seg_p)
 {
     const kvs__replica_t *best = NULL;
-    for (uint32_t q = 0; q < d->nrep; q++) {
+    for (uint32_t q = 0; q < d->nreps; q++) {
         const kvs__seg_info_t *s = seg_find(pr, d->reps[q].segment_id);
         if (s == NULL)
             continue;
@@ -561,8 +551,6 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
     kvs_batch_t **batches = NULL;
     kvs_transport_t **batch_t = NULL;
     uint64_t *lease_until = NULL;
-    kvs__wbuf_t rsp;
-    kvs__wbuf_init(&rsp);
     kvs__arena_t arena;
     kvs__arena_init(&arena);
     if (rc != KVS_OK) {
@@ -574,8 +562,7 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
     /* Leases run from before the lookup was sent: never later than the master's clock. */
     uint64_t t_lookup = kvs__now_ns();
     kvs__placement_rsp_t pr;
-    rc = kvs__client_placement_rsp(kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, m, ks, &rsp), &rsp,
-                                   m, &arena, &pr);
+    rc = kvs__client_keys_placement(c, KVS_MSG_LOOKUP, 0, m, ks, &arena, &pr);
     t_after = kvs__now_ns();
     if (rc != KVS_OK) {
         rc = kvs__fail(rc, "read: lookup failed: %s", kvs_status_str(rc));
@@ -683,7 +670,6 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
     }
 out:
     kvs__arena_free(&arena);
-    kvs__wbuf_free(&rsp);
     kvs__free(lease_until);
     kvs__free(batches);
     kvs__free(batch_t);

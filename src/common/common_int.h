@@ -76,6 +76,9 @@ uint64_t kvs__now_ns(void);
 #define KVS_NS_PER_MS 1000000ull
 #define KVS_NS_PER_S  1000000000ull
 
+/* A random, non-zero 64-bit value from the kernel (getrandom): ids and incarnations. */
+uint64_t kvs__random_u64(void);
+
 /* ---- sizes and configuration ------------------------------------------------------------ */
 
 /* Parses a human size: a number (decimal, optional fraction) followed by an optional unit:

@@ -9,7 +9,24 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/random.h>
 #include <time.h>
+
+uint64_t kvs__random_u64(void)
+{
+    uint64_t v = 0;
+    for (;;) {
+        ssize_t n = getrandom(&v, sizeof(v), 0);
+        if (n == (ssize_t)sizeof(v) && v != 0)
+            return v;
+        if (n < 0 && errno != EINTR && errno != EAGAIN) {
+            /* No kernel entropy interface (pre-3.17 kernels): fall back to the clock and the
+             * address of a stack variable, which still differ between processes. */
+            uint64_t x = kvs__now_ns() ^ (uint64_t)(uintptr_t)&v;
+            return kvs__hash64(&x, sizeof(x)) | 1;
+        }
+    }
+}
 
 uint64_t kvs__now_ns(void)
 {

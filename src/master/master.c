@@ -71,7 +71,6 @@ struct kvs__master {
     seg_t **segs;
     uint32_t nseg, cap_seg;
     uint64_t next_seg_id;
-    uint64_t next_client_id;
     counters_t c;
 };
 
@@ -238,9 +237,6 @@ int kvs__master_create(const kvs__master_config_t *cfg, kvs__master_t **master_p
     list_init(&m->lru);
     list_init(&m->pending);
     m->next_seg_id = 1;
-    /* Client ids start from a random point so ids from a restarted master rarely collide
-     * with ones its old clients still hold. */
-    m->next_client_id = ((uint64_t)(unsigned)rand() << 20 | kvs__now_ns() % (1u << 20)) + 1;
     *master_p = m;
     return KVS_OK;
 }
@@ -278,8 +274,10 @@ void kvs__master_destroy(kvs__master_t *m)
 
 uint64_t kvs__master_new_client(kvs__master_t *m)
 {
-    uint64_t id = m->next_client_id++;
-    return id ? id : m->next_client_id++;
+    /* Random, so that ids cannot be guessed and ids from a restarted master do not collide
+     * with ones its old clients still hold. */
+    KVS_UNUSED(m);
+    return kvs__random_u64();
 }
 
 /* ---- segments --------------------------------------------------------------------------- */
@@ -316,6 +314,9 @@ int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, const kvs__mount_req_t 
         return KVS_INVALID_PARAMS;
     if (seg_by_name(m, req->name) != NULL)
         return KVS_SEGMENT_ALREADY_EXISTS;
+    /* The schema's bound: every segment fits a LOOKUP or STAT reply. */
+    if (m->nseg >= KVS_MAX_SEGMENTS)
+        return KVS_NO_AVAILABLE_HANDLE;
     if (m->nseg == m->cap_seg) {
         uint32_t cap = m->cap_seg ? m->cap_seg * 2 : 8;
         seg_t **segs = kvs__realloc(m->segs, cap * sizeof(*segs));
@@ -507,13 +508,13 @@ static int alloc_on(kvs__master_t *m, uint64_t now_ns, seg_t *s, uint64_t size, 
 /* Adds `s` to the response's segment table unless present; returns false on no memory. */
 static bool rsp_add_seg(kvs__placement_rsp_t *rsp, uint32_t cap, const seg_t *s)
 {
-    for (uint32_t i = 0; i < rsp->nseg; i++) {
+    for (uint32_t i = 0; i < rsp->nsegs; i++) {
         if (rsp->segs[i].id == s->id)
             return true;
     }
-    if (rsp->nseg >= cap)
+    if (rsp->nsegs >= cap)
         return false;
-    rsp->segs[rsp->nseg++] = (kvs__seg_info_t){
+    rsp->segs[rsp->nsegs++] = (kvs__seg_info_t){
         .id = s->id,
         .name = kvs__str_c(s->name),
         .node = kvs__str_c(s->node),
@@ -528,7 +529,7 @@ static int placement_rsp_init(kvs__master_t *m, uint32_t n, kvs__arena_t *arena,
                               kvs__placement_rsp_t *rsp)
 {
     memset(rsp, 0, sizeof(*rsp));
-    rsp->n = n;
+    rsp->nobjs = n;
     rsp->objs = kvs__arena_alloc(arena, (size_t)n * sizeof(*rsp->objs));
     rsp->segs = kvs__arena_alloc(arena, (size_t)m->nseg * sizeof(*rsp->segs));
     if (rsp->objs == NULL || rsp->segs == NULL)
@@ -584,7 +585,7 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, const kvs__put_start
     if (*batch_seg == NULL)
         *batch_seg = reps[0].seg;
     d->size = it->size;
-    d->nrep = got;
+    d->nreps = got;
     for (uint32_t i = 0; i < got; i++)
         d->reps[i] = (kvs__replica_t){reps[i].seg->id, reps[i].offset};
     return KVS_OK;
@@ -595,7 +596,7 @@ int kvs__master_put_start(kvs__master_t *m, uint64_t now_ns, const kvs__put_star
 {
     if (m == NULL || req == NULL || arena == NULL || rsp == NULL)
         return KVS_INVALID_PARAMS;
-    int rc = placement_rsp_init(m, req->n, arena, rsp);
+    int rc = placement_rsp_init(m, req->nitems, arena, rsp);
     if (rc != KVS_OK)
         return rc;
     bool bad = req->replica_num == 0 || req->replica_num > KVS_MAX_REPLICAS ||
@@ -604,7 +605,7 @@ int kvs__master_put_start(kvs__master_t *m, uint64_t now_ns, const kvs__put_star
     if (cand == NULL)
         return KVS_NO_MEMORY;
     seg_t *batch_seg = NULL;
-    for (uint32_t i = 0; i < req->n; i++) {
+    for (uint32_t i = 0; i < req->nitems; i++) {
         kvs__obj_desc_t *d = &rsp->objs[i];
         d->status = bad ? KVS_INVALID_PARAMS
                         : put_start_one(m, now_ns, req, &req->items[i], cand, &batch_seg, arena, d);
@@ -613,8 +614,8 @@ int kvs__master_put_start(kvs__master_t *m, uint64_t now_ns, const kvs__put_star
      * and the segment table then reports the state the writer will find. */
     for (uint32_t i = 0; i < m->nseg; i++)
         evict_if_high(m, now_ns, m->segs[i]);
-    for (uint32_t i = 0; i < req->n; i++) {
-        for (uint32_t j = 0; j < rsp->objs[i].nrep; j++)
+    for (uint32_t i = 0; i < req->nitems; i++) {
+        for (uint32_t j = 0; j < rsp->objs[i].nreps; j++)
             rsp_add_seg(rsp, m->nseg, seg_by_id(m, rsp->objs[i].reps[j].segment_id));
     }
     rsp->status = bad ? KVS_INVALID_PARAMS : KVS_OK;
@@ -626,7 +627,7 @@ int kvs__master_put_start(kvs__master_t *m, uint64_t now_ns, const kvs__put_star
 static int status_rsp_init(uint32_t n, kvs__arena_t *arena, kvs__status_list_rsp_t *rsp)
 {
     memset(rsp, 0, sizeof(*rsp));
-    rsp->n = n;
+    rsp->nresults = n;
     rsp->results = kvs__arena_alloc(arena, (size_t)n * sizeof(*rsp->results));
     return rsp->results ? KVS_OK : KVS_NO_MEMORY;
 }
@@ -650,10 +651,10 @@ static int for_each_key(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t
 {
     if (m == NULL || req == NULL || arena == NULL || rsp == NULL)
         return KVS_INVALID_PARAMS;
-    int rc = status_rsp_init(req->n, arena, rsp);
+    int rc = status_rsp_init(req->nkeys, arena, rsp);
     if (rc != KVS_OK)
         return rc;
-    for (uint32_t i = 0; i < req->n; i++) {
+    for (uint32_t i = 0; i < req->nkeys; i++) {
         obj_t *o = key_lookup(m, req->keys[i], &rc);
         rsp->results[i] = o ? fn(m, now_ns, req->flags, o) : rc;
     }
@@ -728,7 +729,7 @@ int kvs__master_exists(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t 
 {
     int rc = for_each_key(m, now_ns, req, arena, rsp, op_exists);
     /* A missing object is an answer (0), not an error. */
-    for (uint32_t i = 0; rc == KVS_OK && i < rsp->n; i++) {
+    for (uint32_t i = 0; rc == KVS_OK && i < rsp->nresults; i++) {
         if (rsp->results[i] == KVS_OBJECT_NOT_FOUND)
             rsp->results[i] = 0;
     }
@@ -740,11 +741,11 @@ int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t 
 {
     if (m == NULL || req == NULL || arena == NULL || rsp == NULL)
         return KVS_INVALID_PARAMS;
-    int rc = placement_rsp_init(m, req->n, arena, rsp);
+    int rc = placement_rsp_init(m, req->nkeys, arena, rsp);
     if (rc != KVS_OK)
         return rc;
     uint64_t lease_ns = m->cfg.lease_ms * KVS_NS_PER_MS;
-    for (uint32_t i = 0; i < req->n; i++) {
+    for (uint32_t i = 0; i < req->nkeys; i++) {
         kvs__obj_desc_t *d = &rsp->objs[i];
         m->c.lookups++;
         obj_t *o = key_lookup(m, req->keys[i], &d->status);
@@ -764,7 +765,7 @@ int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t 
         list_push_front(&m->lru, o);
         d->size = o->size;
         d->lease_ms = (o->lease_until_ns - now_ns) / KVS_NS_PER_MS;
-        d->nrep = o->nrep;
+        d->nreps = o->nrep;
         for (uint32_t j = 0; j < o->nrep; j++) {
             d->reps[j] = (kvs__replica_t){o->reps[j].seg->id, o->reps[j].offset};
             rsp_add_seg(rsp, m->nseg, o->reps[j].seg);
@@ -776,6 +777,8 @@ int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t 
 /* ---- listing and statistics ------------------------------------------------------------- */
 
 #define LIST_DEFAULT_LIMIT 1000u
+/* Room for entries in a LIST reply: a frame less the reply's fixed fields. */
+#define LIST_MAX_BYTES (KVS_FRAME_MAX_PAYLOAD - KVS__MIN_BYTES_list_rsp)
 
 int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t *arena,
                      kvs__list_rsp_t *rsp)
@@ -783,6 +786,7 @@ int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t 
     if (m == NULL || req == NULL || arena == NULL || rsp == NULL)
         return KVS_INVALID_PARAMS;
     uint32_t limit = req->limit ? KVS_MIN(req->limit, KVS_MAX_BATCH) : LIST_DEFAULT_LIMIT;
+    uint64_t bytes = 0;
     memset(rsp, 0, sizeof(*rsp));
     rsp->entries =
         kvs__arena_alloc(arena, (size_t)KVS_MIN(limit, m->nobjs) * sizeof(*rsp->entries));
@@ -793,11 +797,13 @@ int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t 
             if (o->key_len < req->prefix.len ||
                 (req->prefix.len && memcmp(o->key, req->prefix.ptr, req->prefix.len) != 0))
                 continue;
-            if (rsp->n == limit) {
+            /* Entries stop at the limit or where the reply would outgrow a frame. */
+            bytes += KVS__MIN_BYTES_list_entry + o->key_len;
+            if (rsp->nentries == limit || bytes > LIST_MAX_BYTES) {
                 rsp->truncated = 1;
                 return KVS_OK;
             }
-            rsp->entries[rsp->n++] = (kvs__list_entry_t){
+            rsp->entries[rsp->nentries++] = (kvs__list_entry_t){
                 .key = {o->key, o->key_len}, .size = o->size, .state = o->state, .nrep = o->nrep};
         }
     }
@@ -831,7 +837,7 @@ int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs
         seg_t *s = m->segs[i];
         cap += s->size;
         used += kvs__seg_alloc_used(s->alloc);
-        rsp->segs[rsp->nseg++] = (kvs__seg_info_t){
+        rsp->segs[rsp->nsegs++] = (kvs__seg_info_t){
             s->id,   kvs__str_c(s->name),          kvs__str_c(s->node), kvs__str_c(s->endpoint),
             s->size, kvs__seg_alloc_used(s->alloc)};
     }

@@ -21,7 +21,8 @@ typedef struct conn {
     struct conn *prev, *next; /* every open connection, for shutdown */
     int fd;
     bool hello_done;
-    bool closing; /* close once the output is flushed */
+    bool closing;           /* close once the output is flushed */
+    unsigned reply_version; /* of the last request whose header decoded; errors go out in it */
     uint64_t client_id;
     uint8_t hdr[KVS_FRAME_HDR_LEN];
     size_t hdr_got;
@@ -43,6 +44,7 @@ struct kvs__master_server {
     uint32_t nconns;
     conn_t *conns;
     kvs__wbuf_t scratch;
+    uint64_t incarnation; /* random per start, told to every peer at HELLO */
     pthread_t thread;
     bool thread_started;
 };
@@ -71,6 +73,7 @@ int kvs__master_server_create(const kvs__master_server_config_t *cfg,
         return KVS_NO_MEMORY;
     s->cfg = *cfg;
     s->listen_fd = s->epoll_fd = s->stop_fd = -1;
+    s->incarnation = kvs__random_u64();
     kvs__wbuf_init(&s->scratch);
     int rc = kvs__master_create(&cfg->master, &s->master);
     if (rc != KVS_OK)
@@ -155,7 +158,7 @@ static void conn_queue(conn_t *c, kvs__wbuf_t *frame)
 static void send_error(kvs__master_server_t *s, conn_t *c, uint32_t req_id, int status,
                        const char *msg, bool close_after)
 {
-    kvs__frame_begin(&s->scratch, KVS_MSG_ERROR | KVS_RSP_FLAG, req_id);
+    kvs__frame_begin(&s->scratch, KVS_MSG_ERROR | KVS_RSP_FLAG, req_id, c->reply_version);
     kvs__error_rsp_t e = {status, kvs__str_c(msg)};
     kvs__error_rsp_encode(&s->scratch, &e);
     if (kvs__frame_end(&s->scratch) == KVS_OK)
@@ -170,16 +173,27 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     const uint8_t *p = c->payload;
     size_t len = c->h.len;
     unsigned type = c->h.type;
+    unsigned ver = c->h.version; /* requests decode in theirs; replies go out in the same */
     uint64_t now = kvs__now_ns();
     kvs__arena_t arena;
     kvs__arena_init(&arena);
     kvs__wbuf_t *w = &s->scratch;
-    kvs__frame_begin(w, (uint16_t)(type | KVS_RSP_FLAG), c->h.req_id);
+    kvs__frame_log("master", "<-", &c->h, p, len);
+    kvs__frame_begin(w, (uint16_t)(type | KVS_RSP_FLAG), c->h.req_id,
+                     kvs__proto_reply_version(ver));
     int rc = KVS_OK;
-    char msg[128];
+    char msg[160];
 
     if (type & KVS_RSP_FLAG || type == KVS_MSG_ERROR) {
         send_error(s, c, c->h.req_id, KVS_PROTOCOL_ERROR, "responses are not requests", true);
+        goto out;
+    }
+    if (!kvs__msg_known(type)) {
+        /* The payload was read whole: the stream stays in step and the connection usable. */
+        snprintf(msg, sizeof(msg),
+                 "unknown message type %u (this master speaks protocol %u..%u, types 1..%u)", type,
+                 KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX, KVS_MSG_MAX_ - 1);
+        send_error(s, c, c->h.req_id, KVS_UNSUPPORTED, msg, false);
         goto out;
     }
     if (!c->hello_done && type != KVS_MSG_HELLO) {
@@ -189,26 +203,41 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     switch (type) {
     case KVS_MSG_HELLO: {
         kvs__hello_req_t req;
-        if ((rc = kvs__hello_req_decode(p, len, &arena, &req)) != KVS_OK)
-            break;
-        kvs__hello_rsp_t rsp = {.status = KVS_OK,
-                                .lease_ms = s->cfg.master.lease_ms,
-                                .heartbeat_timeout_ms = s->cfg.master.heartbeat_timeout_ms};
-        if (req.version != KVS_PROTO_VERSION) {
-            snprintf(msg, sizeof(msg), "client speaks protocol %u, this master speaks %u",
-                     req.version, KVS_PROTO_VERSION);
+        if ((rc = kvs__hello_req_decode(p, len, ver, &arena, &req)) != KVS_OK) {
+            /* From a newer peer it may be a HELLO we cannot read: say which versions we speak. */
+            snprintf(msg, sizeof(msg), "malformed HELLO of protocol %u (this master speaks %u..%u)",
+                     ver, KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX);
+            send_error(s, c, c->h.req_id,
+                       ver > KVS_PROTO_VERSION_MAX ? KVS_INVALID_VERSION : KVS_INVALID_PARAMS, msg,
+                       true);
+            goto out;
+        }
+        unsigned v = kvs__proto_negotiate(req.version_min, req.version_max);
+        if (v == 0) {
+            snprintf(msg, sizeof(msg),
+                     "client speaks protocol %u..%u, this master speaks %u..%u: no version in "
+                     "common",
+                     req.version_min, req.version_max, KVS_PROTO_VERSION_MIN,
+                     KVS_PROTO_VERSION_MAX);
             send_error(s, c, c->h.req_id, KVS_INVALID_VERSION, msg, true);
             goto out;
         }
+        kvs__hello_rsp_t rsp = {.status = KVS_OK,
+                                .version = v,
+                                .incarnation = s->incarnation,
+                                .lease_ms = s->cfg.master.lease_ms,
+                                .heartbeat_timeout_ms = s->cfg.master.heartbeat_timeout_ms,
+                                .next_probe = req.next_probe};
         c->client_id = req.client_id ? req.client_id : kvs__master_new_client(s->master);
         c->hello_done = true;
         rsp.client_id = c->client_id;
+        kvs__frame_begin(w, (uint16_t)(type | KVS_RSP_FLAG), c->h.req_id, v);
         kvs__hello_rsp_encode(w, &rsp);
         break;
     }
     case KVS_MSG_MOUNT: {
         kvs__mount_req_t req;
-        if ((rc = kvs__mount_req_decode(p, len, &arena, &req)) != KVS_OK)
+        if ((rc = kvs__mount_req_decode(p, len, ver, &arena, &req)) != KVS_OK)
             break;
         kvs__mount_rsp_t rsp = {0};
         rsp.status = kvs__master_mount(s->master, now, &req, &rsp.segment_id);
@@ -218,18 +247,19 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     case KVS_MSG_UNMOUNT:
     case KVS_MSG_HEARTBEAT: {
         kvs__ids_req_t req;
-        if ((rc = kvs__ids_req_decode(p, len, &arena, &req)) != KVS_OK)
+        if ((rc = kvs__ids_req_decode(p, len, ver, &arena, &req)) != KVS_OK)
             break;
         kvs__status_list_rsp_t rsp = {0};
-        rsp.status = type == KVS_MSG_UNMOUNT ? kvs__master_unmount(s->master, req.a, req.b)
-                                             : kvs__master_heartbeat(s->master, now, req.a);
+        rsp.status = type == KVS_MSG_UNMOUNT
+                         ? kvs__master_unmount(s->master, req.client_id, req.segment_id)
+                         : kvs__master_heartbeat(s->master, now, req.client_id);
         kvs__status_list_rsp_encode(w, &rsp);
         break;
     }
     case KVS_MSG_PUT_START: {
         kvs__put_start_req_t req;
         kvs__placement_rsp_t rsp;
-        if ((rc = kvs__put_start_req_decode(p, len, &arena, &req)) != KVS_OK ||
+        if ((rc = kvs__put_start_req_decode(p, len, ver, &arena, &req)) != KVS_OK ||
             (rc = kvs__master_put_start(s->master, now, &req, &arena, &rsp)) != KVS_OK)
             break;
         kvs__placement_rsp_encode(w, &rsp);
@@ -238,7 +268,7 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     case KVS_MSG_LOOKUP: {
         kvs__keys_req_t req;
         kvs__placement_rsp_t rsp;
-        if ((rc = kvs__keys_req_decode(p, len, &arena, &req)) != KVS_OK ||
+        if ((rc = kvs__keys_req_decode(p, len, ver, &arena, &req)) != KVS_OK ||
             (rc = kvs__master_lookup(s->master, now, &req, &arena, &rsp)) != KVS_OK)
             break;
         kvs__placement_rsp_encode(w, &rsp);
@@ -250,7 +280,7 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     case KVS_MSG_REMOVE: {
         kvs__keys_req_t req;
         kvs__status_list_rsp_t rsp;
-        if ((rc = kvs__keys_req_decode(p, len, &arena, &req)) != KVS_OK)
+        if ((rc = kvs__keys_req_decode(p, len, ver, &arena, &req)) != KVS_OK)
             break;
         if (type == KVS_MSG_PUT_END)
             rc = kvs__master_put_end(s->master, now, &req, &arena, &rsp);
@@ -267,7 +297,7 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     case KVS_MSG_LIST: {
         kvs__list_req_t req;
         kvs__list_rsp_t rsp;
-        if ((rc = kvs__list_req_decode(p, len, &arena, &req)) != KVS_OK ||
+        if ((rc = kvs__list_req_decode(p, len, ver, &arena, &req)) != KVS_OK ||
             (rc = kvs__master_list(s->master, &req, &arena, &rsp)) != KVS_OK)
             break;
         kvs__list_rsp_encode(w, &rsp);
@@ -275,10 +305,8 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     }
     case KVS_MSG_STAT: {
         kvs__stat_rsp_t rsp;
-        if (len != 0) {
-            rc = KVS_PROTOCOL_ERROR;
+        if ((rc = kvs__msg_desc(type)->req->decode(p, len, ver, &arena, NULL)) != KVS_OK)
             break;
-        }
         if ((rc = kvs__master_stat(s->master, now, &arena, &rsp)) != KVS_OK)
             break;
         kvs__stat_rsp_encode(w, &rsp);
@@ -291,6 +319,11 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     if (rc == KVS_OK)
         rc = kvs__frame_end(w);
     if (rc == KVS_OK) {
+        if (kvs__log_level() >= KVS_LOG_DEBUG) {
+            kvs__frame_hdr_t rh;
+            if (kvs__frame_hdr_decode(w->data, w->len, KVS_FRAME_MAX_PAYLOAD, &rh) == KVS_OK)
+                kvs__frame_log("master", "->", &rh, w->data + KVS_FRAME_HDR_LEN, rh.len);
+        }
         conn_queue(c, w);
     } else {
         snprintf(msg, sizeof(msg), "%s request %s", kvs__msg_name(type),
@@ -331,12 +364,16 @@ static bool conn_read(kvs__master_server_t *s, conn_t *c)
             int rc = kvs__frame_hdr_decode(c->hdr, sizeof(c->hdr), s->cfg.max_payload, &c->h);
             if (rc != KVS_OK) {
                 /* The stream cannot be resynchronised: explain, then hang up. */
-                send_error(s, c, 0, rc,
-                           rc == KVS_INVALID_VERSION ? "unsupported protocol version"
-                                                     : "bad frame header (magic, type or size)",
-                           true);
+                char msg[128] = "bad frame header (magic, type or size)";
+                if (rc == KVS_INVALID_VERSION)
+                    snprintf(msg, sizeof(msg),
+                             "unsupported protocol version %u (this master speaks %u..%u)",
+                             (unsigned)c->hdr[4] | (unsigned)c->hdr[5] << 8, KVS_PROTO_VERSION_MIN,
+                             KVS_PROTO_VERSION_MAX);
+                send_error(s, c, 0, rc, msg, true);
                 return true;
             }
+            c->reply_version = kvs__proto_reply_version(c->h.version);
             kvs__free(c->payload);
             c->payload = kvs__malloc(c->h.len ? c->h.len : 1);
             c->payload_got = 0;
@@ -391,6 +428,7 @@ static void accept_all(kvs__master_server_t *s)
             continue;
         }
         c->fd = fd;
+        c->reply_version = KVS_PROTO_VERSION_MIN;
         c->events = EPOLLIN;
         kvs__wbuf_init(&c->out);
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};

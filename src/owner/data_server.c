@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -65,24 +66,27 @@ void kvs__data_server_config_init(kvs__data_server_config_t *cfg)
 
 /* Sends a response frame made of a header and an i32 status, plus `extra` more payload bytes
  * announced in the header (a READ's data, sent by the caller right after). */
-static int send_status(int fd, uint16_t type, uint32_t req_id, int32_t status, uint64_t extra,
-                       uint64_t deadline)
+static int send_status(int fd, unsigned version, uint16_t type, uint32_t req_id, int32_t status,
+                       uint64_t extra, uint64_t deadline)
 {
-    uint8_t buf[KVS_FRAME_HDR_LEN + 4];
-    kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION, (uint16_t)(type | KVS_RSP_FLAG),
-                          req_id, (uint32_t)(4 + extra)};
+    uint8_t buf[KVS_FRAME_HDR_LEN + KVS_DATA_STATUS_LEN];
+    kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, (uint16_t)version, (uint16_t)(type | KVS_RSP_FLAG),
+                          req_id, (uint32_t)(KVS_DATA_STATUS_LEN + extra)};
     kvs__frame_hdr_encode(&h, buf);
-    uint32_t s = (uint32_t)status;
-    for (int i = 0; i < 4; i++)
-        buf[KVS_FRAME_HDR_LEN + i] = (uint8_t)(s >> (8 * i));
+    kvs__wbuf_t w = kvs__wbuf_over(buf + KVS_FRAME_HDR_LEN, KVS_DATA_STATUS_LEN, version);
+    kvs__data_status_t ds = {status};
+    kvs__data_status_encode(&w, &ds);
+    if (w.failed || w.len != KVS_DATA_STATUS_LEN)
+        return KVS_INTERNAL_ERROR;
     return kvs__send_all(fd, buf, sizeof(buf), deadline);
 }
 
-static void send_error(int fd, uint32_t req_id, int status, const char *msg, uint64_t deadline)
+static void send_error(int fd, unsigned version, uint32_t req_id, int status, const char *msg,
+                       uint64_t deadline)
 {
     kvs__wbuf_t w;
     kvs__wbuf_init(&w);
-    kvs__frame_begin(&w, KVS_MSG_ERROR | KVS_RSP_FLAG, req_id);
+    kvs__frame_begin(&w, KVS_MSG_ERROR | KVS_RSP_FLAG, req_id, version);
     kvs__error_rsp_t e = {status, kvs__str_c(msg)};
     kvs__error_rsp_encode(&w, &e);
     if (kvs__frame_end(&w) == KVS_OK)
@@ -129,12 +133,60 @@ static int segment_io(int fd, bool to_segment, char *addr, uint64_t len, uint64_
     return rc;
 }
 
+/* Reads and drops `len` bytes of the stream (a refused payload). */
+static int drain(int fd, uint64_t len, uint64_t deadline)
+{
+    char sink[16384];
+    while (len > 0) {
+        size_t n = (size_t)KVS_MIN(len, (uint64_t)sizeof(sink));
+        int rc = kvs__recv_all(fd, sink, n, deadline);
+        if (rc != KVS_OK)
+            return rc;
+        len -= n;
+    }
+    return KVS_OK;
+}
+
+/* Answers a data connection's HELLO with the highest version both sides speak, or an ERROR
+ * that says why there is none. */
+static int answer_hello(int fd, const kvs__frame_hdr_t *h, const uint8_t *payload,
+                        uint64_t deadline, unsigned *version_p)
+{
+    kvs__hello_req_t req;
+    unsigned reply_v = kvs__proto_reply_version(h->version);
+    if (kvs__hello_req_decode(payload, h->len, h->version, NULL, &req) != KVS_OK) {
+        send_error(fd, reply_v, h->req_id, KVS_PROTOCOL_ERROR, "HELLO is malformed", deadline);
+        return KVS_PROTOCOL_ERROR;
+    }
+    unsigned v = kvs__proto_negotiate(req.version_min, req.version_max);
+    if (v == 0) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "peer speaks protocol %u..%u, this owner speaks %u..%u",
+                 req.version_min, req.version_max, KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX);
+        send_error(fd, reply_v, h->req_id, KVS_INVALID_VERSION, msg, deadline);
+        return KVS_INVALID_VERSION;
+    }
+    kvs__wbuf_t w;
+    kvs__wbuf_init(&w);
+    kvs__frame_begin(&w, KVS_MSG_HELLO | KVS_RSP_FLAG, h->req_id, v);
+    kvs__hello_rsp_t rsp = {.status = KVS_OK, .version = v, .next_probe = req.next_probe};
+    kvs__hello_rsp_encode(&w, &rsp);
+    int rc = kvs__frame_end(&w);
+    if (rc == KVS_OK)
+        rc = kvs__send_all(fd, w.data, w.len, deadline);
+    kvs__wbuf_free(&w);
+    if (rc == KVS_OK)
+        *version_p = v;
+    return rc;
+}
+
 /* Serves one connection. Returns when the peer leaves, errs, or the server stops. */
 static void serve(kvs__data_server_t *s, int fd)
 {
     uint64_t io_ns = s->cfg.io_timeout_ms * KVS_NS_PER_MS;
     bool hello = false;
-    uint8_t hb[KVS_FRAME_HDR_LEN], pb[256];
+    unsigned ver = KVS_PROTO_VERSION_MIN; /* negotiated at HELLO */
+    uint8_t hb[KVS_FRAME_HDR_LEN], pb[512];
     for (;;) {
         /* Idle peers may wait for ever; destroy shuts the socket down to wake us. */
         struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -149,33 +201,32 @@ static void serve(kvs__data_server_t *s, int fd)
         int rc = kvs__frame_hdr_decode(hb, sizeof(hb), KVS_DATA_REQ_LEN + KVS_DATA_MAX_CHUNK, &h);
         if (rc != KVS_OK) {
             atomic_fetch_add(&s->refused, 1);
-            send_error(fd, 0, rc,
-                       rc == KVS_INVALID_VERSION ? "unsupported protocol version"
-                                                 : "bad frame header",
-                       deadline);
+            char msg[128] = "bad frame header (magic, type or size)";
+            if (rc == KVS_INVALID_VERSION)
+                snprintf(msg, sizeof(msg), "unsupported protocol version (this owner speaks %u..%u)",
+                         KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX);
+            send_error(fd, ver, 0, rc, msg, deadline);
             return;
         }
+        kvs__frame_log("owner", "<-", &h, NULL, 0);
+        if (!kvs__msg_known(h.type)) {
+            /* Skip the payload so the stream stays in step, and say why. */
+            atomic_fetch_add(&s->refused, 1);
+            if (drain(fd, h.len, deadline + h.len / 256) != KVS_OK)
+                return;
+            char msg[96];
+            snprintf(msg, sizeof(msg), "unknown message type %u (this owner speaks %u..%u)",
+                     h.type, KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX);
+            send_error(fd, ver, h.req_id, KVS_UNSUPPORTED, msg, deadline);
+            continue;
+        }
         if (h.type == KVS_MSG_HELLO && !hello && h.len <= sizeof(pb)) {
-            kvs__hello_req_t req;
             if (kvs__recv_all(fd, pb, h.len, deadline) != KVS_OK)
                 return;
-            if (kvs__hello_req_decode(pb, h.len, NULL, &req) != KVS_OK ||
-                req.version != KVS_PROTO_VERSION) {
+            if (answer_hello(fd, &h, pb, deadline, &ver) != KVS_OK) {
                 atomic_fetch_add(&s->refused, 1);
-                send_error(fd, h.req_id, KVS_INVALID_VERSION, "bad HELLO", deadline);
                 return;
             }
-            kvs__wbuf_t w;
-            kvs__wbuf_init(&w);
-            kvs__frame_begin(&w, KVS_MSG_HELLO | KVS_RSP_FLAG, h.req_id);
-            kvs__hello_rsp_t rsp = {0};
-            kvs__hello_rsp_encode(&w, &rsp);
-            rc = kvs__frame_end(&w);
-            if (rc == KVS_OK)
-                rc = kvs__send_all(fd, w.data, w.len, deadline);
-            kvs__wbuf_free(&w);
-            if (rc != KVS_OK)
-                return;
             hello = true;
             continue;
         }
@@ -183,7 +234,7 @@ static void serve(kvs__data_server_t *s, int fd)
         if (!hello || (!is_read && !is_write) || h.len < KVS_DATA_REQ_LEN ||
             (is_read && h.len != KVS_DATA_REQ_LEN)) {
             atomic_fetch_add(&s->refused, 1);
-            send_error(fd, h.req_id, KVS_PROTOCOL_ERROR,
+            send_error(fd, ver, h.req_id, KVS_PROTOCOL_ERROR,
                        hello ? "expected DATA_READ or DATA_WRITE" : "HELLO must come first",
                        deadline);
             return;
@@ -191,10 +242,10 @@ static void serve(kvs__data_server_t *s, int fd)
         kvs__data_req_t r;
         if (kvs__recv_all(fd, pb, KVS_DATA_REQ_LEN, deadline) != KVS_OK)
             return;
-        kvs__data_req_decode(pb, KVS_DATA_REQ_LEN, NULL, &r); /* fixed size: cannot fail */
-        if (is_write && r.length != h.len - KVS_DATA_REQ_LEN) {
+        if (kvs__data_req_decode(pb, KVS_DATA_REQ_LEN, h.version, NULL, &r) != KVS_OK ||
+            (is_write && r.length != h.len - KVS_DATA_REQ_LEN)) {
             atomic_fetch_add(&s->refused, 1);
-            send_error(fd, h.req_id, KVS_PROTOCOL_ERROR, "WRITE length disagrees with frame",
+            send_error(fd, ver, h.req_id, KVS_PROTOCOL_ERROR, "WRITE length disagrees with frame",
                        deadline);
             return;
         }
@@ -207,34 +258,28 @@ static void serve(kvs__data_server_t *s, int fd)
             pthread_rwlock_unlock(&s->seg_lock);
             atomic_fetch_add(&s->refused, 1);
             if (is_read) {
-                if (send_status(fd, KVS_MSG_DATA_READ, h.req_id, rc, 0, deadline) != KVS_OK)
+                if (send_status(fd, ver, KVS_MSG_DATA_READ, h.req_id, rc, 0, deadline) != KVS_OK)
                     return;
                 continue;
             }
             /* Drain the announced bytes (never into the segment) so the stream stays in
              * step, then refuse; the peer keeps its connection. */
-            char sink[16384];
-            uint64_t left = r.length;
             deadline = kvs__now_ns() + io_ns + r.length / 256;
-            while (left > 0) {
-                size_t n = (size_t)KVS_MIN(left, (uint64_t)sizeof(sink));
-                if (kvs__recv_all(fd, sink, n, deadline) != KVS_OK)
-                    return;
-                left -= n;
-            }
-            if (send_status(fd, KVS_MSG_DATA_WRITE, h.req_id, rc, 0, deadline) != KVS_OK)
+            if (drain(fd, r.length, deadline) != KVS_OK)
+                return;
+            if (send_status(fd, ver, KVS_MSG_DATA_WRITE, h.req_id, rc, 0, deadline) != KVS_OK)
                 return;
             continue;
         }
         deadline = kvs__now_ns() + io_ns + r.length / 256; /* at least ~256 MB/s */
         if (is_read) {
-            rc = send_status(fd, KVS_MSG_DATA_READ, h.req_id, KVS_OK, r.length, deadline);
+            rc = send_status(fd, ver, KVS_MSG_DATA_READ, h.req_id, KVS_OK, r.length, deadline);
             if (rc == KVS_OK)
                 rc = segment_io(fd, false, addr, r.length, deadline);
         } else {
             rc = segment_io(fd, true, addr, r.length, deadline);
             if (rc == KVS_OK)
-                rc = send_status(fd, KVS_MSG_DATA_WRITE, h.req_id, KVS_OK, 0, deadline);
+                rc = send_status(fd, ver, KVS_MSG_DATA_WRITE, h.req_id, KVS_OK, 0, deadline);
         }
         pthread_rwlock_unlock(&s->seg_lock);
         if (rc != KVS_OK)
@@ -324,16 +369,15 @@ static void shm_answer(kvs__data_server_t *s, int c)
     setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     struct ucred cred;
     socklen_t cl = sizeof(cred);
-    uint8_t req[12];
+    uint8_t req[KVS__MIN_BYTES_shm_req];
+    kvs__shm_req_t sr;
     if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
         (cred.uid != geteuid() && cred.uid != 0) ||
-        recv(c, req, sizeof(req), MSG_WAITALL) != (ssize_t)sizeof(req))
+        recv(c, req, sizeof(req), MSG_WAITALL) != (ssize_t)sizeof(req) ||
+        kvs__shm_req_decode(req, sizeof(req), KVS_PROTO_VERSION_MIN, NULL, &sr) != KVS_OK ||
+        sr.magic != KVS_SHM_MAGIC)
         return;
-    kvs__rbuf_t r;
-    kvs__rbuf_init(&r, req, sizeof(req));
-    if (kvs__rbuf_u32(&r) != KVS_SHM_MAGIC)
-        return;
-    uint64_t id = kvs__rbuf_u64(&r);
+    uint64_t id = sr.segment_id;
     pthread_rwlock_rdlock(&s->seg_lock);
     int32_t status = KVS_SEGMENT_NOT_FOUND;
     uint64_t size = 0;
@@ -345,10 +389,10 @@ static void shm_answer(kvs__data_server_t *s, int c)
             status = fd >= 0 ? KVS_OK : KVS_UNSUPPORTED;
         }
     }
-    uint8_t rsp[12];
-    kvs__wbuf_t w = {.data = rsp, .cap = sizeof(rsp)};
-    kvs__wbuf_put_i32(&w, status);
-    kvs__wbuf_put_u64(&w, size);
+    uint8_t rsp[KVS__MIN_BYTES_shm_rsp];
+    kvs__wbuf_t w = kvs__wbuf_over(rsp, sizeof(rsp), KVS_PROTO_VERSION_MIN);
+    kvs__shm_rsp_t ans = {status, size};
+    kvs__shm_rsp_encode(&w, &ans);
     struct iovec v = {rsp, sizeof(rsp)};
     char cbuf[CMSG_SPACE(sizeof(int))];
     memset(cbuf, 0, sizeof(cbuf));

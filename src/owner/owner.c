@@ -36,14 +36,14 @@ static int owner_mount(kvs__owner_t *o)
     kvs__wbuf_t req, rsp;
     kvs__wbuf_init(&req);
     kvs__wbuf_init(&rsp);
-    kvs__frame_begin(&req, KVS_MSG_MOUNT, 0);
+    kvs__rpc_begin(o->rpc, &req, KVS_MSG_MOUNT);
     kvs__mount_req_t m = {kvs__rpc_hello(o->rpc)->client_id, kvs__str_c(o->name),
                           kvs__str_c(kvs__rpc_node(o->rpc)), kvs__str_c(o->endpoint), o->mem.size};
     kvs__mount_req_encode(&req, &m);
     int rc = owner_call(o, &req, &rsp);
     kvs__mount_rsp_t mr;
     if (rc == KVS_OK)
-        rc = kvs__mount_rsp_decode(rsp.data, rsp.len, NULL, &mr);
+        rc = kvs__mount_rsp_decode(rsp.data, rsp.len, rsp.version, NULL, &mr);
     if (rc == KVS_OK)
         rc = mr.status;
     if (rc == KVS_OK) {
@@ -69,7 +69,7 @@ static int owner_heartbeat(kvs__owner_t *o)
     kvs__wbuf_t req, rsp;
     kvs__wbuf_init(&req);
     kvs__wbuf_init(&rsp);
-    kvs__frame_begin(&req, KVS_MSG_HEARTBEAT, 0);
+    kvs__rpc_begin(o->rpc, &req, KVS_MSG_HEARTBEAT);
     kvs__ids_req_t hb = {kvs__rpc_hello(o->rpc)->client_id, 0};
     kvs__ids_req_encode(&req, &hb);
     int rc = owner_call(o, &req, &rsp);
@@ -77,7 +77,7 @@ static int owner_heartbeat(kvs__owner_t *o)
     kvs__arena_init(&a);
     kvs__status_list_rsp_t sr;
     if (rc == KVS_OK)
-        rc = kvs__status_list_rsp_decode(rsp.data, rsp.len, &a, &sr);
+        rc = kvs__status_list_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &sr);
     if (rc == KVS_OK)
         rc = sr.status;
     kvs__arena_free(&a);
@@ -190,7 +190,7 @@ void kvs__owner_destroy(kvs__owner_t *o)
         kvs__wbuf_t req, rsp;
         kvs__wbuf_init(&req);
         kvs__wbuf_init(&rsp);
-        kvs__frame_begin(&req, KVS_MSG_UNMOUNT, 0);
+        kvs__rpc_begin(o->rpc, &req, KVS_MSG_UNMOUNT);
         kvs__ids_req_t u = {kvs__rpc_hello(o->rpc)->client_id, o->segment_id};
         kvs__ids_req_encode(&req, &u);
         if (owner_call(o, &req, &rsp) != KVS_OK)

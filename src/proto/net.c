@@ -180,6 +180,7 @@ struct kvs__rpc {
     uint64_t timeout_ns;
     int fd;
     uint32_t next_req_id;
+    unsigned version; /* negotiated at HELLO; this build's highest before the first */
     kvs__hello_rsp_t hello;
     pthread_mutex_t lock;
 };
@@ -201,6 +202,7 @@ static int rpc_exchange(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
         return KVS_INVALID_PARAMS;
     sent.req_id = id;
     kvs__frame_hdr_encode(&sent, req->data);
+    kvs__frame_log("rpc", "->", &sent, req->data + KVS_FRAME_HDR_LEN, sent.len);
     int rc = kvs__send_all(rpc->fd, req->data, req->len, deadline);
     uint8_t hb[KVS_FRAME_HDR_LEN];
     if (rc == KVS_OK)
@@ -230,6 +232,9 @@ static int rpc_exchange(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
                 rc = kvs__recv_all(rpc->fd, w->data, h.len, deadline);
             w->len = rc == KVS_OK ? h.len : 0;
         }
+        rsp->version = h.version;
+        if (rc == KVS_OK)
+            kvs__frame_log("rpc", "<-", &h, rsp->data, rsp->len);
     }
     if (rc != KVS_OK) {
         rpc_disconnect(rpc);
@@ -237,7 +242,7 @@ static int rpc_exchange(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
     }
     if (h.type == (KVS_MSG_ERROR | KVS_RSP_FLAG)) {
         kvs__error_rsp_t e;
-        if (kvs__error_rsp_decode(rsp->data, rsp->len, NULL, &e) == KVS_OK) {
+        if (kvs__error_rsp_decode(rsp->data, rsp->len, rsp->version, NULL, &e) == KVS_OK) {
             kvs_error("master refused %s: %.*s (%s)", kvs__msg_name(sent.type), (int)e.message.len,
                       e.message.ptr, kvs_status_name(e.status));
             return e.status < 0 ? e.status : KVS_RPC_FAIL;
@@ -259,8 +264,13 @@ static int rpc_connect(kvs__rpc_t *rpc)
     rpc->fd = fd;
     kvs__wbuf_t w;
     kvs__wbuf_init(&w);
-    kvs__frame_begin(&w, KVS_MSG_HELLO, 0);
-    kvs__hello_req_t hello = {KVS_PROTO_VERSION, kvs__str_c(rpc->node), rpc->hello.client_id};
+    /* HELLO goes out in our highest version; the master answers in the one both speak. */
+    kvs__frame_begin(&w, KVS_MSG_HELLO, 0, KVS_PROTO_VERSION_MAX);
+    kvs__hello_req_t hello = {.version_min = KVS_PROTO_VERSION_MIN,
+                              .version_max = KVS_PROTO_VERSION_MAX,
+                              .node = kvs__str_c(rpc->node),
+                              .client_id = rpc->hello.client_id,
+                              .next_probe = KVS_PROTO_VERSION_MAX};
     kvs__hello_req_encode(&w, &hello);
     int rc = kvs__frame_end(&w);
     kvs__wbuf_t rsp;
@@ -269,11 +279,20 @@ static int rpc_connect(kvs__rpc_t *rpc)
         rc = rpc_exchange(rpc, &w, &rsp);
     if (rc == KVS_OK) {
         kvs__hello_rsp_t h;
-        rc = kvs__hello_rsp_decode(rsp.data, rsp.len, NULL, &h);
+        rc = kvs__hello_rsp_decode(rsp.data, rsp.len, rsp.version, NULL, &h);
         if (rc == KVS_OK && h.status != KVS_OK)
             rc = h.status;
-        if (rc == KVS_OK)
+        if (rc == KVS_OK && (h.version != rsp.version || h.version < KVS_PROTO_VERSION_MIN ||
+                             h.version > KVS_PROTO_VERSION_MAX)) {
+            kvs_error("the master at %s:%u chose protocol version %u (this client speaks %u..%u)",
+                      rpc->host, (unsigned)rpc->port, h.version, KVS_PROTO_VERSION_MIN,
+                      KVS_PROTO_VERSION_MAX);
+            rc = KVS_INVALID_VERSION;
+        }
+        if (rc == KVS_OK) {
             rpc->hello = h;
+            rpc->version = h.version;
+        }
     }
     kvs__wbuf_free(&w);
     kvs__wbuf_free(&rsp);
@@ -293,6 +312,7 @@ int kvs__rpc_open(const kvs__rpc_config_t *cfg, kvs__rpc_t **rpc_p)
     if (rpc == NULL)
         return KVS_NO_MEMORY;
     rpc->fd = -1;
+    rpc->version = KVS_PROTO_VERSION_MAX;
     rpc->host = kvs__strdup(cfg->host);
     rpc->port = cfg->port;
     rpc->timeout_ns = cfg->timeout_ms * KVS_NS_PER_MS;
@@ -323,6 +343,19 @@ void kvs__rpc_close(kvs__rpc_t *rpc)
 const kvs__hello_rsp_t *kvs__rpc_hello(const kvs__rpc_t *rpc)
 {
     return &rpc->hello;
+}
+
+unsigned kvs__rpc_version(kvs__rpc_t *rpc)
+{
+    pthread_mutex_lock(&rpc->lock);
+    unsigned v = rpc->version;
+    pthread_mutex_unlock(&rpc->lock);
+    return v;
+}
+
+void kvs__rpc_begin(kvs__rpc_t *rpc, kvs__wbuf_t *req, uint16_t type)
+{
+    kvs__frame_begin(req, type, 0, kvs__rpc_version(rpc));
 }
 
 const char *kvs__rpc_node(const kvs__rpc_t *rpc)

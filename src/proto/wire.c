@@ -1,33 +1,9 @@
-/* Buffers, arena, frame headers and the codec of every message. */
+/* Buffers, arena, frame headers, version rules, and the codec of every message generated from
+ * the schema (schema.h). */
 #include "proto_int.h"
 
+#include <stdio.h>
 #include <string.h>
-
-static const char *const msg_names[KVS_MSG_MAX_] = {
-    [KVS_MSG_HELLO] = "HELLO",
-    [KVS_MSG_MOUNT] = "MOUNT",
-    [KVS_MSG_UNMOUNT] = "UNMOUNT",
-    [KVS_MSG_HEARTBEAT] = "HEARTBEAT",
-    [KVS_MSG_PUT_START] = "PUT_START",
-    [KVS_MSG_PUT_END] = "PUT_END",
-    [KVS_MSG_PUT_REVOKE] = "PUT_REVOKE",
-    [KVS_MSG_LOOKUP] = "LOOKUP",
-    [KVS_MSG_EXISTS] = "EXISTS",
-    [KVS_MSG_REMOVE] = "REMOVE",
-    [KVS_MSG_LIST] = "LIST",
-    [KVS_MSG_STAT] = "STAT",
-    [KVS_MSG_ERROR] = "ERROR",
-    [KVS_MSG_DATA_READ] = "DATA_READ",
-    [KVS_MSG_DATA_WRITE] = "DATA_WRITE",
-};
-
-const char *kvs__msg_name(unsigned type)
-{
-    type &= ~KVS_RSP_FLAG;
-    if (type == 0 || type >= KVS_MSG_MAX_)
-        return "?";
-    return msg_names[type];
-}
 
 /* ---- little-endian primitives ---------------------------------------------------------- */
 
@@ -68,10 +44,11 @@ int kvs__frame_hdr_decode(const uint8_t *buf, size_t len, uint32_t max_payload,
     };
     if (h.magic != KVS_PROTO_MAGIC)
         return KVS_PROTOCOL_ERROR;
-    if (h.version != KVS_PROTO_VERSION)
+    /* Only a HELLO request may come from a newer peer that does not yet know our range. */
+    if (h.version < KVS_PROTO_VERSION_MIN ||
+        (h.version > KVS_PROTO_VERSION_MAX && h.type != KVS_MSG_HELLO))
         return KVS_INVALID_VERSION;
-    unsigned t = h.type & ~KVS_RSP_FLAG;
-    if (t == 0 || t >= KVS_MSG_MAX_)
+    if ((h.type & ~KVS_RSP_FLAG) == 0)
         return KVS_PROTOCOL_ERROR;
     if (h.len > max_payload || h.len > KVS_FRAME_MAX_PAYLOAD)
         return KVS_PROTOCOL_ERROR;
@@ -84,25 +61,33 @@ int kvs__frame_hdr_decode(const uint8_t *buf, size_t len, uint32_t max_payload,
 void kvs__wbuf_init(kvs__wbuf_t *w)
 {
     memset(w, 0, sizeof(*w));
+    w->version = KVS_PROTO_VERSION_MAX;
 }
 
 void kvs__wbuf_reset(kvs__wbuf_t *w)
 {
     w->len = 0;
     w->failed = false;
+    w->invalid = false;
 }
 
 void kvs__wbuf_free(kvs__wbuf_t *w)
 {
-    kvs__free(w->data);
+    if (!w->fixed)
+        kvs__free(w->data);
     kvs__wbuf_init(w);
+}
+
+kvs__wbuf_t kvs__wbuf_over(void *buf, size_t cap, unsigned version)
+{
+    return (kvs__wbuf_t){.data = buf, .cap = cap, .fixed = true, .version = (uint16_t)version};
 }
 
 static uint8_t *wbuf_grow(kvs__wbuf_t *w, size_t n)
 {
     if (w->failed)
         return NULL;
-    if (n > SIZE_MAX - w->len) {
+    if (n > SIZE_MAX - w->len || (w->fixed && w->len + n > w->cap)) {
         w->failed = true;
         return NULL;
     }
@@ -162,10 +147,28 @@ void kvs__wbuf_put_i32(kvs__wbuf_t *w, int32_t v)
     wbuf_put_le(w, (uint32_t)v, 4);
 }
 
-void kvs__wbuf_put_str(kvs__wbuf_t *w, kvs__str_t s)
+void kvs__wbuf_put_str(kvs__wbuf_t *w, kvs__str_t s, uint32_t max)
 {
+    if (s.len > max)
+        w->invalid = true;
     kvs__wbuf_put_u32(w, s.len);
     kvs__wbuf_put_bytes(w, s.ptr, s.len);
+}
+
+void kvs__wbuf_put_count(kvs__wbuf_t *w, uint32_t n, uint32_t max)
+{
+    if (n > max)
+        w->invalid = true;
+    kvs__wbuf_put_u32(w, n);
+}
+
+void kvs__wbuf_put_i32s(kvs__wbuf_t *w, const int32_t *v, uint32_t n)
+{
+    uint8_t *d = wbuf_grow(w, (size_t)n * 4);
+    if (d == NULL)
+        return;
+    for (uint32_t i = 0; i < n; i++)
+        store_le(d + 4 * (size_t)i, (uint32_t)v[i], 4);
 }
 
 kvs__str_t kvs__str_c(const char *s)
@@ -178,12 +181,13 @@ bool kvs__str_eq(kvs__str_t a, kvs__str_t b)
     return a.len == b.len && (a.len == 0 || memcmp(a.ptr, b.ptr, a.len) == 0);
 }
 
-void kvs__frame_begin(kvs__wbuf_t *w, uint16_t type, uint32_t req_id)
+void kvs__frame_begin(kvs__wbuf_t *w, uint16_t type, uint32_t req_id, unsigned version)
 {
     kvs__wbuf_reset(w);
+    w->version = (uint16_t)version;
     uint8_t *h = wbuf_grow(w, KVS_FRAME_HDR_LEN);
     if (h != NULL) {
-        kvs__frame_hdr_t hdr = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION, type, req_id, 0};
+        kvs__frame_hdr_t hdr = {KVS_PROTO_MAGIC, (uint16_t)version, type, req_id, 0};
         kvs__frame_hdr_encode(&hdr, h);
     }
 }
@@ -192,6 +196,8 @@ int kvs__frame_end(kvs__wbuf_t *w)
 {
     if (w->failed)
         return KVS_NO_MEMORY;
+    if (w->invalid)
+        return KVS_INVALID_PARAMS;
     size_t payload = w->len - KVS_FRAME_HDR_LEN;
     if (payload > KVS_FRAME_MAX_PAYLOAD)
         return KVS_PROTOCOL_ERROR;
@@ -267,6 +273,26 @@ kvs__str_t kvs__rbuf_str(kvs__rbuf_t *r, uint32_t max_len)
     return s;
 }
 
+kvs__blob_t kvs__rbuf_blob(kvs__rbuf_t *r, uint32_t max_len)
+{
+    kvs__str_t s = kvs__rbuf_str(r, max_len);
+    return (kvs__blob_t){(const uint8_t *)s.ptr, s.len};
+}
+
+void kvs__rbuf_i32s(kvs__rbuf_t *r, int32_t *out, uint32_t n)
+{
+    const uint8_t *p = rbuf_take(r, (size_t)n * 4);
+    for (uint32_t i = 0; p != NULL && i < n; i++)
+        out[i] = (int32_t)(uint32_t)load_le(p + 4 * (size_t)i, 4);
+}
+
+int kvs__rbuf_finish(kvs__rbuf_t *r, unsigned version)
+{
+    if (r->failed)
+        return KVS_PROTOCOL_ERROR;
+    return (r->pos == r->len || version > KVS_PROTO_VERSION_MAX) ? KVS_OK : KVS_PROTOCOL_ERROR;
+}
+
 uint32_t kvs__rbuf_count(kvs__rbuf_t *r, uint32_t max, size_t min_elem_bytes)
 {
     uint32_t n = kvs__rbuf_u32(r);
@@ -324,421 +350,209 @@ void kvs__arena_free(kvs__arena_t *a)
     a->head = NULL;
 }
 
-/* ---- codecs ---------------------------------------------------------------------------- */
+/* ---- versions and the message table ----------------------------------------------------- */
 
-/* Common tail of every decoder: the payload must be consumed exactly. */
-static int rbuf_finish(kvs__rbuf_t *r)
+unsigned kvs__proto_reply_version(unsigned request_version)
 {
-    return (!r->failed && r->pos == r->len) ? KVS_OK : KVS_PROTOCOL_ERROR;
+    return kvs__proto_read_version(request_version);
 }
 
-#define ARENA_ARRAY_(a, n, type) ((type *)kvs__arena_alloc((a), (size_t)(n) * sizeof(type)))
-
-void kvs__hello_req_encode(kvs__wbuf_t *w, const kvs__hello_req_t *m)
+unsigned kvs__proto_negotiate(unsigned peer_min, unsigned peer_max)
 {
-    kvs__wbuf_put_u32(w, m->version);
-    kvs__wbuf_put_str(w, m->node);
-    kvs__wbuf_put_u64(w, m->client_id);
+    unsigned hi = KVS_MIN(peer_max, KVS_PROTO_VERSION_MAX);
+    unsigned lo = KVS_MAX(peer_min, KVS_PROTO_VERSION_MIN);
+    return lo <= hi ? hi : 0;
 }
 
-int kvs__hello_req_decode(const void *p, size_t len, kvs__arena_t *a, kvs__hello_req_t *m)
+/* ---- codecs: generated from the schema ---------------------------------------------------- */
+
+KVS_SCHEMA_RECORDS(KVS_GEN_DEFINE)
+
+/* The empty payload of messages whose table entry says `none`. */
+static int none_decode(const void *p, size_t len, unsigned version, kvs__arena_t *a, void *m_p)
 {
-    KVS_UNUSED(a);
-    kvs__rbuf_t r;
-    kvs__rbuf_init(&r, p, len);
-    m->version = kvs__rbuf_u32(&r);
-    m->node = kvs__rbuf_str(&r, KVS_MAX_NAME_LEN);
-    m->client_id = kvs__rbuf_u64(&r);
-    return rbuf_finish(&r);
+    KVS_UNUSED(p), KVS_UNUSED(a), KVS_UNUSED(m_p);
+    return (len == 0 || version > KVS_PROTO_VERSION_MAX) ? KVS_OK : KVS_PROTOCOL_ERROR;
 }
 
-void kvs__hello_rsp_encode(kvs__wbuf_t *w, const kvs__hello_rsp_t *m)
+static void none_encode(kvs__wbuf_t *w, const void *m)
 {
-    kvs__wbuf_put_i32(w, m->status);
-    kvs__wbuf_put_u64(w, m->client_id);
-    kvs__wbuf_put_u64(w, m->lease_ms);
-    kvs__wbuf_put_u64(w, m->heartbeat_timeout_ms);
+    KVS_UNUSED(w), KVS_UNUSED(m);
 }
 
-int kvs__hello_rsp_decode(const void *p, size_t len, kvs__arena_t *a, kvs__hello_rsp_t *m)
-{
-    KVS_UNUSED(a);
-    kvs__rbuf_t r;
-    kvs__rbuf_init(&r, p, len);
-    m->status = kvs__rbuf_i32(&r);
-    m->client_id = kvs__rbuf_u64(&r);
-    m->lease_ms = kvs__rbuf_u64(&r);
-    m->heartbeat_timeout_ms = kvs__rbuf_u64(&r);
-    return rbuf_finish(&r);
-}
+static const kvs__rec_desc_t kvs__none_desc = {"none", 1, 0, NULL, none_encode, none_decode};
 
-void kvs__mount_req_encode(kvs__wbuf_t *w, const kvs__mount_req_t *m)
-{
-    kvs__wbuf_put_u64(w, m->client_id);
-    kvs__wbuf_put_str(w, m->name);
-    kvs__wbuf_put_str(w, m->node);
-    kvs__wbuf_put_str(w, m->endpoint);
-    kvs__wbuf_put_u64(w, m->size);
-}
-
-int kvs__mount_req_decode(const void *p, size_t len, kvs__arena_t *a, kvs__mount_req_t *m)
-{
-    KVS_UNUSED(a);
-    kvs__rbuf_t r;
-    kvs__rbuf_init(&r, p, len);
-    m->client_id = kvs__rbuf_u64(&r);
-    m->name = kvs__rbuf_str(&r, KVS_MAX_NAME_LEN);
-    m->node = kvs__rbuf_str(&r, KVS_MAX_NAME_LEN);
-    m->endpoint = kvs__rbuf_str(&r, KVS_MAX_NAME_LEN);
-    m->size = kvs__rbuf_u64(&r);
-    return rbuf_finish(&r);
-}
-
-void kvs__mount_rsp_encode(kvs__wbuf_t *w, const kvs__mount_rsp_t *m)
-{
-    kvs__wbuf_put_i32(w, m->status);
-    kvs__wbuf_put_u64(w, m->segment_id);
-}
-
-int kvs__mount_rsp_decode(const void *p, size_t len, kvs__arena_t *a, kvs__mount_rsp_t *m)
-{
-    KVS_UNUSED(a);
-    kvs__rbuf_t r;
-    kvs__rbuf_init(&r, p, len);
-    m->status = kvs__rbuf_i32(&r);
-    m->segment_id = kvs__rbuf_u64(&r);
-    return rbuf_finish(&r);
-}
-
-void kvs__ids_req_encode(kvs__wbuf_t *w, const kvs__ids_req_t *m)
-{
-    kvs__wbuf_put_u64(w, m->a);
-    kvs__wbuf_put_u64(w, m->b);
-}
-
-int kvs__ids_req_decode(const void *p, size_t len, kvs__arena_t *a, kvs__ids_req_t *m)
-{
-    KVS_UNUSED(a);
-    kvs__rbuf_t r;
-    kvs__rbuf_init(&r, p, len);
-    m->a = kvs__rbuf_u64(&r);
-    m->b = kvs__rbuf_u64(&r);
-    return rbuf_finish(&r);
-}
-
-void kvs__keys_req_encode(kvs__wbuf_t *w, const kvs__keys_req_t *m)
-{
-    kvs__wbuf_put_u32(w, m->flags);
-    kvs__wbuf_put_u32(w, m->n);
-    for (uint32_t i = 0; i < m->n; i++)
-        kvs__wbuf_put_str(w, m->keys[i]);
-}
-
-int kvs__keys_req_decode(const void *p, size_t len, kvs__arena_t *a, kvs__keys_req_t *m)
-{
-    kvs__rbuf_t r;
-    kvs__rbuf_init(&r, p, len);
-    m->flags = kvs__rbuf_u32(&r);
-    m->n = kvs__rbuf_count(&r, KVS_MAX_BATCH, 4);
-    m->keys = ARENA_ARRAY_(a, m->n, kvs__str_t);
-    if (m->keys == NULL)
-        return KVS_NO_MEMORY;
-    for (uint32_t i = 0; i < m->n && !r.failed; i++)
-        m->keys[i] = kvs__rbuf_str(&r, KVS_MAX_KEY_LEN);
-    return rbuf_finish(&r);
-}
-
-void kvs__status_list_rsp_encode(kvs__wbuf_t *w, const kvs__status_list_rsp_t *m)
-{
-    kvs__wbuf_put_i32(w, m->status);
-    kvs__wbuf_put_u32(w, m->n);
-    for (uint32_t i = 0; i < m->n; i++)
-        kvs__wbuf_put_i32(w, m->results[i]);
-}
-
-int kvs__status_list_rsp_decode(const void *p, size_t len, kvs__arena_t *a,
-                                kvs__status_list_rsp_t *m)
-{
-    kvs__rbuf_t r;
-    kvs__rbuf_init(&r, p, len);
-    m->status = kvs__rbuf_i32(&r);
-    m->n = kvs__rbuf_count(&r, KVS_MAX_BATCH, 4);
-    m->results = ARENA_ARRAY_(a, m->n, int32_t);
-    if (m->results == NULL)
-        return KVS_NO_MEMORY;
-    for (uint32_t i = 0; i < m->n && !r.failed; i++)
-        m->results[i] = kvs__rbuf_i32(&r);
-    return rbuf_finish(&r);
-}
-
-void kvs__put_start_req_encode(kvs__wbuf_t *w, const kvs__put_start_req_t *m)
-{
-    kvs__wbuf_put_str(w, m->node);
-    kvs__wbuf_put_u32(w, m->replica_num);
-    kvs__wbuf_put_str(w, m->preferred_segment);
-    kvs__wbuf_put_u32(w, m->flags);
-    kvs__wbuf_put_u32(w, m->n);
-    for (uint32_t i = 0; i < m->n; i++) {
-        kvs__wbuf_put_str(w, m->items[i].key);
-        kvs__wbuf_put_u64(w, m->items[i].size);
-    }
-}
-
-int kvs__put_start_req_decode(const void *p, size_t len, kvs__arena_t *a, kvs__put_start_req_t *m)
-{
-    kvs__rbuf_t r;
-    kvs__rbuf_init(&r, p, len);
-    m->node = kvs__rbuf_str(&r, KVS_MAX_NAME_LEN);
-    m->replica_num = kvs__rbuf_u32(&r);
-    m->preferred_segment = kvs__rbuf_str(&r, KVS_MAX_NAME_LEN);
-    m->flags = kvs__rbuf_u32(&r);
-    m->n = kvs__rbuf_count(&r, KVS_MAX_BATCH, 12);
-    m->items = ARENA_ARRAY_(a, m->n, kvs__put_item_t);
-    if (m->items == NULL)
-        return KVS_NO_MEMORY;
-    for (uint32_t i = 0; i < m->n && !r.failed; i++) {
-        m->items[i].key = kvs__rbuf_str(&r, KVS_MAX_KEY_LEN);
-        m->items[i].size = kvs__rbuf_u64(&r);
-    }
-    return rbuf_finish(&r);
-}
-
-static void seg_info_encode(kvs__wbuf_t *w, const kvs__seg_info_t *s)
-{
-    kvs__wbuf_put_u64(w, s->id);
-    kvs__wbuf_put_str(w, s->name);
-    kvs__wbuf_put_str(w, s->node);
-    kvs__wbuf_put_str(w, s->endpoint);
-    kvs__wbuf_put_u64(w, s->size);
-    kvs__wbuf_put_u64(w, s->used);
-}
-
-#define SEG_INFO_MIN_BYTES 36u
-
-static void seg_info_decode(kvs__rbuf_t *r, kvs__seg_info_t *s)
-{
-    s->id = kvs__rbuf_u64(r);
-    s->name = kvs__rbuf_str(r, KVS_MAX_NAME_LEN);
-    s->node = kvs__rbuf_str(r, KVS_MAX_NAME_LEN);
-    s->endpoint = kvs__rbuf_str(r, KVS_MAX_NAME_LEN);
-    s->size = kvs__rbuf_u64(r);
-    s->used = kvs__rbuf_u64(r);
-}
-
-static int seg_infos_decode(kvs__rbuf_t *r, kvs__arena_t *a, uint32_t *n_p,
-                            kvs__seg_info_t **segs_p)
-{
-    *n_p = kvs__rbuf_count(r, KVS_MAX_BATCH, SEG_INFO_MIN_BYTES);
-    *segs_p = ARENA_ARRAY_(a, *n_p, kvs__seg_info_t);
-    if (*segs_p == NULL)
-        return KVS_NO_MEMORY;
-    for (uint32_t i = 0; i < *n_p && !r->failed; i++)
-        seg_info_decode(r, &(*segs_p)[i]);
-    return KVS_OK;
-}
-
-void kvs__placement_rsp_encode(kvs__wbuf_t *w, const kvs__placement_rsp_t *m)
-{
-    kvs__wbuf_put_i32(w, m->status);
-    kvs__wbuf_put_u32(w, m->nseg);
-    for (uint32_t i = 0; i < m->nseg; i++)
-        seg_info_encode(w, &m->segs[i]);
-    kvs__wbuf_put_u32(w, m->n);
-    for (uint32_t i = 0; i < m->n; i++) {
-        const kvs__obj_desc_t *o = &m->objs[i];
-        kvs__wbuf_put_i32(w, o->status);
-        kvs__wbuf_put_u64(w, o->size);
-        kvs__wbuf_put_u64(w, o->lease_ms);
-        kvs__wbuf_put_u32(w, o->nrep);
-        for (uint32_t j = 0; j < o->nrep; j++) {
-            kvs__wbuf_put_u64(w, o->reps[j].segment_id);
-            kvs__wbuf_put_u64(w, o->reps[j].offset);
-        }
-    }
-}
-
-int kvs__placement_rsp_decode(const void *p, size_t len, kvs__arena_t *a, kvs__placement_rsp_t *m)
-{
-    kvs__rbuf_t r;
-    kvs__rbuf_init(&r, p, len);
-    m->status = kvs__rbuf_i32(&r);
-    if (seg_infos_decode(&r, a, &m->nseg, &m->segs) != KVS_OK)
-        return KVS_NO_MEMORY;
-    m->n = kvs__rbuf_count(&r, KVS_MAX_BATCH, 24);
-    m->objs = ARENA_ARRAY_(a, m->n, kvs__obj_desc_t);
-    if (m->objs == NULL)
-        return KVS_NO_MEMORY;
-    for (uint32_t i = 0; i < m->n && !r.failed; i++) {
-        kvs__obj_desc_t *o = &m->objs[i];
-        o->status = kvs__rbuf_i32(&r);
-        o->size = kvs__rbuf_u64(&r);
-        o->lease_ms = kvs__rbuf_u64(&r);
-        o->nrep = kvs__rbuf_count(&r, KVS_MAX_REPLICAS, 16);
-        o->reps = ARENA_ARRAY_(a, o->nrep, kvs__replica_t);
-        if (o->reps == NULL)
-            return KVS_NO_MEMORY;
-        for (uint32_t j = 0; j < o->nrep && !r.failed; j++) {
-            o->reps[j].segment_id = kvs__rbuf_u64(&r);
-            o->reps[j].offset = kvs__rbuf_u64(&r);
-        }
-    }
-    return rbuf_finish(&r);
-}
-
-void kvs__list_req_encode(kvs__wbuf_t *w, const kvs__list_req_t *m)
-{
-    kvs__wbuf_put_str(w, m->prefix);
-    kvs__wbuf_put_u32(w, m->limit);
-}
-
-int kvs__list_req_decode(const void *p, size_t len, kvs__arena_t *a, kvs__list_req_t *m)
-{
-    KVS_UNUSED(a);
-    kvs__rbuf_t r;
-    kvs__rbuf_init(&r, p, len);
-    m->prefix = kvs__rbuf_str(&r, KVS_MAX_KEY_LEN);
-    m->limit = kvs__rbuf_u32(&r);
-    return rbuf_finish(&r);
-}
-
-void kvs__list_rsp_encode(kvs__wbuf_t *w, const kvs__list_rsp_t *m)
-{
-    kvs__wbuf_put_i32(w, m->status);
-    kvs__wbuf_put_u32(w, m->truncated);
-    kvs__wbuf_put_u32(w, m->n);
-    for (uint32_t i = 0; i < m->n; i++) {
-        kvs__wbuf_put_str(w, m->entries[i].key);
-        kvs__wbuf_put_u64(w, m->entries[i].size);
-        kvs__wbuf_put_u32(w, m->entries[i].state);
-        kvs__wbuf_put_u32(w, m->entries[i].nrep);
-    }
-}
-
-int kvs__list_rsp_decode(const void *p, size_t len, kvs__arena_t *a, kvs__list_rsp_t *m)
-{
-    kvs__rbuf_t r;
-    kvs__rbuf_init(&r, p, len);
-    m->status = kvs__rbuf_i32(&r);
-    m->truncated = kvs__rbuf_u32(&r);
-    m->n = kvs__rbuf_count(&r, KVS_MAX_BATCH, 20);
-    m->entries = ARENA_ARRAY_(a, m->n, kvs__list_entry_t);
-    if (m->entries == NULL)
-        return KVS_NO_MEMORY;
-    for (uint32_t i = 0; i < m->n && !r.failed; i++) {
-        m->entries[i].key = kvs__rbuf_str(&r, KVS_MAX_KEY_LEN);
-        m->entries[i].size = kvs__rbuf_u64(&r);
-        m->entries[i].state = kvs__rbuf_u32(&r);
-        m->entries[i].nrep = kvs__rbuf_u32(&r);
-    }
-    return rbuf_finish(&r);
-}
-
-void kvs__stat_rsp_encode(kvs__wbuf_t *w, const kvs__stat_rsp_t *m)
-{
-    kvs__wbuf_put_i32(w, m->status);
-    kvs__wbuf_put_u32(w, m->ncounters);
-    for (uint32_t i = 0; i < m->ncounters; i++) {
-        kvs__wbuf_put_str(w, m->counters[i].name);
-        kvs__wbuf_put_u64(w, m->counters[i].value);
-    }
-    kvs__wbuf_put_u32(w, m->nseg);
-    for (uint32_t i = 0; i < m->nseg; i++)
-        seg_info_encode(w, &m->segs[i]);
-}
-
-int kvs__stat_rsp_decode(const void *p, size_t len, kvs__arena_t *a, kvs__stat_rsp_t *m)
-{
-    kvs__rbuf_t r;
-    kvs__rbuf_init(&r, p, len);
-    m->status = kvs__rbuf_i32(&r);
-    m->ncounters = kvs__rbuf_count(&r, 1024, 12);
-    m->counters = ARENA_ARRAY_(a, m->ncounters, kvs__counter_t);
-    if (m->counters == NULL)
-        return KVS_NO_MEMORY;
-    for (uint32_t i = 0; i < m->ncounters && !r.failed; i++) {
-        m->counters[i].name = kvs__rbuf_str(&r, KVS_MAX_NAME_LEN);
-        m->counters[i].value = kvs__rbuf_u64(&r);
-    }
-    if (seg_infos_decode(&r, a, &m->nseg, &m->segs) != KVS_OK)
-        return KVS_NO_MEMORY;
-    return rbuf_finish(&r);
-}
-
-void kvs__error_rsp_encode(kvs__wbuf_t *w, const kvs__error_rsp_t *m)
-{
-    kvs__wbuf_put_i32(w, m->status);
-    kvs__wbuf_put_str(w, m->message);
-}
-
-int kvs__error_rsp_decode(const void *p, size_t len, kvs__arena_t *a, kvs__error_rsp_t *m)
-{
-    KVS_UNUSED(a);
-    kvs__rbuf_t r;
-    kvs__rbuf_init(&r, p, len);
-    m->status = kvs__rbuf_i32(&r);
-    m->message = kvs__rbuf_str(&r, 4096);
-    return rbuf_finish(&r);
-}
-
-void kvs__data_req_encode(kvs__wbuf_t *w, const kvs__data_req_t *m)
-{
-    kvs__wbuf_put_u64(w, m->segment_id);
-    kvs__wbuf_put_u64(w, m->offset);
-    kvs__wbuf_put_u64(w, m->length);
-}
-
-int kvs__data_req_decode(const void *p, size_t len, kvs__arena_t *a, kvs__data_req_t *m)
-{
-    KVS_UNUSED(a);
-    kvs__rbuf_t r;
-    kvs__rbuf_init(&r, p, len);
-    m->segment_id = kvs__rbuf_u64(&r);
-    m->offset = kvs__rbuf_u64(&r);
-    m->length = kvs__rbuf_u64(&r);
-    return rbuf_finish(&r);
-}
-
-/* ---- decoder table for tests and fuzzers ------------------------------------------------ */
-
-#define ROUNDTRIP_(name)                                                                           \
-    static int roundtrip_##name(const void *p, size_t len, kvs__arena_t *a, kvs__wbuf_t *w)        \
-    {                                                                                              \
-        kvs__##name##_t m;                                                                         \
-        int rc = kvs__##name##_decode(p, len, a, &m);                                              \
-        if (rc != KVS_OK)                                                                          \
-            return rc;                                                                             \
-        kvs__##name##_encode(w, &m);                                                               \
-        return w->failed ? KVS_NO_MEMORY : KVS_OK;                                                 \
-    }
-ROUNDTRIP_(hello_req)
-ROUNDTRIP_(hello_rsp)
-ROUNDTRIP_(mount_req)
-ROUNDTRIP_(mount_rsp)
-ROUNDTRIP_(ids_req)
-ROUNDTRIP_(keys_req)
-ROUNDTRIP_(status_list_rsp)
-ROUNDTRIP_(put_start_req)
-ROUNDTRIP_(placement_rsp)
-ROUNDTRIP_(list_req)
-ROUNDTRIP_(list_rsp)
-ROUNDTRIP_(stat_rsp)
-ROUNDTRIP_(error_rsp)
-ROUNDTRIP_(data_req)
-
-const kvs__codec_entry_t kvs__codecs[] = {
-    {"hello_req", roundtrip_hello_req},
-    {"hello_rsp", roundtrip_hello_rsp},
-    {"mount_req", roundtrip_mount_req},
-    {"mount_rsp", roundtrip_mount_rsp},
-    {"ids_req", roundtrip_ids_req},
-    {"keys_req", roundtrip_keys_req},
-    {"status_list_rsp", roundtrip_status_list_rsp},
-    {"put_start_req", roundtrip_put_start_req},
-    {"placement_rsp", roundtrip_placement_rsp},
-    {"list_req", roundtrip_list_req},
-    {"list_rsp", roundtrip_list_rsp},
-    {"stat_rsp", roundtrip_stat_rsp},
-    {"error_rsp", roundtrip_error_rsp},
-    {"data_req", roundtrip_data_req},
+static const kvs__msg_desc_t msg_descs[KVS_MSG_MAX_] = {
+#define KVS_MSG_DESC_(name, num, req, rsp, raw)                                                    \
+    [num] = {#name, num, &kvs__##req##_desc, &kvs__##rsp##_desc, raw},
+    KVS_SCHEMA_MESSAGES(KVS_MSG_DESC_)
+#undef KVS_MSG_DESC_
 };
-const size_t kvs__codecs_count = KVS_ARRAY_SIZE(kvs__codecs);
+
+const kvs__msg_desc_t *kvs__msg_desc(unsigned type)
+{
+    type &= ~KVS_RSP_FLAG;
+    if (type == 0 || type >= KVS_MSG_MAX_ || msg_descs[type].name == NULL)
+        return NULL;
+    return &msg_descs[type];
+}
+
+bool kvs__msg_known(unsigned type)
+{
+    return kvs__msg_desc(type) != NULL;
+}
+
+const char *kvs__msg_name(unsigned type)
+{
+    const kvs__msg_desc_t *d = kvs__msg_desc(type);
+    return d ? d->name : "UNKNOWN";
+}
+
+const kvs__rec_desc_t *const kvs__records[] = {
+#define KVS_REC_PTR_(rec) &kvs__##rec##_desc,
+    KVS_SCHEMA_RECORDS(KVS_REC_PTR_)
+#undef KVS_REC_PTR_
+};
+const size_t kvs__records_count = KVS_ARRAY_SIZE(kvs__records);
+
+/* ---- formatting for logs -------------------------------------------------------------------- */
+
+typedef struct {
+    char *buf;
+    size_t cap;
+    size_t len;
+} fmt_t;
+
+__attribute__((format(printf, 2, 3))) static void fmt_add(fmt_t *f, const char *fmt, ...)
+{
+    if (f->len + 1 >= f->cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(f->buf + f->len, f->cap - f->len, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        f->len = KVS_MIN(f->len + (size_t)n, f->cap - 1);
+}
+
+/* Strings are shown up to 48 bytes, unprintable bytes as '.'; blobs in hex up to 16 bytes. */
+static void fmt_str(fmt_t *f, const char *p, uint32_t len)
+{
+    char tmp[52];
+    uint32_t n = KVS_MIN(len, 48u);
+    for (uint32_t i = 0; i < n; i++)
+        tmp[i] = (p[i] >= 0x20 && p[i] < 0x7f && p[i] != '"') ? p[i] : '.';
+    tmp[n] = 0;
+    fmt_add(f, "\"%s\"%s", tmp, len > n ? "..." : "");
+}
+
+#define FMT_MAX_ELEMS 4u
+
+static void fmt_record(fmt_t *f, const kvs__rec_desc_t *d, const void *m, unsigned depth);
+
+static void fmt_field(fmt_t *f, const kvs__field_desc_t *fd, const void *m, unsigned depth)
+{
+    const char *base = (const char *)m + fd->offset;
+    uint32_t n = 0;
+    if (fd->kind == KVS__KIND_STRS || fd->kind == KVS__KIND_I32S || fd->kind == KVS__KIND_ARR) {
+        memcpy(&n, (const char *)m + fd->count_offset, sizeof(n));
+        fmt_add(f, "[%u:", n);
+    }
+    switch (fd->kind) {
+    case KVS__KIND_U8: fmt_add(f, "%u", *(const uint8_t *)base); break;
+    case KVS__KIND_U16: fmt_add(f, "%u", *(const uint16_t *)base); break;
+    case KVS__KIND_U32: fmt_add(f, "%u", *(const uint32_t *)base); break;
+    case KVS__KIND_U64: fmt_add(f, "%llu", (unsigned long long)*(const uint64_t *)base); break;
+    case KVS__KIND_I32: fmt_add(f, "%d", *(const int32_t *)base); break;
+    case KVS__KIND_I64: fmt_add(f, "%lld", (long long)*(const int64_t *)base); break;
+    case KVS__KIND_STR: {
+        const kvs__str_t *s = (const kvs__str_t *)base;
+        fmt_str(f, s->ptr, s->len);
+        break;
+    }
+    case KVS__KIND_BLOB: {
+        const kvs__blob_t *b = (const kvs__blob_t *)base;
+        fmt_add(f, "%u:", b->len);
+        for (uint32_t i = 0; i < KVS_MIN(b->len, 16u); i++)
+            fmt_add(f, "%02x", b->ptr[i]);
+        break;
+    }
+    case KVS__KIND_STRS: {
+        const kvs__str_t *s = *(kvs__str_t *const *)base;
+        for (uint32_t i = 0; i < KVS_MIN(n, FMT_MAX_ELEMS); i++) {
+            fmt_add(f, " ");
+            fmt_str(f, s[i].ptr, s[i].len);
+        }
+        break;
+    }
+    case KVS__KIND_I32S: {
+        const int32_t *v = *(int32_t *const *)base;
+        for (uint32_t i = 0; i < KVS_MIN(n, FMT_MAX_ELEMS); i++)
+            fmt_add(f, " %d", v[i]);
+        break;
+    }
+    case KVS__KIND_ARR: {
+        const char *e = *(const char *const *)base;
+        for (uint32_t i = 0; i < KVS_MIN(n, FMT_MAX_ELEMS); i++) {
+            fmt_add(f, " ");
+            fmt_record(f, fd->elem, e + (size_t)i * fd->elem->size, depth + 1);
+        }
+        break;
+    }
+    }
+    if (fd->kind == KVS__KIND_STRS || fd->kind == KVS__KIND_I32S || fd->kind == KVS__KIND_ARR)
+        fmt_add(f, "%s]", n > FMT_MAX_ELEMS ? " ..." : "");
+}
+
+static void fmt_record(fmt_t *f, const kvs__rec_desc_t *d, const void *m, unsigned depth)
+{
+    fmt_add(f, "{");
+    for (uint32_t i = 0; i < d->nfields; i++) {
+        if (depth > 3) {
+            fmt_add(f, "...");
+            break;
+        }
+        fmt_add(f, "%s%s=", i ? " " : "", d->fields[i].name);
+        fmt_field(f, &d->fields[i], m, depth);
+    }
+    fmt_add(f, "}");
+}
+
+char *kvs__record_format(const kvs__rec_desc_t *d, const void *m, char *buf, size_t cap)
+{
+    if (buf == NULL || cap == 0)
+        return buf;
+    buf[0] = 0;
+    fmt_t f = {buf, cap, 0};
+    if (d != NULL && m != NULL)
+        fmt_record(&f, d, m, 0);
+    return buf;
+}
+
+void kvs__frame_log(const char *who, const char *dir, const kvs__frame_hdr_t *h,
+                    const void *payload, size_t len)
+{
+    const kvs__msg_desc_t *md = kvs__msg_desc(h->type);
+    bool data = md && (md->type == KVS_MSG_DATA_READ || md->type == KVS_MSG_DATA_WRITE);
+    if ((data ? KVS_LOG_TRACE : KVS_LOG_DEBUG) > kvs__log_level())
+        return;
+    bool rsp = (h->type & KVS_RSP_FLAG) != 0;
+    char body[1024] = "";
+    const kvs__rec_desc_t *rd = md ? (rsp ? md->rsp : md->req) : NULL;
+    if (rd != NULL && payload != NULL) {
+        /* Raw bytes after a data record are not shown: decode the record alone. */
+        size_t rec_len = (md->raw == (rsp ? KVS_MSG_RAW_RSP : KVS_MSG_RAW_REQ))
+                             ? KVS_MIN(len, (size_t)(rsp ? KVS_DATA_STATUS_LEN : KVS_DATA_REQ_LEN))
+                             : len;
+        kvs__arena_t a;
+        kvs__arena_init(&a);
+        void *m = kvs__arena_alloc(&a, rd->size);
+        if (m != NULL && rd->decode(payload, rec_len, h->version, &a, m) == KVS_OK)
+            kvs__record_format(rd, m, body, sizeof(body));
+        else
+            snprintf(body, sizeof(body), "(does not decode)");
+        kvs__arena_free(&a);
+    }
+    KVS_LOG_(data ? KVS_LOG_TRACE : KVS_LOG_DEBUG, "%s %s %s%s #%u v%u %u bytes %s", who, dir,
+             kvs__msg_name(h->type), rsp ? " reply" : "", h->req_id, h->version, h->len, body);
+}

@@ -75,34 +75,34 @@ static int cmd_ls(cli_t *c, int argc, char **argv)
             req.prefix = kvs__str_c(argv[i]);
         }
     }
-    kvs__frame_begin(&c->req, KVS_MSG_LIST, 0);
+    kvs__rpc_begin(c->rpc, &c->req, KVS_MSG_LIST);
     kvs__list_req_encode(&c->req, &req);
     if (cli_call(c) != KVS_OK)
         return 1;
     kvs__list_rsp_t rsp;
-    if (kvs__list_rsp_decode(c->rsp.data, c->rsp.len, &c->arena, &rsp) != KVS_OK) {
+    if (kvs__list_rsp_decode(c->rsp.data, c->rsp.len, c->rsp.version, &c->arena, &rsp) != KVS_OK) {
         fprintf(stderr, "kvstash ls: malformed answer from the master\n");
         return 1;
     }
-    qsort(rsp.entries, rsp.n, sizeof(*rsp.entries), cmp_entries);
+    qsort(rsp.entries, rsp.nentries, sizeof(*rsp.entries), cmp_entries);
     char sz[32];
-    for (uint32_t i = 0; i < rsp.n; i++) {
+    for (uint32_t i = 0; i < rsp.nentries; i++) {
         const kvs__list_entry_t *e = &rsp.entries[i];
         printf("%-12s %-8s %u  %.*s\n", kvs__format_size(e->size, sz, sizeof(sz)),
                e->state == 1 ? "complete" : "pending", e->nrep, (int)e->key.len, e->key.ptr);
     }
     if (rsp.truncated)
-        fprintf(stderr, "(listing stopped at %u keys; use --limit or a prefix)\n", rsp.n);
+        fprintf(stderr, "(listing stopped at %u keys; use --limit or a prefix)\n", rsp.nentries);
     return 0;
 }
 
 static int cmd_stat(cli_t *c)
 {
-    kvs__frame_begin(&c->req, KVS_MSG_STAT, 0);
+    kvs__rpc_begin(c->rpc, &c->req, KVS_MSG_STAT);
     if (cli_call(c) != KVS_OK)
         return 1;
     kvs__stat_rsp_t rsp;
-    if (kvs__stat_rsp_decode(c->rsp.data, c->rsp.len, &c->arena, &rsp) != KVS_OK) {
+    if (kvs__stat_rsp_decode(c->rsp.data, c->rsp.len, c->rsp.version, &c->arena, &rsp) != KVS_OK) {
         fprintf(stderr, "kvstash stat: malformed answer from the master\n");
         return 1;
     }
@@ -110,8 +110,8 @@ static int cmd_stat(cli_t *c)
     for (uint32_t i = 0; i < rsp.ncounters; i++)
         printf("%-20.*s %llu\n", (int)rsp.counters[i].name.len, rsp.counters[i].name.ptr,
                (unsigned long long)rsp.counters[i].value);
-    printf("\n%u segment(s)\n", rsp.nseg);
-    for (uint32_t i = 0; i < rsp.nseg; i++) {
+    printf("\n%u segment(s)\n", rsp.nsegs);
+    for (uint32_t i = 0; i < rsp.nsegs; i++) {
         const kvs__seg_info_t *s = &rsp.segs[i];
         printf("  #%llu %.*s on %.*s at %.*s: %s used of %s\n", (unsigned long long)s->id,
                (int)s->name.len, s->name.ptr, (int)s->node.len, s->node.ptr, (int)s->endpoint.len,

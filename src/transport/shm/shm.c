@@ -156,13 +156,14 @@ static int handshake(const shm_transport_t *t, const kvs_endpoint_t *ep, uint64_
         kvs_warn("shm: %s belongs to another user; not used", ep->path);
         goto out;
     }
-    uint8_t req[12];
-    kvs__wbuf_t w = {.data = req, .cap = sizeof(req)};
-    kvs__wbuf_put_u32(&w, KVS_SHM_MAGIC);
-    kvs__wbuf_put_u64(&w, id);
-    if (send(s, req, sizeof(req), MSG_NOSIGNAL) != (ssize_t)sizeof(req))
+    uint8_t req[KVS__MIN_BYTES_shm_req];
+    kvs__wbuf_t w = kvs__wbuf_over(req, sizeof(req), KVS_PROTO_VERSION_MIN);
+    kvs__shm_req_t sr = {KVS_SHM_MAGIC, id};
+    kvs__shm_req_encode(&w, &sr);
+    if (w.failed || w.len != sizeof(req) ||
+        send(s, req, sizeof(req), MSG_NOSIGNAL) != (ssize_t)sizeof(req))
         goto out;
-    uint8_t rsp[12];
+    uint8_t rsp[KVS__MIN_BYTES_shm_rsp];
     char cbuf[CMSG_SPACE(sizeof(int))];
     struct iovec v = {rsp, sizeof(rsp)};
     struct msghdr mh = {
@@ -175,10 +176,11 @@ static int handshake(const shm_transport_t *t, const kvs_endpoint_t *ep, uint64_
     }
     if (got != (ssize_t)sizeof(rsp) || (mh.msg_flags & MSG_CTRUNC))
         goto out;
-    kvs__rbuf_t r;
-    kvs__rbuf_init(&r, rsp, sizeof(rsp));
-    int32_t status = kvs__rbuf_i32(&r);
-    uint64_t size = kvs__rbuf_u64(&r);
+    kvs__shm_rsp_t ans;
+    if (kvs__shm_rsp_decode(rsp, sizeof(rsp), KVS_PROTO_VERSION_MIN, NULL, &ans) != KVS_OK)
+        goto out;
+    int32_t status = ans.status;
+    uint64_t size = ans.size;
     if (status != KVS_OK) {
         rc = status == KVS_SEGMENT_NOT_FOUND ? status : KVS_UNSUPPORTED;
         goto out;

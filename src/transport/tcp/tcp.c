@@ -58,6 +58,7 @@ struct tcp_conn {
     pthread_cond_t cond;
     int fd;         /* -1 while disconnected; closed only under lock */
     int opening_fd; /* the socket of a handshake in progress (cancel shuts it down), or -1 */
+    unsigned version; /* negotiated at HELLO */
     chunk_t *head, *tail;
     chunk_t *inflight[MAX_WINDOW];
     uint32_t ninflight;
@@ -198,13 +199,16 @@ static int conn_open(tcp_conn_t *c)
     pthread_mutex_unlock(&c->lock);
     kvs__wbuf_t w;
     kvs__wbuf_init(&w);
-    kvs__frame_begin(&w, KVS_MSG_HELLO, 0);
-    kvs__hello_req_t h = {KVS_PROTO_VERSION, kvs__str_c("tcp"), 0};
+    kvs__frame_begin(&w, KVS_MSG_HELLO, 0, KVS_PROTO_VERSION_MAX);
+    kvs__hello_req_t h = {.version_min = KVS_PROTO_VERSION_MIN,
+                          .version_max = KVS_PROTO_VERSION_MAX,
+                          .node = kvs__str_c("tcp"),
+                          .next_probe = KVS_PROTO_VERSION_MAX};
     kvs__hello_req_encode(&w, &h);
     int rc = kvs__frame_end(&w);
     if (rc == KVS_OK)
         rc = io_all(fd, false, w.data, w.len);
-    uint8_t hb[KVS_FRAME_HDR_LEN], pb[64];
+    uint8_t hb[KVS_FRAME_HDR_LEN], pb[512];
     kvs__frame_hdr_t rh;
     if (rc == KVS_OK)
         rc = io_all(fd, true, hb, sizeof(hb));
@@ -213,15 +217,28 @@ static int conn_open(tcp_conn_t *c)
     if (rc == KVS_OK)
         rc = io_all(fd, true, pb, rh.len);
     kvs__hello_rsp_t hr;
-    if (rc == KVS_OK &&
-        (rh.type != (KVS_MSG_HELLO | KVS_RSP_FLAG) ||
-         kvs__hello_rsp_decode(pb, rh.len, NULL, &hr) != KVS_OK || hr.status != KVS_OK))
+    if (rc == KVS_OK && rh.type == (KVS_MSG_ERROR | KVS_RSP_FLAG)) {
+        kvs__error_rsp_t e;
+        if (kvs__error_rsp_decode(pb, rh.len, rh.version, NULL, &e) == KVS_OK) {
+            kvs_warn("tcp: %s refused the handshake: %.*s", c->ep->name, (int)e.message.len,
+                     e.message.ptr);
+            rc = e.status < 0 ? e.status : KVS_PROTOCOL_ERROR;
+        } else {
+            rc = KVS_PROTOCOL_ERROR;
+        }
+    } else if (rc == KVS_OK &&
+               (rh.type != (KVS_MSG_HELLO | KVS_RSP_FLAG) ||
+                kvs__hello_rsp_decode(pb, rh.len, rh.version, NULL, &hr) != KVS_OK ||
+                hr.status != KVS_OK || hr.version != rh.version)) {
         rc = KVS_PROTOCOL_ERROR;
+    }
     kvs__wbuf_free(&w);
     pthread_mutex_lock(&c->lock);
     c->opening_fd = -1;
-    if (rc == KVS_OK)
+    if (rc == KVS_OK) {
         c->fd = fd;
+        c->version = rh.version;
+    }
     pthread_mutex_unlock(&c->lock);
     if (rc != KVS_OK) {
         kvs_warn("tcp: handshake with %s failed: %s", c->ep->name, kvs_status_str(rc));
@@ -341,13 +358,15 @@ static int send_request(tcp_conn_t *c, chunk_t *ch, uint32_t req_id)
     const kvs_xfer_req_t *r = &ch->b->reqs[ch->req];
     bool write = r->op == KVS_XFER_WRITE;
     uint8_t buf[KVS_FRAME_HDR_LEN + KVS_DATA_REQ_LEN];
-    kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION,
+    kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, (uint16_t)c->version,
                           write ? KVS_MSG_DATA_WRITE : KVS_MSG_DATA_READ, req_id,
                           (uint32_t)(KVS_DATA_REQ_LEN + (write ? ch->len : 0))};
     kvs__frame_hdr_encode(&h, buf);
-    kvs__wbuf_t w = {.data = buf + KVS_FRAME_HDR_LEN, .cap = KVS_DATA_REQ_LEN};
+    kvs__wbuf_t w = kvs__wbuf_over(buf + KVS_FRAME_HDR_LEN, KVS_DATA_REQ_LEN, c->version);
     kvs__data_req_t d = {r->segment_id, r->offset + ch->off, ch->len};
     kvs__data_req_encode(&w, &d);
+    if (w.failed || w.len != KVS_DATA_REQ_LEN)
+        return KVS_INVALID_PARAMS;
     if (write && r->gpu != 0) {
         /* GPU source: into a bounce buffer first (earlier copies of this window are done). */
         gpu_flush(c);
@@ -381,9 +400,10 @@ static int recv_response(tcp_conn_t *c, chunk_t *ch, uint32_t req_id, int *statu
     rc = kvs__frame_hdr_decode(buf, sizeof(buf), KVS_DATA_MAX_CHUNK + 4, &h);
     if (rc != KVS_OK)
         return KVS_PROTOCOL_ERROR;
-    kvs__rbuf_t rb;
-    kvs__rbuf_init(&rb, buf + KVS_FRAME_HDR_LEN, 4);
-    int32_t status = kvs__rbuf_i32(&rb);
+    /* The status record alone: a READ's bytes follow it, an ERROR's message is not read. */
+    kvs__data_status_t ds;
+    kvs__data_status_decode(buf + KVS_FRAME_HDR_LEN, KVS_DATA_STATUS_LEN, h.version, NULL, &ds);
+    int32_t status = ds.status;
     if (h.type == (KVS_MSG_ERROR | KVS_RSP_FLAG)) {
         kvs_warn("tcp: %s refused a request: %s", c->ep->name, kvs_status_name(status));
         return KVS_PROTOCOL_ERROR; /* it hangs up after an ERROR frame */

@@ -1,0 +1,223 @@
+/* The wire schema: every message and every field, declared once. Structs, encoders, decoders,
+ * size bounds, descriptors for logging and tests, and the fuzz targets are all generated from
+ * these tables by schema_gen.h; docs/protocol.md explains the rules and lists every field.
+ *
+ * A record's fields: X(R, KIND, name, since, a, b), in wire order. `since` is the protocol
+ * version that added the field: encoders write it, and decoders require it, only in frames of
+ * that version or later. New fields are only ever appended to a record, with the next version.
+ * KIND and its arguments:
+ *   U8 U16 U32 U64 I32 I64   little-endian integers (a, b unused: 0)
+ *   STR   a string: u32 length, then at most `a` bytes (kvs__str_t, borrowed from the payload)
+ *   BLOB  bytes: u32 length, then at most `a` bytes (kvs__blob_t, borrowed)
+ *   STRS  an array of strings of at most `a` bytes: u32 count (at most `b`), then each string
+ *   I32S  an array of i32: u32 count (at most `b`), then each value
+ *   ARR   an array of records `a`: u32 count (at most `b`), then each record
+ * Arrays appear in structs as `uint32_t n<name>` followed by the element pointer `<name>`. */
+#ifndef KVS_SCHEMA_H
+#define KVS_SCHEMA_H
+
+/* Protocol versions this build speaks. HELLO carries each side's range; peers use the highest
+ * version both speak. KVS_PROTO_NEXT builds (tests only) speak one more version, with the test
+ * fields below, to check that mixed-version peers interoperate. */
+#define KVS_PROTO_VERSION_MIN 2u
+#ifdef KVS_PROTO_NEXT
+#define KVS_PROTO_VERSION_MAX 3u
+#define KVS_PROTO_V_NEXT_     3
+#else
+#define KVS_PROTO_VERSION_MAX 2u
+#define KVS_PROTO_V_NEXT_     1000 /* no such version: fields "since" it are never on the wire */
+#endif
+
+/* Limits that hold whatever the payload size (see also KVS_MAX_KEY_LEN). */
+#define KVS_MAX_BATCH       65536u /* keys per call */
+#define KVS_MAX_REPLICAS    16u
+#define KVS_MAX_NAME_LEN    256u  /* segment, node and endpoint names */
+#define KVS_MAX_SEGMENTS    4096u /* segments a master serves */
+#define KVS_MAX_COUNTERS    1024u
+#define KVS_MAX_MESSAGE_LEN 4096u
+
+/* ---- records used inside messages -------------------------------------------------------- */
+
+#define KVS_FIELDS_replica(X, R)                                                                   \
+    X(R, U64, segment_id, 2, 0, 0)                                                                 \
+    X(R, U64, offset, 2, 0, 0)
+
+#define KVS_FIELDS_seg_info(X, R)                                                                  \
+    X(R, U64, id, 2, 0, 0)                                                                         \
+    X(R, STR, name, 2, KVS_MAX_NAME_LEN, 0)                                                        \
+    X(R, STR, node, 2, KVS_MAX_NAME_LEN, 0)                                                        \
+    X(R, STR, endpoint, 2, KVS_MAX_NAME_LEN, 0) /* where the owner serves data, "host:port" */     \
+    X(R, U64, size, 2, 0, 0)                                                                       \
+    X(R, U64, used, 2, 0, 0)
+
+#define KVS_FIELDS_obj_desc(X, R)                                                                  \
+    X(R, I32, status, 2, 0, 0)                                                                     \
+    X(R, U64, size, 2, 0, 0)                                                                       \
+    X(R, U64, lease_ms, 2, 0, 0) /* lookups: lease time left; puts: 0 */                           \
+    X(R, ARR, reps, 2, replica, KVS_MAX_REPLICAS)                                                  \
+    X(R, U32, next_probe, KVS_PROTO_V_NEXT_, 0, 0)
+
+#define KVS_FIELDS_put_item(X, R)                                                                  \
+    X(R, STR, key, 2, KVS_MAX_KEY_LEN, 0)                                                          \
+    X(R, U64, size, 2, 0, 0)
+
+#define KVS_FIELDS_list_entry(X, R)                                                                \
+    X(R, STR, key, 2, KVS_MAX_KEY_LEN, 0)                                                          \
+    X(R, U64, size, 2, 0, 0)                                                                       \
+    X(R, U32, state, 2, 0, 0) /* kvs__obj_state_t */                                               \
+    X(R, U32, nrep, 2, 0, 0)
+
+/* STAT counters travel by name so that new ones never break old readers. */
+#define KVS_FIELDS_counter(X, R)                                                                   \
+    X(R, STR, name, 2, KVS_MAX_NAME_LEN, 0)                                                        \
+    X(R, U64, value, 2, 0, 0)
+
+/* ---- message payloads ----------------------------------------------------------------------- */
+
+#define KVS_FIELDS_hello_req(X, R)                                                                 \
+    X(R, U32, version_min, 2, 0, 0)                                                                \
+    X(R, U32, version_max, 2, 0, 0)                                                                \
+    X(R, STR, node, 2, KVS_MAX_NAME_LEN, 0) /* the peer's host, for same-node placement */         \
+    X(R, U64, client_id, 2, 0, 0)           /* 0 on first contact, else the id received before */  \
+    X(R, U64, next_probe, KVS_PROTO_V_NEXT_, 0, 0)
+
+#define KVS_FIELDS_hello_rsp(X, R)                                                                 \
+    X(R, I32, status, 2, 0, 0)                                                                     \
+    X(R, U32, version, 2, 0, 0) /* the version both sides use from now on */                       \
+    X(R, U64, client_id, 2, 0, 0)                                                                  \
+    X(R, U64, incarnation, 2, 0, 0) /* random per master start; 0 from owners */                   \
+    X(R, U64, lease_ms, 2, 0, 0)                                                                   \
+    X(R, U64, heartbeat_timeout_ms, 2, 0, 0)                                                       \
+    X(R, U64, next_probe, KVS_PROTO_V_NEXT_, 0, 0) /* echoes the request's */
+
+#define KVS_FIELDS_mount_req(X, R)                                                                 \
+    X(R, U64, client_id, 2, 0, 0)                                                                  \
+    X(R, STR, name, 2, KVS_MAX_NAME_LEN, 0)                                                        \
+    X(R, STR, node, 2, KVS_MAX_NAME_LEN, 0)                                                        \
+    X(R, STR, endpoint, 2, KVS_MAX_NAME_LEN, 0)                                                    \
+    X(R, U64, size, 2, 0, 0)
+
+#define KVS_FIELDS_mount_rsp(X, R)                                                                 \
+    X(R, I32, status, 2, 0, 0)                                                                     \
+    X(R, U64, segment_id, 2, 0, 0)
+
+/* UNMOUNT (both ids) and HEARTBEAT (client id; segment id 0). */
+#define KVS_FIELDS_ids_req(X, R)                                                                   \
+    X(R, U64, client_id, 2, 0, 0)                                                                  \
+    X(R, U64, segment_id, 2, 0, 0)
+
+/* PUT_END, PUT_REVOKE, LOOKUP, EXISTS, REMOVE: keys and flags (KVS_KEYS_FLAG_*). */
+#define KVS_FIELDS_keys_req(X, R)                                                                  \
+    X(R, U32, flags, 2, 0, 0)                                                                      \
+    X(R, STRS, keys, 2, KVS_MAX_KEY_LEN, KVS_MAX_BATCH)
+
+/* One status per key, and the status of the request itself. */
+#define KVS_FIELDS_status_list_rsp(X, R)                                                           \
+    X(R, I32, status, 2, 0, 0)                                                                     \
+    X(R, I32S, results, 2, 0, KVS_MAX_BATCH)
+
+#define KVS_FIELDS_put_start_req(X, R)                                                             \
+    X(R, STR, node, 2, KVS_MAX_NAME_LEN, 0)                                                        \
+    X(R, U32, replica_num, 2, 0, 0)                                                                \
+    X(R, STR, preferred_segment, 2, KVS_MAX_NAME_LEN, 0) /* empty: none */                         \
+    X(R, U32, flags, 2, 0, 0)                            /* KVS_PUT_FLAG_* */                      \
+    X(R, ARR, items, 2, put_item, KVS_MAX_BATCH)
+
+/* PUT_START and LOOKUP replies: the segments referenced, then one descriptor per key. */
+#define KVS_FIELDS_placement_rsp(X, R)                                                             \
+    X(R, I32, status, 2, 0, 0)                                                                     \
+    X(R, ARR, segs, 2, seg_info, KVS_MAX_SEGMENTS)                                                 \
+    X(R, ARR, objs, 2, obj_desc, KVS_MAX_BATCH)
+
+#define KVS_FIELDS_list_req(X, R)                                                                  \
+    X(R, STR, prefix, 2, KVS_MAX_KEY_LEN, 0)                                                       \
+    X(R, U32, limit, 2, 0, 0)
+
+#define KVS_FIELDS_list_rsp(X, R)                                                                  \
+    X(R, I32, status, 2, 0, 0)                                                                     \
+    X(R, U32, truncated, 2, 0, 0)                                                                  \
+    X(R, ARR, entries, 2, list_entry, KVS_MAX_BATCH)
+
+#define KVS_FIELDS_stat_rsp(X, R)                                                                  \
+    X(R, I32, status, 2, 0, 0)                                                                     \
+    X(R, ARR, counters, 2, counter, KVS_MAX_COUNTERS)                                              \
+    X(R, ARR, segs, 2, seg_info, KVS_MAX_SEGMENTS)
+
+#define KVS_FIELDS_error_rsp(X, R)                                                                 \
+    X(R, I32, status, 2, 0, 0)                                                                     \
+    X(R, STR, message, 2, KVS_MAX_MESSAGE_LEN, 0)
+
+/* The fixed part of a data request. A DATA_WRITE payload is this followed by exactly `length`
+ * bytes; a DATA_READ reply is a data_status followed by `length` bytes when the status is OK. */
+#define KVS_FIELDS_data_req(X, R)                                                                  \
+    X(R, U64, segment_id, 2, 0, 0)                                                                 \
+    X(R, U64, offset, 2, 0, 0)                                                                     \
+    X(R, U64, length, 2, 0, 0)
+
+#define KVS_FIELDS_data_status(X, R) X(R, I32, status, 2, 0, 0)
+
+/* The shm transport's handshake on the owner's unix socket (not framed; always version 2, a
+ * change of layout changes the magic): the reader asks for a segment, the owner answers with
+ * its size and, on success, passes the memfd alongside (SCM_RIGHTS). */
+#define KVS_FIELDS_shm_req(X, R)                                                                   \
+    X(R, U32, magic, 2, 0, 0) /* KVS_SHM_MAGIC */                                                  \
+    X(R, U64, segment_id, 2, 0, 0)
+
+#define KVS_FIELDS_shm_rsp(X, R)                                                                   \
+    X(R, I32, status, 2, 0, 0)                                                                     \
+    X(R, U64, size, 2, 0, 0)
+
+/* Every record, each after the records it contains. */
+#define KVS_SCHEMA_RECORDS(REC)                                                                    \
+    REC(replica)                                                                                   \
+    REC(seg_info)                                                                                  \
+    REC(obj_desc)                                                                                  \
+    REC(put_item)                                                                                  \
+    REC(list_entry)                                                                                \
+    REC(counter)                                                                                   \
+    REC(hello_req)                                                                                 \
+    REC(hello_rsp)                                                                                 \
+    REC(mount_req)                                                                                 \
+    REC(mount_rsp)                                                                                 \
+    REC(ids_req)                                                                                   \
+    REC(keys_req)                                                                                  \
+    REC(status_list_rsp)                                                                           \
+    REC(put_start_req)                                                                             \
+    REC(placement_rsp)                                                                             \
+    REC(list_req)                                                                                  \
+    REC(list_rsp)                                                                                  \
+    REC(stat_rsp)                                                                                  \
+    REC(error_rsp)                                                                                 \
+    REC(data_req)                                                                                  \
+    REC(data_status)                                                                               \
+    REC(shm_req)                                                                                   \
+    REC(shm_rsp)
+
+/* Every message type: M(NAME, number, request record, response record, raw bytes after them).
+ * `none` means an empty payload; `raw` says which side carries bytes after its record
+ * (DATA_WRITE requests, DATA_READ replies). ERROR is a response only: the reply to a request
+ * that could not be served at all. Numbers are never reused. */
+#define KVS_SCHEMA_MESSAGES(M)                                                                     \
+    M(HELLO, 1, hello_req, hello_rsp, 0)                                                           \
+    M(MOUNT, 2, mount_req, mount_rsp, 0)                                                           \
+    M(UNMOUNT, 3, ids_req, status_list_rsp, 0)                                                     \
+    M(HEARTBEAT, 4, ids_req, status_list_rsp, 0)                                                   \
+    M(PUT_START, 5, put_start_req, placement_rsp, 0)                                               \
+    M(PUT_END, 6, keys_req, status_list_rsp, 0)                                                    \
+    M(PUT_REVOKE, 7, keys_req, status_list_rsp, 0)                                                 \
+    M(LOOKUP, 8, keys_req, placement_rsp, 0)                                                       \
+    M(EXISTS, 9, keys_req, status_list_rsp, 0)                                                     \
+    M(REMOVE, 10, keys_req, status_list_rsp, 0)                                                    \
+    M(LIST, 11, list_req, list_rsp, 0)                                                             \
+    M(STAT, 12, none, stat_rsp, 0)                                                                 \
+    M(ERROR, 13, none, error_rsp, 0)                                                               \
+    M(DATA_READ, 14, data_req, data_status, KVS_MSG_RAW_RSP)                                       \
+    M(DATA_WRITE, 15, data_req, data_status, KVS_MSG_RAW_REQ)
+
+#define KVS_MSG_RAW_REQ 1u
+#define KVS_MSG_RAW_RSP 2u
+
+#define KVS_KEYS_FLAG_FORCE    0x1u /* REMOVE: even while leased or pending */
+#define KVS_PUT_FLAG_SAME_NODE 0x1u /* PUT_START: prefer the writer's node, co-locate the batch */
+
+#endif
