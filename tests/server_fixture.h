@@ -17,15 +17,15 @@ typedef struct {
     char port_file[96];
 } server_t;
 
-/* Starts kvstash-server with `args` (NULL-terminated, may be NULL) after "--port 0
- * --port-file F --log-level error", and waits until it listens. */
-static inline void server_start(server_t *s, const char *const *args)
+/* Starts the server program at `path` with `args` (NULL-terminated, may be NULL) after
+ * "--port 0 --port-file F --log-level error", and waits until it listens. */
+static inline void server_start_path(server_t *s, const char *path, const char *const *args)
 {
     static unsigned seq;
     snprintf(s->port_file, sizeof(s->port_file), "/tmp/kvs-test-port-%d-%u", (int)getpid(), seq++);
     unlink(s->port_file);
-    const char *argv[40] = {KVS_SERVER_PATH, "--port",      "0",    "--port-file",
-                            s->port_file,    "--log-level", "error"};
+    const char *argv[40] = {path,         "--port",      "0",    "--port-file",
+                            s->port_file, "--log-level", "error"};
     int n = 7;
     for (int i = 0; args && args[i] && n < 39; i++)
         argv[n++] = args[i];
@@ -53,6 +53,12 @@ static inline void server_start(server_t *s, const char *const *args)
         usleep(10000);
     }
     kvs_test_fail(__FILE__, __LINE__, "server did not start");
+}
+
+/* kvstash-server (this build's). */
+static inline void server_start(server_t *s, const char *const *args)
+{
+    server_start_path(s, KVS_SERVER_PATH, args);
 }
 
 static inline void server_check_alive(server_t *s)

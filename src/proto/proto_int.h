@@ -78,11 +78,60 @@ kvs__wbuf_t kvs__wbuf_over(void *buf, size_t cap, unsigned version);
 void kvs__wbuf_reset(kvs__wbuf_t *w);
 void kvs__wbuf_free(kvs__wbuf_t *w);
 void kvs__wbuf_put_bytes(kvs__wbuf_t *w, const void *p, size_t n);
-void kvs__wbuf_put_u8(kvs__wbuf_t *w, uint8_t v);
-void kvs__wbuf_put_u16(kvs__wbuf_t *w, uint16_t v);
-void kvs__wbuf_put_u32(kvs__wbuf_t *w, uint32_t v);
-void kvs__wbuf_put_u64(kvs__wbuf_t *w, uint64_t v);
-void kvs__wbuf_put_i32(kvs__wbuf_t *w, int32_t v);
+/* Where the next `n` bytes go, growing the buffer if needed; NULL (and `failed`) when it
+ * cannot. The inline puts below take the fast path without a call. */
+uint8_t *kvs__wbuf_grow(kvs__wbuf_t *w, size_t n);
+
+static inline void kvs__le_store(uint8_t *p, uint64_t v, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline uint64_t kvs__le_load(const uint8_t *p, unsigned n)
+{
+    uint64_t v = 0;
+    for (unsigned i = 0; i < n; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static inline void kvs__wbuf_put_le_(kvs__wbuf_t *w, uint64_t v, unsigned n)
+{
+    uint8_t *p;
+    if (!w->failed && w->cap - w->len >= n) {
+        p = w->data + w->len;
+        w->len += n;
+    } else if ((p = kvs__wbuf_grow(w, n)) == NULL) {
+        return;
+    }
+    kvs__le_store(p, v, n);
+}
+
+static inline void kvs__wbuf_put_u8(kvs__wbuf_t *w, uint8_t v)
+{
+    kvs__wbuf_put_le_(w, v, 1);
+}
+
+static inline void kvs__wbuf_put_u16(kvs__wbuf_t *w, uint16_t v)
+{
+    kvs__wbuf_put_le_(w, v, 2);
+}
+
+static inline void kvs__wbuf_put_u32(kvs__wbuf_t *w, uint32_t v)
+{
+    kvs__wbuf_put_le_(w, v, 4);
+}
+
+static inline void kvs__wbuf_put_u64(kvs__wbuf_t *w, uint64_t v)
+{
+    kvs__wbuf_put_le_(w, v, 8);
+}
+
+static inline void kvs__wbuf_put_i32(kvs__wbuf_t *w, int32_t v)
+{
+    kvs__wbuf_put_le_(w, (uint32_t)v, 4);
+}
 
 /* Borrowed byte string: points into the payload it was decoded from. */
 typedef struct {
@@ -119,11 +168,42 @@ typedef struct {
 } kvs__rbuf_t;
 
 void kvs__rbuf_init(kvs__rbuf_t *r, const void *p, size_t len);
-uint8_t kvs__rbuf_u8(kvs__rbuf_t *r);
-uint16_t kvs__rbuf_u16(kvs__rbuf_t *r);
-uint32_t kvs__rbuf_u32(kvs__rbuf_t *r);
-uint64_t kvs__rbuf_u64(kvs__rbuf_t *r);
-int32_t kvs__rbuf_i32(kvs__rbuf_t *r);
+
+static inline uint64_t kvs__rbuf_le_(kvs__rbuf_t *r, unsigned n)
+{
+    if (r->failed || r->len - r->pos < n) {
+        r->failed = true;
+        return 0;
+    }
+    const uint8_t *p = r->p + r->pos;
+    r->pos += n;
+    return kvs__le_load(p, n);
+}
+
+static inline uint8_t kvs__rbuf_u8(kvs__rbuf_t *r)
+{
+    return (uint8_t)kvs__rbuf_le_(r, 1);
+}
+
+static inline uint16_t kvs__rbuf_u16(kvs__rbuf_t *r)
+{
+    return (uint16_t)kvs__rbuf_le_(r, 2);
+}
+
+static inline uint32_t kvs__rbuf_u32(kvs__rbuf_t *r)
+{
+    return (uint32_t)kvs__rbuf_le_(r, 4);
+}
+
+static inline uint64_t kvs__rbuf_u64(kvs__rbuf_t *r)
+{
+    return kvs__rbuf_le_(r, 8);
+}
+
+static inline int32_t kvs__rbuf_i32(kvs__rbuf_t *r)
+{
+    return (int32_t)(uint32_t)kvs__rbuf_le_(r, 4);
+}
 /* A string of at most max_len bytes (u32 length prefix). */
 kvs__str_t kvs__rbuf_str(kvs__rbuf_t *r, uint32_t max_len);
 kvs__blob_t kvs__rbuf_blob(kvs__rbuf_t *r, uint32_t max_len);

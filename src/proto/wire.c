@@ -7,27 +7,14 @@
 
 /* ---- little-endian primitives ---------------------------------------------------------- */
 
-static void store_le(uint8_t *p, uint64_t v, unsigned n)
-{
-    for (unsigned i = 0; i < n; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t load_le(const uint8_t *p, unsigned n)
-{
-    uint64_t v = 0;
-    for (unsigned i = 0; i < n; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 void kvs__frame_hdr_encode(const kvs__frame_hdr_t *hdr, uint8_t out[KVS_FRAME_HDR_LEN])
 {
-    store_le(out, hdr->magic, 4);
-    store_le(out + 4, hdr->version, 2);
-    store_le(out + 6, hdr->type, 2);
-    store_le(out + 8, hdr->req_id, 4);
-    store_le(out + 12, hdr->len, 4);
+    kvs__le_store(out, hdr->magic, 4);
+    kvs__le_store(out + 4, hdr->version, 2);
+    kvs__le_store(out + 6, hdr->type, 2);
+    kvs__le_store(out + 8, hdr->req_id, 4);
+    kvs__le_store(out + 12, hdr->len, 4);
 }
 
 int kvs__frame_hdr_decode(const uint8_t *buf, size_t len, uint32_t max_payload,
@@ -36,11 +23,11 @@ int kvs__frame_hdr_decode(const uint8_t *buf, size_t len, uint32_t max_payload,
     if (buf == NULL || hdr_p == NULL || len < KVS_FRAME_HDR_LEN)
         return KVS_PROTOCOL_ERROR;
     kvs__frame_hdr_t h = {
-        .magic = (uint32_t)load_le(buf, 4),
-        .version = (uint16_t)load_le(buf + 4, 2),
-        .type = (uint16_t)load_le(buf + 6, 2),
-        .req_id = (uint32_t)load_le(buf + 8, 4),
-        .len = (uint32_t)load_le(buf + 12, 4),
+        .magic = (uint32_t)kvs__le_load(buf, 4),
+        .version = (uint16_t)kvs__le_load(buf + 4, 2),
+        .type = (uint16_t)kvs__le_load(buf + 6, 2),
+        .req_id = (uint32_t)kvs__le_load(buf + 8, 4),
+        .len = (uint32_t)kvs__le_load(buf + 12, 4),
     };
     if (h.magic != KVS_PROTO_MAGIC)
         return KVS_PROTOCOL_ERROR;
@@ -83,7 +70,7 @@ kvs__wbuf_t kvs__wbuf_over(void *buf, size_t cap, unsigned version)
     return (kvs__wbuf_t){.data = buf, .cap = cap, .fixed = true, .version = (uint16_t)version};
 }
 
-static uint8_t *wbuf_grow(kvs__wbuf_t *w, size_t n)
+uint8_t *kvs__wbuf_grow(kvs__wbuf_t *w, size_t n)
 {
     if (w->failed)
         return NULL;
@@ -110,41 +97,9 @@ static uint8_t *wbuf_grow(kvs__wbuf_t *w, size_t n)
 
 void kvs__wbuf_put_bytes(kvs__wbuf_t *w, const void *p, size_t n)
 {
-    uint8_t *d = wbuf_grow(w, n);
+    uint8_t *d = kvs__wbuf_grow(w, n);
     if (d != NULL && n > 0)
         memcpy(d, p, n);
-}
-
-static void wbuf_put_le(kvs__wbuf_t *w, uint64_t v, unsigned n)
-{
-    uint8_t *d = wbuf_grow(w, n);
-    if (d != NULL)
-        store_le(d, v, n);
-}
-
-void kvs__wbuf_put_u8(kvs__wbuf_t *w, uint8_t v)
-{
-    wbuf_put_le(w, v, 1);
-}
-
-void kvs__wbuf_put_u16(kvs__wbuf_t *w, uint16_t v)
-{
-    wbuf_put_le(w, v, 2);
-}
-
-void kvs__wbuf_put_u32(kvs__wbuf_t *w, uint32_t v)
-{
-    wbuf_put_le(w, v, 4);
-}
-
-void kvs__wbuf_put_u64(kvs__wbuf_t *w, uint64_t v)
-{
-    wbuf_put_le(w, v, 8);
-}
-
-void kvs__wbuf_put_i32(kvs__wbuf_t *w, int32_t v)
-{
-    wbuf_put_le(w, (uint32_t)v, 4);
 }
 
 void kvs__wbuf_put_str(kvs__wbuf_t *w, kvs__str_t s, uint32_t max)
@@ -164,11 +119,11 @@ void kvs__wbuf_put_count(kvs__wbuf_t *w, uint32_t n, uint32_t max)
 
 void kvs__wbuf_put_i32s(kvs__wbuf_t *w, const int32_t *v, uint32_t n)
 {
-    uint8_t *d = wbuf_grow(w, (size_t)n * 4);
+    uint8_t *d = kvs__wbuf_grow(w, (size_t)n * 4);
     if (d == NULL)
         return;
     for (uint32_t i = 0; i < n; i++)
-        store_le(d + 4 * (size_t)i, (uint32_t)v[i], 4);
+        kvs__le_store(d + 4 * (size_t)i, (uint32_t)v[i], 4);
 }
 
 kvs__str_t kvs__str_c(const char *s)
@@ -185,7 +140,7 @@ void kvs__frame_begin(kvs__wbuf_t *w, uint16_t type, uint32_t req_id, unsigned v
 {
     kvs__wbuf_reset(w);
     w->version = (uint16_t)version;
-    uint8_t *h = wbuf_grow(w, KVS_FRAME_HDR_LEN);
+    uint8_t *h = kvs__wbuf_grow(w, KVS_FRAME_HDR_LEN);
     if (h != NULL) {
         kvs__frame_hdr_t hdr = {KVS_PROTO_MAGIC, (uint16_t)version, type, req_id, 0};
         kvs__frame_hdr_encode(&hdr, h);
@@ -201,7 +156,7 @@ int kvs__frame_end(kvs__wbuf_t *w)
     size_t payload = w->len - KVS_FRAME_HDR_LEN;
     if (payload > KVS_FRAME_MAX_PAYLOAD)
         return KVS_PROTOCOL_ERROR;
-    store_le(w->data + 12, payload, 4);
+    kvs__le_store(w->data + 12, payload, 4);
     return KVS_OK;
 }
 
@@ -224,37 +179,6 @@ static const uint8_t *rbuf_take(kvs__rbuf_t *r, size_t n)
     const uint8_t *p = r->p + r->pos;
     r->pos += n;
     return p;
-}
-
-static uint64_t rbuf_le(kvs__rbuf_t *r, unsigned n)
-{
-    const uint8_t *p = rbuf_take(r, n);
-    return p ? load_le(p, n) : 0;
-}
-
-uint8_t kvs__rbuf_u8(kvs__rbuf_t *r)
-{
-    return (uint8_t)rbuf_le(r, 1);
-}
-
-uint16_t kvs__rbuf_u16(kvs__rbuf_t *r)
-{
-    return (uint16_t)rbuf_le(r, 2);
-}
-
-uint32_t kvs__rbuf_u32(kvs__rbuf_t *r)
-{
-    return (uint32_t)rbuf_le(r, 4);
-}
-
-uint64_t kvs__rbuf_u64(kvs__rbuf_t *r)
-{
-    return rbuf_le(r, 8);
-}
-
-int32_t kvs__rbuf_i32(kvs__rbuf_t *r)
-{
-    return (int32_t)(uint32_t)rbuf_le(r, 4);
 }
 
 kvs__str_t kvs__rbuf_str(kvs__rbuf_t *r, uint32_t max_len)
@@ -283,7 +207,7 @@ void kvs__rbuf_i32s(kvs__rbuf_t *r, int32_t *out, uint32_t n)
 {
     const uint8_t *p = rbuf_take(r, (size_t)n * 4);
     for (uint32_t i = 0; p != NULL && i < n; i++)
-        out[i] = (int32_t)(uint32_t)load_le(p + 4 * (size_t)i, 4);
+        out[i] = (int32_t)(uint32_t)kvs__le_load(p + 4 * (size_t)i, 4);
 }
 
 int kvs__rbuf_finish(kvs__rbuf_t *r, unsigned version)
