@@ -155,6 +155,61 @@ static void test_round_trips_1_byte_to_64_mib(void)
     server_stop(&st.srv);
 }
 
+/* The largest legal call: KVS_MAX_BATCH keys of KVS_MAX_KEY_LEN bytes. Its requests outgrow
+ * one frame (67 MB of keys against 64 MiB), so the client splits them; every key must still
+ * get its own answer. */
+static void test_largest_legal_batch(void)
+{
+    store_t st;
+    store_start(&st, "16MiB", NULL);
+    kvs_client_t *c = client_open(st.master, 60000);
+    const size_t n = KVS_MAX_BATCH;
+    char *keybytes = malloc(n * (KVS_MAX_KEY_LEN + 1));
+    const char **keys = malloc(n * sizeof(*keys));
+    uint8_t *src = malloc(n), *dst = malloc(n);
+    kvs_buf_t *bufs = malloc(n * sizeof(*bufs)), *dbufs = malloc(n * sizeof(*dbufs));
+    int *res = malloc(n * sizeof(*res));
+    int64_t *got = malloc(n * sizeof(*got));
+    CHECK(keybytes && keys && src && dst && bufs && dbufs && res && got);
+    for (size_t i = 0; i < n; i++) {
+        char *k = keybytes + i * (KVS_MAX_KEY_LEN + 1);
+        memset(k, 'k', KVS_MAX_KEY_LEN);
+        snprintf(k, 16, "%08zx", i);
+        k[8] = '-';
+        k[KVS_MAX_KEY_LEN] = '\0';
+        keys[i] = k;
+        src[i] = (uint8_t)(i * 31 + 7);
+        bufs[i] = (kvs_buf_t){src + i, 1};
+        dbufs[i] = (kvs_buf_t){dst + i, 1};
+    }
+    memset(dst, 0, n);
+    CHECK_STATUS(kvs_client_register_buffer(c, src, n), KVS_OK);
+    CHECK_STATUS(kvs_client_register_buffer(c, dst, n), KVS_OK);
+    CHECK_STATUS(kvs_client_batch_exists(c, n, keys, res), KVS_OK);
+    for (size_t i = 0; i < n; i++)
+        CHECK_EQ_INT(res[i], 0);
+    CHECK_STATUS(kvs_client_batch_put_from(c, n, keys, bufs, NULL, res), KVS_OK);
+    for (size_t i = 0; i < n; i++)
+        CHECK_STATUS(res[i], KVS_OK);
+    CHECK_STATUS(kvs_client_batch_exists(c, n, keys, res), KVS_OK);
+    for (size_t i = 0; i < n; i++)
+        CHECK_EQ_INT(res[i], 1);
+    CHECK_STATUS(kvs_client_batch_get_into(c, n, keys, dbufs, got), KVS_OK);
+    for (size_t i = 0; i < n; i++)
+        CHECK_EQ_INT(got[i], 1);
+    CHECK_EQ_MEM(dst, src, n);
+    kvs_client_close(c);
+    free(keybytes);
+    free(keys);
+    free(src);
+    free(dst);
+    free(bufs);
+    free(dbufs);
+    free(res);
+    free(got);
+    server_stop(&st.srv);
+}
+
 static void test_batch_put_from_multi_gathers_in_order(void)
 {
     store_t st;
@@ -949,6 +1004,7 @@ int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
         KVS_TEST_CASE(test_round_trips_1_byte_to_64_mib),
+        KVS_TEST_CASE(test_largest_legal_batch),
         KVS_TEST_CASE(test_batch_put_from_multi_gathers_in_order),
         KVS_TEST_CASE(test_multi_buffers_direct),
         KVS_TEST_CASE(test_multi_buffers_grouped),
