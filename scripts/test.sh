@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Runs every test: the default build (with CUDA parts when nvcc is present) under CTest, the
 # same suite under AddressSanitizer+UndefinedBehaviorSanitizer and under ThreadSanitizer, and
-# each libFuzzer target for KVS_FUZZ_SECONDS (default 30). Builds from scratch in build-*/.
+# each libFuzzer target for KVS_FUZZ_SECONDS (default 20). Builds from scratch in build-*/.
 # Usage: scripts/test.sh [default|asan|tsan|fuzz ...]   (no argument: all of them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 jobs=$(nproc)
-fuzz_seconds=${KVS_FUZZ_SECONDS:-30}
+fuzz_seconds=${KVS_FUZZ_SECONDS:-20}
 stages=("$@")
 ((${#stages[@]})) || stages=(default asan tsan fuzz)
 start=$(date +%s)

@@ -7,6 +7,8 @@
 #include "kvs_test.h"
 #include "proto/proto_int.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- a schema of every field kind, run through the same generators ------------------------ */
@@ -540,6 +542,35 @@ static void test_negotiation(void)
     CHECK_EQ_INT(kvs__proto_reply_version(KVS_PROTO_VERSION_MIN), KVS_PROTO_VERSION_MIN);
 }
 
+/* docs/protocol.md holds the schema's tables as `kvstash schema` prints them: the document
+ * cannot drift from the code. */
+#ifndef KVS_PROTO_NEXT /* the document describes the product's schema, not the next one's */
+static void test_protocol_doc_matches_schema(void)
+{
+    FILE *f = fopen(KVS_SOURCE_DIR "/docs/protocol.md", "r");
+    CHECK(f != NULL);
+    static char doc[1 << 18];
+    size_t n = fread(doc, 1, sizeof(doc) - 1, f);
+    fclose(f);
+    doc[n] = 0;
+    const char *begin = strstr(doc, "<!-- schema:begin");
+    const char *end = strstr(doc, "<!-- schema:end -->");
+    CHECK(begin != NULL && end != NULL && end > begin);
+    begin = strchr(begin, '\n') + 1;
+    char *gen = NULL;
+    size_t gen_len = 0;
+    FILE *m = open_memstream(&gen, &gen_len);
+    CHECK(m != NULL);
+    kvs__schema_write_markdown(m);
+    fclose(m);
+    if ((size_t)(end - begin) != gen_len || memcmp(begin, gen, gen_len) != 0)
+        kvs_test_fail(__FILE__, __LINE__,
+                      "docs/protocol.md's schema section differs from `kvstash schema`; "
+                      "regenerate it");
+    free(gen);
+}
+#endif
+
 static void test_wbuf_alloc_failure(void)
 {
     kvs__wbuf_t w;
@@ -567,6 +598,9 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_frame_header),
         KVS_TEST_CASE(test_message_table),
         KVS_TEST_CASE(test_negotiation),
+#ifndef KVS_PROTO_NEXT
+        KVS_TEST_CASE(test_protocol_doc_matches_schema),
+#endif
         KVS_TEST_CASE(test_wbuf_alloc_failure),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));

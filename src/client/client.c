@@ -528,22 +528,13 @@ static int batch_call(kvs_client_t *c, const batch_req_t *b, kvs__arena_t *arena
     return rc;
 }
 
-int kvs__client_keys_status(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
-                            const kvs__str_t *keys, kvs__arena_t *arena,
-                            kvs__status_list_rsp_t *sl)
+int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
+                          const kvs__str_t *keys, kvs__arena_t *arena, kvs__status_list_rsp_t *sl,
+                          kvs__placement_rsp_t *pr)
 {
     kvs__keys_req_t kr = {flags, n, (kvs__str_t *)keys};
     batch_req_t b = {type, &kr, NULL};
-    return batch_call(c, &b, arena, sl, NULL);
-}
-
-int kvs__client_keys_placement(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
-                               const kvs__str_t *keys, kvs__arena_t *arena,
-                               kvs__placement_rsp_t *pr)
-{
-    kvs__keys_req_t kr = {flags, n, (kvs__str_t *)keys};
-    batch_req_t b = {type, &kr, NULL};
-    return batch_call(c, &b, arena, NULL, pr);
+    return batch_call(c, &b, arena, sl, pr);
 }
 
 int kvs__client_put_start(kvs_client_t *c, const kvs__put_start_req_t *ps, kvs__arena_t *arena,
@@ -574,7 +565,7 @@ static int status_list_call(kvs_client_t *c, uint16_t type, uint32_t flags, size
     kvs__arena_t arena;
     kvs__arena_init(&arena);
     kvs__status_list_rsp_t sl;
-    int rc = kvs__client_keys_status(c, type, flags, (uint32_t)n, ks, &arena, &sl);
+    int rc = kvs__client_keys_call(c, type, flags, (uint32_t)n, ks, &arena, &sl, NULL);
     if (rc == KVS_OK) {
         for (size_t i = 0; i < n; i++)
             results[i] = sl.results[i];
@@ -629,7 +620,7 @@ int64_t kvs_client_get_size(kvs_client_t *c, const char *key)
     kvs__arena_init(&arena);
     int64_t result;
     kvs__placement_rsp_t pr;
-    int rc = kvs__client_keys_placement(c, KVS_MSG_LOOKUP, 0, 1, &k, &arena, &pr);
+    int rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, 1, &k, &arena, NULL, &pr);
     if (rc == KVS_OK)
         rc = pr.objs[0].status;
     if (rc == KVS_OK)

@@ -236,8 +236,8 @@ static void put_finish(kvs_client_t *c, call_t *k, const size_t *idx, uint32_t m
         ks[j] = kvs__str_c(k->keys[idx[j]]);
     kvs__status_list_rsp_t sl;
     if (rc == KVS_OK)
-        rc = kvs__client_keys_status(c, ok ? KVS_MSG_PUT_END : KVS_MSG_PUT_REVOKE, 0, m, ks,
-                                     &arena, &sl);
+        rc = kvs__client_keys_call(c, ok ? KVS_MSG_PUT_END : KVS_MSG_PUT_REVOKE, 0, m, ks,
+                                   &arena, &sl, NULL);
     if (ok) {
         /* A put whose end was not confirmed is not readable; the master revokes it in time. */
         for (uint32_t j = 0; j < m; j++)
@@ -562,7 +562,7 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
     /* Leases run from before the lookup was sent: never later than the master's clock. */
     uint64_t t_lookup = kvs__now_ns();
     kvs__placement_rsp_t pr;
-    rc = kvs__client_keys_placement(c, KVS_MSG_LOOKUP, 0, m, ks, &arena, &pr);
+    rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, m, ks, &arena, NULL, &pr);
     t_after = kvs__now_ns();
     if (rc != KVS_OK) {
         rc = kvs__fail(rc, "read: lookup failed: %s", kvs_status_str(rc));

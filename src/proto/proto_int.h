@@ -12,6 +12,8 @@
 
 #include "schema.h"
 
+#include <stdio.h>
+
 #define KVS_PROTO_MAGIC   0x5453564bu /* "KVST" in memory order */
 #define KVS_FRAME_HDR_LEN 16u
 /* Largest payload any decoder accepts unless a caller sets a smaller limit. */
@@ -293,6 +295,9 @@ extern const size_t kvs__records_count;
 /* Formats a decoded record as `{field=value ...}` for logs, arrays shortened to their first
  * few elements. Always NUL-terminates; returns buf. */
 char *kvs__record_format(const kvs__rec_desc_t *d, const void *m, char *buf, size_t cap);
+/* Writes every message and record of the schema as Markdown tables (docs/protocol.md holds
+ * this output; `kvstash schema` prints it). */
+void kvs__schema_write_markdown(FILE *out);
 /* At debug level (trace for data frames), logs one frame: who saw it, its header and, when
  * the payload decodes, its fields. */
 void kvs__frame_log(const char *who, const char *dir, const kvs__frame_hdr_t *h,

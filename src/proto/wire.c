@@ -480,3 +480,61 @@ void kvs__frame_log(const char *who, const char *dir, const kvs__frame_hdr_t *h,
     KVS_LOG_(data ? KVS_LOG_TRACE : KVS_LOG_DEBUG, "%s %s %s%s #%u v%u %u bytes %s", who, dir,
              kvs__msg_name(h->type), rsp ? " reply" : "", h->req_id, h->version, h->len, body);
 }
+
+/* ---- the schema as documentation ------------------------------------------------------------ */
+
+static const char *kind_name(kvs__kind_t k)
+{
+    switch (k) {
+    case KVS__KIND_U8: return "u8";
+    case KVS__KIND_U16: return "u16";
+    case KVS__KIND_U32: return "u32";
+    case KVS__KIND_U64: return "u64";
+    case KVS__KIND_I32: return "i32";
+    case KVS__KIND_I64: return "i64";
+    case KVS__KIND_STR: return "string";
+    case KVS__KIND_BLOB: return "bytes";
+    case KVS__KIND_STRS: return "array of string";
+    case KVS__KIND_I32S: return "array of i32";
+    case KVS__KIND_ARR: return "array of";
+    }
+    return "?";
+}
+
+void kvs__schema_write_markdown(FILE *out)
+{
+    fprintf(out, "Protocol versions %u..%u.\n\n", KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX);
+    fprintf(out, "| message | type | request | reply |\n|---|---|---|---|\n");
+    for (unsigned t = 1; t < KVS_MSG_MAX_; t++) {
+        const kvs__msg_desc_t *m = kvs__msg_desc(t);
+        if (m == NULL)
+            continue;
+        fprintf(out, "| `%s` | %u | `%s`%s | `%s`%s |\n", m->name, m->type, m->req->name,
+                m->raw == KVS_MSG_RAW_REQ ? " + bytes" : "", m->rsp->name,
+                m->raw == KVS_MSG_RAW_RSP ? " + bytes" : "");
+    }
+    for (size_t i = 0; i < kvs__records_count; i++) {
+        const kvs__rec_desc_t *d = kvs__records[i];
+        fprintf(out, "\n#### `%s`\n\n| field | kind | since | limit |\n|---|---|---|---|\n",
+                d->name);
+        for (uint32_t j = 0; j < d->nfields; j++) {
+            const kvs__field_desc_t *f = &d->fields[j];
+            char kind[64], since[64], limit[64] = "";
+            if (f->kind == KVS__KIND_ARR)
+                snprintf(kind, sizeof(kind), "array of `%s`", f->elem->name);
+            else
+                snprintf(kind, sizeof(kind), "%s", kind_name(f->kind));
+            if (f->since > KVS_PROTO_VERSION_MAX)
+                snprintf(since, sizeof(since), "test builds only");
+            else
+                snprintf(since, sizeof(since), "%u", f->since);
+            if (f->kind == KVS__KIND_STR || f->kind == KVS__KIND_BLOB)
+                snprintf(limit, sizeof(limit), "<= %u bytes", f->max_len);
+            else if (f->kind == KVS__KIND_STRS)
+                snprintf(limit, sizeof(limit), "<= %u x <= %u bytes", f->max_count, f->max_len);
+            else if (f->kind == KVS__KIND_I32S || f->kind == KVS__KIND_ARR)
+                snprintf(limit, sizeof(limit), "<= %u", f->max_count);
+            fprintf(out, "| `%s` | %s | %s | %s |\n", f->name, kind, since, limit);
+        }
+    }
+}

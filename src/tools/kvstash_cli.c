@@ -21,6 +21,7 @@ static void usage(FILE *f)
                "  rm KEY [--force]          remove KEY (--force: even while leased)\n"
                "  ls [PREFIX] [--limit N]   list keys (complete and pending) with sizes\n"
                "  stat                      master counters and mounted segments\n"
+               "  schema                    print the wire schema (messages, records, fields)\n"
                "  bench allocator [...]     allocator replay benchmark (--help for options)\n"
                "  bench transport [...]     loopback tcp transport vs plain sockets\n"
                "  bench proto [...]         wire-format decoding and encoding rates\n"
@@ -297,6 +298,10 @@ int main(int argc, char **argv)
                 "client, store, scatter, gpu)\n",
                 i < argc ? argv[i] : "");
         return 2;
+    }
+    if (strcmp(cmd, "schema") == 0) {
+        kvs__schema_write_markdown(stdout);
+        return 0;
     }
     if (strcmp(cmd, "put") == 0 || strcmp(cmd, "get") == 0 || strcmp(cmd, "rm") == 0)
         return client_cmd(master, timeout_ms, cmd, argc - i, argv + i);
