@@ -40,9 +40,9 @@ static void fx_fini(fx_t *f)
 
 static uint64_t mount(fx_t *f, uint64_t client, const char *name, const char *node, uint64_t size)
 {
-    kvs__mount_req_t req = {client, kvs__str_c(name), kvs__str_c(node), kvs__str_c("h:1"), size};
+    kvs__mount_req_t req = {kvs__str_c(name), kvs__str_c(node), kvs__str_c("h:1"), size};
     uint64_t id = 0;
-    CHECK_STATUS(kvs__master_mount(f->m, f->now, &req, &id), KVS_OK);
+    CHECK_STATUS(kvs__master_mount(f->m, f->now, client, &req, &id), KVS_OK);
     return id;
 }
 
@@ -54,7 +54,7 @@ static int put_start_ex(fx_t *f, const char *key, uint64_t size, uint32_t replic
     kvs__put_item_t it = {kvs__str_c(key), size};
     kvs__put_start_req_t req = {kvs__str_c(node), replicas, kvs__str_c(preferred), flags, 1, &it};
     kvs__placement_rsp_t rsp;
-    CHECK_STATUS(kvs__master_put_start(f->m, f->now, &req, &f->arena, &rsp), KVS_OK);
+    CHECK_STATUS(kvs__master_put_start(f->m, f->now, f->client, &req, &f->arena, &rsp), KVS_OK);
     CHECK_EQ_INT(rsp.nobjs, 1);
     if (d_p)
         *d_p = rsp.objs[0];
@@ -79,8 +79,22 @@ static int key_op(fx_t *f, keys_fn fn, const char *key, uint32_t flags)
     return rsp.results[0];
 }
 
-#define END(f, k)        key_op((f), kvs__master_put_end, (k), 0)
-#define REVOKE(f, k)     key_op((f), kvs__master_put_revoke, (k), 0)
+typedef int (*writer_fn)(kvs__master_t *, uint64_t, uint64_t, const kvs__keys_req_t *,
+                         kvs__arena_t *, kvs__status_list_rsp_t *);
+
+/* PUT_END or PUT_REVOKE of one key, as client `client`. */
+static int writer_op(fx_t *f, writer_fn fn, const char *key, uint64_t client)
+{
+    kvs__str_t k = kvs__str_c(key);
+    kvs__keys_req_t req = {0, 1, &k};
+    kvs__status_list_rsp_t rsp;
+    CHECK_STATUS(fn(f->m, f->now, client, &req, &f->arena, &rsp), KVS_OK);
+    CHECK_EQ_INT(rsp.nresults, 1);
+    return rsp.results[0];
+}
+
+#define END(f, k)        writer_op((f), kvs__master_put_end, (k), (f)->client)
+#define REVOKE(f, k)     writer_op((f), kvs__master_put_revoke, (k), (f)->client)
 #define EXISTS(f, k)     key_op((f), kvs__master_exists, (k), 0)
 #define REMOVE(f, k, fl) key_op((f), kvs__master_remove, (k), (fl))
 
@@ -195,40 +209,38 @@ static void test_bad_input(void)
 {
     fx_t f;
     fx_init(&f, 1000);
-    mount(&f, f.client, "s1", "n", 1 << 20);
+    uint64_t s1 = mount(&f, f.client, "s1", "n", 1 << 20);
     /* Bad keys fail alone; good keys of the same batch proceed. */
     kvs__put_item_t items[4] = {
         {{"", 0}, 10}, {{"a\0b", 3}, 10}, {kvs__str_c("good"), 10}, {kvs__str_c("zero"), 0}};
     kvs__put_start_req_t req = {kvs__str_c("n"), 1, kvs__str_c(""), 0, 4, items};
     kvs__placement_rsp_t rsp;
-    CHECK_STATUS(kvs__master_put_start(f.m, f.now, &req, &f.arena, &rsp), KVS_OK);
+    CHECK_STATUS(kvs__master_put_start(f.m, f.now, f.client, &req, &f.arena, &rsp), KVS_OK);
     CHECK_STATUS(rsp.objs[0].status, KVS_INVALID_PARAMS);
     CHECK_STATUS(rsp.objs[1].status, KVS_INVALID_PARAMS);
     CHECK_STATUS(rsp.objs[2].status, KVS_OK);
     CHECK_STATUS(rsp.objs[3].status, KVS_INVALID_PARAMS);
     req.replica_num = 0;
     items[2].key = kvs__str_c("other");
-    CHECK_STATUS(kvs__master_put_start(f.m, f.now, &req, &f.arena, &rsp), KVS_OK);
+    CHECK_STATUS(kvs__master_put_start(f.m, f.now, f.client, &req, &f.arena, &rsp), KVS_OK);
     CHECK_STATUS(rsp.status, KVS_INVALID_PARAMS);
     CHECK_STATUS(rsp.objs[2].status, KVS_INVALID_PARAMS);
     CHECK_STATUS(lookup(&f, "other", NULL), KVS_OBJECT_NOT_FOUND);
     CHECK_EQ_INT(EXISTS(&f, ""), KVS_INVALID_PARAMS);
     CHECK_STATUS(REMOVE(&f, "", 0), KVS_INVALID_PARAMS);
     /* Mount validation. */
-    kvs__mount_req_t mr = {f.client, kvs__str_c("s1"), kvs__str_c("n"), kvs__str_c("e"), 4096};
+    kvs__mount_req_t mr = {kvs__str_c("s1"), kvs__str_c("n"), kvs__str_c("e"), 4096};
     uint64_t id;
-    CHECK_STATUS(kvs__master_mount(f.m, f.now, &mr, &id), KVS_SEGMENT_ALREADY_EXISTS);
+    CHECK_STATUS(kvs__master_mount(f.m, f.now, f.client, &mr, &id), KVS_SEGMENT_ALREADY_EXISTS);
     mr.name = kvs__str_c("s2");
     mr.size = 10;
-    CHECK_STATUS(kvs__master_mount(f.m, f.now, &mr, &id), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__master_mount(f.m, f.now, f.client, &mr, &id), KVS_INVALID_PARAMS);
     mr.size = 4096;
-    mr.client_id = 0;
-    CHECK_STATUS(kvs__master_mount(f.m, f.now, &mr, &id), KVS_INVALID_PARAMS);
-    mr.client_id = f.client;
+    CHECK_STATUS(kvs__master_mount(f.m, f.now, 0, &mr, &id), KVS_INVALID_PARAMS);
     mr.endpoint = kvs__str_c("");
-    CHECK_STATUS(kvs__master_mount(f.m, f.now, &mr, &id), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__master_mount(f.m, f.now, f.client, &mr, &id), KVS_INVALID_PARAMS);
     CHECK_EQ_U64(counter(&f, "segments"), 1);
-    CHECK_STATUS(kvs__master_unmount(f.m, f.client + 1, 1), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__master_unmount(f.m, f.client + 1, s1), KVS_INVALID_PARAMS);
     CHECK_STATUS(kvs__master_unmount(f.m, f.client, 999), KVS_SEGMENT_NOT_FOUND);
     fx_fini(&f);
 }
@@ -399,7 +411,7 @@ static void test_placement(void)
     kvs__put_start_req_t req = {kvs__str_c("nodeB"),    1, kvs__str_c(""),
                                 KVS_PUT_FLAG_SAME_NODE, 5, items};
     kvs__placement_rsp_t rsp;
-    CHECK_STATUS(kvs__master_put_start(f.m, f.now, &req, &f.arena, &rsp), KVS_OK);
+    CHECK_STATUS(kvs__master_put_start(f.m, f.now, f.client, &req, &f.arena, &rsp), KVS_OK);
     for (int i = 0; i < 5; i++) {
         CHECK_STATUS(rsp.objs[i].status, KVS_OK);
         CHECK_EQ_U64(rsp.objs[i].reps[0].segment_id, b1);
@@ -409,7 +421,7 @@ static void test_placement(void)
     for (int i = 0; i < 5; i++)
         keys[i][0] = 'a';
     req.node = kvs__str_c("nodeA");
-    CHECK_STATUS(kvs__master_put_start(f.m, f.now, &req, &f.arena, &rsp), KVS_OK);
+    CHECK_STATUS(kvs__master_put_start(f.m, f.now, f.client, &req, &f.arena, &rsp), KVS_OK);
     uint64_t first = rsp.objs[0].reps[0].segment_id;
     CHECK(first == a1 || first == a2);
     for (int i = 1; i < 5; i++)
@@ -480,9 +492,54 @@ static void test_alloc_failure_leaves_store_unchanged(void)
     fx_fini(&f);
 }
 
+/* Only the client that started a put may end or revoke it; anyone else is refused and the put
+ * is left as it was. (Before, PUT_END and PUT_REVOKE acted on the key name alone.) */
+static void test_only_the_writer_ends_or_revokes(void)
+{
+    fx_t f;
+    fx_init(&f, 1000);
+    mount(&f, f.client, "s1", "n", 1 << 20);
+    uint64_t other = kvs__master_new_client(f.m);
+    CHECK(other != f.client);
+    CHECK_STATUS(put_start(&f, "k", 100), KVS_OK);
+    CHECK_STATUS(writer_op(&f, kvs__master_put_end, "k", other), KVS_INVALID_WRITE);
+    CHECK_STATUS(writer_op(&f, kvs__master_put_revoke, "k", other), KVS_INVALID_WRITE);
+    CHECK_STATUS(lookup(&f, "k", NULL), KVS_REPLICA_IS_NOT_READY); /* still pending */
+    CHECK_STATUS(END(&f, "k"), KVS_OK);
+    CHECK_STATUS(lookup(&f, "k", NULL), KVS_OK);
+    CHECK_STATUS(put_start(&f, "k2", 100), KVS_OK);
+    CHECK_STATUS(writer_op(&f, kvs__master_put_revoke, "k2", 0), KVS_INVALID_WRITE);
+    CHECK_STATUS(REVOKE(&f, "k2"), KVS_OK);
+    CHECK_STATUS(lookup(&f, "k2", NULL), KVS_OBJECT_NOT_FOUND);
+    fx_fini(&f);
+}
+
+/* Segment ids are random and never reused, so an id names one generation of a segment. */
+static void test_segment_ids_are_never_reused(void)
+{
+    uint64_t seen[64];
+    size_t n = 0;
+    for (int round = 0; round < 8; round++) {
+        fx_t f; /* a fresh master each round: as after a restart */
+        fx_init(&f, 1000);
+        for (int i = 0; i < 8; i++) {
+            char name[16];
+            snprintf(name, sizeof(name), "s%d", i);
+            uint64_t id = mount(&f, f.client, name, "n", 1 << 16);
+            CHECK(id != 0);
+            for (size_t j = 0; j < n; j++)
+                CHECK(seen[j] != id);
+            seen[n++] = id;
+        }
+        fx_fini(&f);
+    }
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
+        KVS_TEST_CASE(test_only_the_writer_ends_or_revokes),
+        KVS_TEST_CASE(test_segment_ids_are_never_reused),
         KVS_TEST_CASE(test_two_phase_put),
         KVS_TEST_CASE(test_revoke_frees_space),
         KVS_TEST_CASE(test_leases_block_remove),

@@ -43,8 +43,8 @@ static void mount_and_put(kvs__rpc_t *rpc, const char *seg, const char *key)
     kvs__arena_t a;
     kvs__arena_init(&a);
     kvs__rpc_begin(rpc, &req, KVS_MSG_MOUNT);
-    kvs__mount_req_t m = {kvs__rpc_hello(rpc)->client_id, kvs__str_c(seg), kvs__str_c("testnode"),
-                          kvs__str_c("127.0.0.1:1"), 1 << 20};
+    kvs__mount_req_t m = {kvs__str_c(seg), kvs__str_c("testnode"), kvs__str_c("127.0.0.1:1"),
+                          1 << 20};
     kvs__mount_req_encode(&req, &m);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
     CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
@@ -83,6 +83,30 @@ static void mount_and_put(kvs__rpc_t *rpc, const char *seg, const char *key)
     kvs__arena_free(&a);
     kvs__wbuf_free(&req);
     kvs__wbuf_free(&rsp);
+}
+
+/* One request of `type` with a single-key keys_req payload; returns the key's result. */
+static int32_t keys_call_one(kvs__rpc_t *rpc, uint16_t type, const char *key)
+{
+    kvs__wbuf_t req, rsp;
+    kvs__wbuf_init(&req);
+    kvs__wbuf_init(&rsp);
+    kvs__str_t k = kvs__str_c(key);
+    kvs__keys_req_t kr = {0, 1, &k};
+    kvs__rpc_begin(rpc, &req, type);
+    kvs__keys_req_encode(&req, &kr);
+    CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
+    CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
+    kvs__status_list_rsp_t sr;
+    kvs__arena_t a;
+    kvs__arena_init(&a);
+    CHECK_STATUS(kvs__status_list_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &sr), KVS_OK);
+    CHECK_EQ_INT(sr.nresults, 1);
+    int32_t r = sr.results[0];
+    kvs__arena_free(&a);
+    kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
+    return r;
 }
 
 /* Raw connection helpers for sending bad bytes. */
@@ -330,6 +354,56 @@ static void test_versions_and_unknown_types(void)
     server_stop(&s);
 }
 
+/* The master acts on the id a connection got at HELLO, never on ids in payloads: another
+ * connection cannot end, revoke or unmount what this one started. */
+static void test_identity_comes_from_the_connection(void)
+{
+    server_t s;
+    master_start(&s, NULL);
+    kvs__rpc_t *a = client(&s), *b = client(&s);
+    CHECK(kvs__rpc_hello(a)->client_id != kvs__rpc_hello(b)->client_id);
+    mount_and_put(a, "seg-a", "done");
+    kvs__wbuf_t req, rsp;
+    kvs__wbuf_init(&req);
+    kvs__wbuf_init(&rsp);
+    kvs__put_item_t it = {kvs__str_c("open"), 100};
+    kvs__put_start_req_t ps = {kvs__str_c("testnode"), 1, kvs__str_c(""), 0, 1, &it};
+    kvs__rpc_begin(a, &req, KVS_MSG_PUT_START);
+    kvs__put_start_req_encode(&req, &ps);
+    CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
+    CHECK_STATUS(kvs__rpc_call(a, &req, &rsp), KVS_OK);
+    CHECK_STATUS(keys_call_one(b, KVS_MSG_PUT_END, "open"), KVS_INVALID_WRITE);
+    CHECK_STATUS(keys_call_one(b, KVS_MSG_PUT_REVOKE, "open"), KVS_INVALID_WRITE);
+    CHECK_STATUS(keys_call_one(b, KVS_MSG_EXISTS, "open"), 0); /* still pending */
+    CHECK_STATUS(keys_call_one(a, KVS_MSG_PUT_END, "open"), KVS_OK);
+    CHECK_STATUS(keys_call_one(b, KVS_MSG_EXISTS, "open"), 1);
+    /* b cannot unmount a's segment, whatever id it names. */
+    CHECK_EQ_U64(rpc_stat_counter(b, "segments"), 1);
+    kvs__rpc_begin(b, &req, KVS_MSG_STAT);
+    CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
+    CHECK_STATUS(kvs__rpc_call(b, &req, &rsp), KVS_OK);
+    kvs__arena_t ar;
+    kvs__arena_init(&ar);
+    kvs__stat_rsp_t st;
+    CHECK_STATUS(kvs__stat_rsp_decode(rsp.data, rsp.len, rsp.version, &ar, &st), KVS_OK);
+    CHECK_EQ_INT(st.nsegs, 1);
+    kvs__ids_req_t u = {st.segs[0].id};
+    kvs__rpc_begin(b, &req, KVS_MSG_UNMOUNT);
+    kvs__ids_req_encode(&req, &u);
+    CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
+    CHECK_STATUS(kvs__rpc_call(b, &req, &rsp), KVS_OK);
+    kvs__status_list_rsp_t sr;
+    CHECK_STATUS(kvs__status_list_rsp_decode(rsp.data, rsp.len, rsp.version, &ar, &sr), KVS_OK);
+    CHECK(sr.status != KVS_OK);
+    CHECK_EQ_U64(rpc_stat_counter(b, "segments"), 1);
+    kvs__arena_free(&ar);
+    kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
+    kvs__rpc_close(a);
+    kvs__rpc_close(b);
+    server_stop(&s);
+}
+
 static void test_random_frames_do_not_hurt(void)
 {
     server_t s;
@@ -383,8 +457,6 @@ static void test_liveness_over_the_network(void)
         kvs__wbuf_init(&req);
         kvs__wbuf_init(&rsp);
         kvs__rpc_begin(rpc, &req, KVS_MSG_HEARTBEAT);
-        kvs__ids_req_t hb = {kvs__rpc_hello(rpc)->client_id, 0};
-        kvs__ids_req_encode(&req, &hb);
         CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
         CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
         kvs__wbuf_free(&req);
@@ -438,6 +510,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_serves_valid_requests),
         KVS_TEST_CASE(test_malformed_frames_drop_only_their_connection),
         KVS_TEST_CASE(test_versions_and_unknown_types),
+        KVS_TEST_CASE(test_identity_comes_from_the_connection),
         KVS_TEST_CASE(test_random_frames_do_not_hurt),
         KVS_TEST_CASE(test_liveness_over_the_network),
         KVS_TEST_CASE(test_cli),

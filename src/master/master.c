@@ -53,6 +53,7 @@ typedef struct obj {
     uint64_t size;
     uint64_t lease_until_ns;
     uint64_t started_ns;
+    uint64_t writer; /* the client that started the put; only it may end or revoke it */
     mrep_t *reps;
     uint32_t nrep;
     uint32_t key_len;
@@ -70,7 +71,6 @@ struct kvs__master {
     link_t pending; /* sentinel; pending.next is the oldest put */
     seg_t **segs;
     uint32_t nseg, cap_seg;
-    uint64_t next_seg_id;
     counters_t c;
 };
 
@@ -236,7 +236,6 @@ int kvs__master_create(const kvs__master_config_t *cfg, kvs__master_t **master_p
     }
     list_init(&m->lru);
     list_init(&m->pending);
-    m->next_seg_id = 1;
     *master_p = m;
     return KVS_OK;
 }
@@ -305,10 +304,21 @@ static bool name_ok(kvs__str_t s)
     return s.len > 0 && s.len <= KVS_MAX_NAME_LEN && memchr(s.ptr, '\0', s.len) == NULL;
 }
 
-int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, const kvs__mount_req_t *req,
-                      uint64_t *segment_id_p)
+/* A segment id no mounted segment has: random, so that ids are never reused across master
+ * restarts either (a client's caches keyed by id cannot confuse two generations). */
+static uint64_t new_segment_id(kvs__master_t *m)
 {
-    if (m == NULL || req == NULL || segment_id_p == NULL || req->client_id == 0 ||
+    for (;;) {
+        uint64_t id = kvs__random_u64();
+        if (seg_by_id(m, id) == NULL)
+            return id;
+    }
+}
+
+int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
+                      const kvs__mount_req_t *req, uint64_t *segment_id_p)
+{
+    if (m == NULL || req == NULL || segment_id_p == NULL || client_id == 0 ||
         !name_ok(req->name) || !name_ok(req->node) || !name_ok(req->endpoint) ||
         req->size < KVS_SEG_ALLOC_ALIGN)
         return KVS_INVALID_PARAMS;
@@ -336,8 +346,8 @@ int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, const kvs__mount_req_t 
         seg_destroy(s);
         return KVS_NO_MEMORY;
     }
-    s->id = m->next_seg_id++;
-    s->client_id = req->client_id;
+    s->id = new_segment_id(m);
+    s->client_id = client_id;
     s->size = kvs__seg_alloc_capacity(s->alloc);
     s->last_heartbeat_ns = now_ns;
     m->segs[m->nseg++] = s;
@@ -537,9 +547,9 @@ static int placement_rsp_init(kvs__master_t *m, uint32_t n, kvs__arena_t *arena,
     return KVS_OK;
 }
 
-static int put_start_one(kvs__master_t *m, uint64_t now_ns, const kvs__put_start_req_t *req,
-                         const kvs__put_item_t *it, seg_t **cand, seg_t **batch_seg,
-                         kvs__arena_t *arena, kvs__obj_desc_t *d)
+static int put_start_one(kvs__master_t *m, uint64_t now_ns, uint64_t writer,
+                         const kvs__put_start_req_t *req, const kvs__put_item_t *it, seg_t **cand,
+                         seg_t **batch_seg, kvs__arena_t *arena, kvs__obj_desc_t *d)
 {
     if (kvs__key_check(it->key.ptr, it->key.len) != KVS_OK || it->size == 0)
         return KVS_INVALID_PARAMS;
@@ -576,6 +586,7 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, const kvs__put_start
     o->size = it->size;
     o->state = KVS_OBJ_PENDING;
     o->started_ns = now_ns;
+    o->writer = writer;
     o->reps = reps;
     o->nrep = got;
     table_insert(m, o);
@@ -591,10 +602,11 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, const kvs__put_start
     return KVS_OK;
 }
 
-int kvs__master_put_start(kvs__master_t *m, uint64_t now_ns, const kvs__put_start_req_t *req,
-                          kvs__arena_t *arena, kvs__placement_rsp_t *rsp)
+int kvs__master_put_start(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
+                          const kvs__put_start_req_t *req, kvs__arena_t *arena,
+                          kvs__placement_rsp_t *rsp)
 {
-    if (m == NULL || req == NULL || arena == NULL || rsp == NULL)
+    if (m == NULL || req == NULL || arena == NULL || rsp == NULL || client_id == 0)
         return KVS_INVALID_PARAMS;
     int rc = placement_rsp_init(m, req->nitems, arena, rsp);
     if (rc != KVS_OK)
@@ -608,7 +620,8 @@ int kvs__master_put_start(kvs__master_t *m, uint64_t now_ns, const kvs__put_star
     for (uint32_t i = 0; i < req->nitems; i++) {
         kvs__obj_desc_t *d = &rsp->objs[i];
         d->status = bad ? KVS_INVALID_PARAMS
-                        : put_start_one(m, now_ns, req, &req->items[i], cand, &batch_seg, arena, d);
+                        : put_start_one(m, now_ns, client_id, req, &req->items[i], cand,
+                                        &batch_seg, arena, d);
     }
     /* Eviction after the whole batch: the batch's own objects are pending and never evicted,
      * and the segment table then reports the state the writer will find. */
@@ -644,9 +657,16 @@ static obj_t *key_lookup(kvs__master_t *m, kvs__str_t key, int *rc_p)
     return o;
 }
 
-typedef int (*key_op_fn)(kvs__master_t *m, uint64_t now_ns, uint32_t flags, obj_t *o);
+/* What a per-key operation knows of its request. */
+typedef struct {
+    uint64_t now_ns;
+    uint32_t flags;
+    uint64_t client_id; /* the connection's */
+} key_ctx_t;
 
-static int for_each_key(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
+typedef int (*key_op_fn)(kvs__master_t *m, const key_ctx_t *k, obj_t *o);
+
+static int for_each_key(kvs__master_t *m, const key_ctx_t *ctx, const kvs__keys_req_t *req,
                         kvs__arena_t *arena, kvs__status_list_rsp_t *rsp, key_op_fn fn)
 {
     if (m == NULL || req == NULL || arena == NULL || rsp == NULL)
@@ -656,16 +676,14 @@ static int for_each_key(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t
         return rc;
     for (uint32_t i = 0; i < req->nkeys; i++) {
         obj_t *o = key_lookup(m, req->keys[i], &rc);
-        rsp->results[i] = o ? fn(m, now_ns, req->flags, o) : rc;
+        rsp->results[i] = o ? fn(m, ctx, o) : rc;
     }
     return KVS_OK;
 }
 
-static int op_put_end(kvs__master_t *m, uint64_t now_ns, uint32_t flags, obj_t *o)
+static int op_put_end(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
 {
-    KVS_UNUSED(now_ns);
-    KVS_UNUSED(flags);
-    if (o->state != KVS_OBJ_PENDING)
+    if (o->state != KVS_OBJ_PENDING || o->writer != k->client_id)
         return KVS_INVALID_WRITE;
     list_unlink(o);
     o->state = KVS_OBJ_COMPLETE;
@@ -675,59 +693,62 @@ static int op_put_end(kvs__master_t *m, uint64_t now_ns, uint32_t flags, obj_t *
     return KVS_OK;
 }
 
-static int op_put_revoke(kvs__master_t *m, uint64_t now_ns, uint32_t flags, obj_t *o)
+static int op_put_revoke(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
 {
-    KVS_UNUSED(now_ns);
-    KVS_UNUSED(flags);
-    if (o->state != KVS_OBJ_PENDING)
+    if (o->state != KVS_OBJ_PENDING || o->writer != k->client_id)
         return KVS_INVALID_WRITE;
     obj_destroy(m, o);
     m->c.puts_revoked++;
     return KVS_OK;
 }
 
-static int op_exists(kvs__master_t *m, uint64_t now_ns, uint32_t flags, obj_t *o)
+static int op_exists(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
 {
     KVS_UNUSED(m);
-    KVS_UNUSED(now_ns);
-    KVS_UNUSED(flags);
+    KVS_UNUSED(k);
     return o->state == KVS_OBJ_COMPLETE ? 1 : 0;
 }
 
-static int op_remove(kvs__master_t *m, uint64_t now_ns, uint32_t flags, obj_t *o)
+static int op_remove(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
 {
-    bool force = (flags & KVS_KEYS_FLAG_FORCE) != 0;
+    bool force = (k->flags & KVS_KEYS_FLAG_FORCE) != 0;
     if (!force && o->state == KVS_OBJ_PENDING)
         return KVS_REPLICA_IS_NOT_READY;
-    if (!force && o->lease_until_ns > now_ns)
+    if (!force && o->lease_until_ns > k->now_ns)
         return KVS_OBJECT_HAS_LEASE;
     obj_destroy(m, o);
     m->c.removes++;
     return KVS_OK;
 }
 
-int kvs__master_put_end(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
-                        kvs__arena_t *arena, kvs__status_list_rsp_t *rsp)
+int kvs__master_put_end(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
+                        const kvs__keys_req_t *req, kvs__arena_t *arena,
+                        kvs__status_list_rsp_t *rsp)
 {
-    return for_each_key(m, now_ns, req, arena, rsp, op_put_end);
+    key_ctx_t k = {now_ns, req ? req->flags : 0, client_id};
+    return for_each_key(m, &k, req, arena, rsp, op_put_end);
 }
 
-int kvs__master_put_revoke(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
-                           kvs__arena_t *arena, kvs__status_list_rsp_t *rsp)
+int kvs__master_put_revoke(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
+                           const kvs__keys_req_t *req, kvs__arena_t *arena,
+                           kvs__status_list_rsp_t *rsp)
 {
-    return for_each_key(m, now_ns, req, arena, rsp, op_put_revoke);
+    key_ctx_t k = {now_ns, req ? req->flags : 0, client_id};
+    return for_each_key(m, &k, req, arena, rsp, op_put_revoke);
 }
 
 int kvs__master_remove(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
                        kvs__arena_t *arena, kvs__status_list_rsp_t *rsp)
 {
-    return for_each_key(m, now_ns, req, arena, rsp, op_remove);
+    key_ctx_t k = {now_ns, req ? req->flags : 0, 0};
+    return for_each_key(m, &k, req, arena, rsp, op_remove);
 }
 
 int kvs__master_exists(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
                        kvs__arena_t *arena, kvs__status_list_rsp_t *rsp)
 {
-    int rc = for_each_key(m, now_ns, req, arena, rsp, op_exists);
+    key_ctx_t k = {now_ns, req ? req->flags : 0, 0};
+    int rc = for_each_key(m, &k, req, arena, rsp, op_exists);
     /* A missing object is an answer (0), not an error. */
     for (uint32_t i = 0; rc == KVS_OK && i < rsp->nresults; i++) {
         if (rsp->results[i] == KVS_OBJECT_NOT_FOUND)

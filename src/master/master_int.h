@@ -35,10 +35,10 @@ void kvs__master_destroy(kvs__master_t *m);
 /* A new client id (never 0, never reused while the master runs). */
 uint64_t kvs__master_new_client(kvs__master_t *m);
 
-/* Registers a segment of `size` bytes owned by `client_id`. Names are unique among mounted
- * segments (SEGMENT_ALREADY_EXISTS). */
-int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, const kvs__mount_req_t *req,
-                      uint64_t *segment_id_p);
+/* Registers a segment of `size` bytes owned by `client_id` (the connection's). Names are
+ * unique among mounted segments (SEGMENT_ALREADY_EXISTS). Ids are random and never reused. */
+int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
+                      const kvs__mount_req_t *req, uint64_t *segment_id_p);
 /* Unmounts a segment of that client: its replicas vanish and objects left without one go. */
 int kvs__master_unmount(kvs__master_t *m, uint64_t client_id, uint64_t segment_id);
 /* Refreshes every segment of the client. SEGMENT_NOT_FOUND when it owns none (it was dropped
@@ -46,13 +46,18 @@ int kvs__master_unmount(kvs__master_t *m, uint64_t client_id, uint64_t segment_i
 int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id);
 
 /* The batch operations fill rsp (arrays from `arena`) with one result per request key;
- * rsp->status is the request-level status (OK unless the request itself is unusable). */
-int kvs__master_put_start(kvs__master_t *m, uint64_t now_ns, const kvs__put_start_req_t *req,
-                          kvs__arena_t *arena, kvs__placement_rsp_t *rsp);
-int kvs__master_put_end(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
-                        kvs__arena_t *arena, kvs__status_list_rsp_t *rsp);
-int kvs__master_put_revoke(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
-                           kvs__arena_t *arena, kvs__status_list_rsp_t *rsp);
+ * rsp->status is the request-level status (OK unless the request itself is unusable).
+ * `client_id` is the connection's: a put started by one client is ended or revoked only by
+ * that client (another gets INVALID_WRITE, and the put is unchanged). */
+int kvs__master_put_start(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
+                          const kvs__put_start_req_t *req, kvs__arena_t *arena,
+                          kvs__placement_rsp_t *rsp);
+int kvs__master_put_end(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
+                        const kvs__keys_req_t *req, kvs__arena_t *arena,
+                        kvs__status_list_rsp_t *rsp);
+int kvs__master_put_revoke(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
+                           const kvs__keys_req_t *req, kvs__arena_t *arena,
+                           kvs__status_list_rsp_t *rsp);
 /* Lookups grant (extend) a read lease on each complete object. */
 int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
                        kvs__arena_t *arena, kvs__placement_rsp_t *rsp);

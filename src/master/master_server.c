@@ -240,19 +240,24 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
         if ((rc = kvs__mount_req_decode(p, len, ver, &arena, &req)) != KVS_OK)
             break;
         kvs__mount_rsp_t rsp = {0};
-        rsp.status = kvs__master_mount(s->master, now, &req, &rsp.segment_id);
+        rsp.status = kvs__master_mount(s->master, now, c->client_id, &req, &rsp.segment_id);
         kvs__mount_rsp_encode(w, &rsp);
         break;
     }
-    case KVS_MSG_UNMOUNT:
-    case KVS_MSG_HEARTBEAT: {
+    case KVS_MSG_UNMOUNT: {
         kvs__ids_req_t req;
         if ((rc = kvs__ids_req_decode(p, len, ver, &arena, &req)) != KVS_OK)
             break;
         kvs__status_list_rsp_t rsp = {0};
-        rsp.status = type == KVS_MSG_UNMOUNT
-                         ? kvs__master_unmount(s->master, req.client_id, req.segment_id)
-                         : kvs__master_heartbeat(s->master, now, req.client_id);
+        rsp.status = kvs__master_unmount(s->master, c->client_id, req.segment_id);
+        kvs__status_list_rsp_encode(w, &rsp);
+        break;
+    }
+    case KVS_MSG_HEARTBEAT: {
+        if ((rc = kvs__msg_desc(type)->req->decode(p, len, ver, &arena, NULL)) != KVS_OK)
+            break;
+        kvs__status_list_rsp_t rsp = {0};
+        rsp.status = kvs__master_heartbeat(s->master, now, c->client_id);
         kvs__status_list_rsp_encode(w, &rsp);
         break;
     }
@@ -260,7 +265,8 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
         kvs__put_start_req_t req;
         kvs__placement_rsp_t rsp;
         if ((rc = kvs__put_start_req_decode(p, len, ver, &arena, &req)) != KVS_OK ||
-            (rc = kvs__master_put_start(s->master, now, &req, &arena, &rsp)) != KVS_OK)
+            (rc = kvs__master_put_start(s->master, now, c->client_id, &req, &arena, &rsp)) !=
+                KVS_OK)
             break;
         kvs__placement_rsp_encode(w, &rsp);
         break;
@@ -283,9 +289,9 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
         if ((rc = kvs__keys_req_decode(p, len, ver, &arena, &req)) != KVS_OK)
             break;
         if (type == KVS_MSG_PUT_END)
-            rc = kvs__master_put_end(s->master, now, &req, &arena, &rsp);
+            rc = kvs__master_put_end(s->master, now, c->client_id, &req, &arena, &rsp);
         else if (type == KVS_MSG_PUT_REVOKE)
-            rc = kvs__master_put_revoke(s->master, now, &req, &arena, &rsp);
+            rc = kvs__master_put_revoke(s->master, now, c->client_id, &req, &arena, &rsp);
         else if (type == KVS_MSG_EXISTS)
             rc = kvs__master_exists(s->master, now, &req, &arena, &rsp);
         else

@@ -37,8 +37,8 @@ static int owner_mount(kvs__owner_t *o)
     kvs__wbuf_init(&req);
     kvs__wbuf_init(&rsp);
     kvs__rpc_begin(o->rpc, &req, KVS_MSG_MOUNT);
-    kvs__mount_req_t m = {kvs__rpc_hello(o->rpc)->client_id, kvs__str_c(o->name),
-                          kvs__str_c(kvs__rpc_node(o->rpc)), kvs__str_c(o->endpoint), o->mem.size};
+    kvs__mount_req_t m = {kvs__str_c(o->name), kvs__str_c(kvs__rpc_node(o->rpc)),
+                          kvs__str_c(o->endpoint), o->mem.size};
     kvs__mount_req_encode(&req, &m);
     int rc = owner_call(o, &req, &rsp);
     kvs__mount_rsp_t mr;
@@ -70,8 +70,6 @@ static int owner_heartbeat(kvs__owner_t *o)
     kvs__wbuf_init(&req);
     kvs__wbuf_init(&rsp);
     kvs__rpc_begin(o->rpc, &req, KVS_MSG_HEARTBEAT);
-    kvs__ids_req_t hb = {kvs__rpc_hello(o->rpc)->client_id, 0};
-    kvs__ids_req_encode(&req, &hb);
     int rc = owner_call(o, &req, &rsp);
     kvs__arena_t a;
     kvs__arena_init(&a);
@@ -191,7 +189,7 @@ void kvs__owner_destroy(kvs__owner_t *o)
         kvs__wbuf_init(&req);
         kvs__wbuf_init(&rsp);
         kvs__rpc_begin(o->rpc, &req, KVS_MSG_UNMOUNT);
-        kvs__ids_req_t u = {kvs__rpc_hello(o->rpc)->client_id, o->segment_id};
+        kvs__ids_req_t u = {o->segment_id};
         kvs__ids_req_encode(&req, &u);
         if (owner_call(o, &req, &rsp) != KVS_OK)
             kvs_warn("could not unmount segment %llu", (unsigned long long)o->segment_id);

@@ -90,21 +90,21 @@
     X(R, U64, heartbeat_timeout_ms, 2, 0, 0)                                                       \
     X(R, U64, next_probe, KVS_PROTO_V_NEXT_, 0, 0) /* echoes the request's */
 
+/* The owner is the connection's client (HELLO): ids in payloads are never trusted. */
 #define KVS_FIELDS_mount_req(X, R)                                                                 \
-    X(R, U64, client_id, 2, 0, 0)                                                                  \
     X(R, STR, name, 2, KVS_MAX_NAME_LEN, 0)                                                        \
     X(R, STR, node, 2, KVS_MAX_NAME_LEN, 0)                                                        \
     X(R, STR, endpoint, 2, KVS_MAX_NAME_LEN, 0)                                                    \
     X(R, U64, size, 2, 0, 0)
 
+/* Segment ids are random per mount: never reused, also across master restarts, so an id
+ * names one generation of one segment (a re-mount gets a new one). */
 #define KVS_FIELDS_mount_rsp(X, R)                                                                 \
     X(R, I32, status, 2, 0, 0)                                                                     \
     X(R, U64, segment_id, 2, 0, 0)
 
-/* UNMOUNT (both ids) and HEARTBEAT (client id; segment id 0). */
-#define KVS_FIELDS_ids_req(X, R)                                                                   \
-    X(R, U64, client_id, 2, 0, 0)                                                                  \
-    X(R, U64, segment_id, 2, 0, 0)
+/* UNMOUNT: a segment of the connection's client. */
+#define KVS_FIELDS_ids_req(X, R) X(R, U64, segment_id, 2, 0, 0)
 
 /* PUT_END, PUT_REVOKE, LOOKUP, EXISTS, REMOVE: keys and flags (KVS_KEYS_FLAG_*). */
 #define KVS_FIELDS_keys_req(X, R)                                                                  \
@@ -201,7 +201,7 @@
     M(HELLO, 1, hello_req, hello_rsp, 0)                                                           \
     M(MOUNT, 2, mount_req, mount_rsp, 0)                                                           \
     M(UNMOUNT, 3, ids_req, status_list_rsp, 0)                                                     \
-    M(HEARTBEAT, 4, ids_req, status_list_rsp, 0)                                                   \
+    M(HEARTBEAT, 4, none, status_list_rsp, 0)                                                   \
     M(PUT_START, 5, put_start_req, placement_rsp, 0)                                               \
     M(PUT_END, 6, keys_req, status_list_rsp, 0)                                                    \
     M(PUT_REVOKE, 7, keys_req, status_list_rsp, 0)                                                 \
