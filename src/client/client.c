@@ -117,6 +117,7 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
         rc = kvs__fail(rc, "cannot reach the master at %s: %s", master, kvs_status_str(rc));
         goto err_tcp;
     }
+    atomic_store(&c->incarnation, kvs__rpc_incarnation(c->rpc));
     c->node = kvs__strdup(kvs__rpc_node(c->rpc));
     if (c->node == NULL) {
         rc = kvs__fail(KVS_NO_MEMORY, "kvs_client_open: out of memory");
@@ -384,11 +385,29 @@ void kvs__pinset_release(kvs_client_t *c, kvs__pinset_t *ps)
 
 /* ---- master calls ---------------------------------------------------------------------------- */
 
+/* A master with another incarnation than the one last seen has restarted: nothing the client
+ * cached from its predecessor (shm mappings, keyed by segment ids the new master never hands
+ * out again) is of use; the mappings are dropped once no transfer uses them. */
+static void check_incarnation(kvs_client_t *c)
+{
+    uint64_t now = kvs__rpc_incarnation(c->rpc);
+    uint64_t seen = atomic_exchange(&c->incarnation, now);
+    if (seen == now || seen == 0)
+        return;
+    kvs_info("the master restarted (incarnation %016llx, was %016llx); dropping cached "
+             "segments",
+             (unsigned long long)now, (unsigned long long)seen);
+    if (c->shm != NULL)
+        kvs__shm_retain(c->shm, NULL, 0);
+}
+
 int kvs__client_call(kvs_client_t *c, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
 {
     int rc = kvs__frame_end(req);
     if (rc == KVS_OK)
         rc = kvs__rpc_call(c->rpc, req, rsp);
+    if (rc == KVS_OK)
+        check_incarnation(c);
     if (rc != KVS_OK) {
         atomic_fetch_add(&c->st.rpc_failures, 1);
         /* The transport's own codes become Mooncake's RPC_FAIL for callers. */

@@ -55,6 +55,7 @@ struct kvs_client {
     kvs_transport_t *shm; /* NULL with protocol "tcp" */
     uint64_t sweep_ms;    /* how often mapped segments are checked against the master */
     atomic_uint_fast64_t last_sweep_ns;
+    atomic_uint_fast64_t incarnation; /* of the master, as last seen */
     kvs__staging_t *staging; /* NULL unless MC_STORE_GPU_STAGING is on */
 
     /* Registered buffers, sorted by start, never overlapping. */

@@ -353,6 +353,14 @@ unsigned kvs__rpc_version(kvs__rpc_t *rpc)
     return v;
 }
 
+uint64_t kvs__rpc_incarnation(kvs__rpc_t *rpc)
+{
+    pthread_mutex_lock(&rpc->lock);
+    uint64_t v = rpc->hello.incarnation;
+    pthread_mutex_unlock(&rpc->lock);
+    return v;
+}
+
 void kvs__rpc_begin(kvs__rpc_t *rpc, kvs__wbuf_t *req, uint16_t type)
 {
     kvs__frame_begin(req, type, 0, kvs__rpc_version(rpc));

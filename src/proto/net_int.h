@@ -36,6 +36,9 @@ const kvs__hello_rsp_t *kvs__rpc_hello(const kvs__rpc_t *rpc);
 const char *kvs__rpc_node(const kvs__rpc_t *rpc);
 /* The protocol version to build requests in: the one negotiated at the last HELLO. */
 unsigned kvs__rpc_version(kvs__rpc_t *rpc);
+/* The incarnation of the master the connection last said HELLO to (random per master start;
+ * a change means the master restarted and forgot every segment, object and lease). */
+uint64_t kvs__rpc_incarnation(kvs__rpc_t *rpc);
 /* Starts a request frame of `type` in that version (kvs__frame_begin). */
 void kvs__rpc_begin(kvs__rpc_t *rpc, kvs__wbuf_t *req, uint16_t type);
 

@@ -15,6 +15,9 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -28,6 +31,8 @@ typedef struct shm_seg {
     int status; /* OK: mapped; else the cached refusal */
     uint64_t refused_ns;
     int fd;
+    int pidfd;     /* the owner process (pidfd_open), -1 where only `pid` is known */
+    pid_t pid;     /* the owner process, from the socket's credentials */
     char *ro, *rw; /* read-only mapping; writable one made on the first write */
     uint64_t size;
     /* Chunks of each mapping registered with CUDA for copy-engine transfers (lazily). */
@@ -131,9 +136,32 @@ static int shm_ep_open(kvs_transport_t *base, const char *endpoint, kvs_endpoint
     return KVS_OK;
 }
 
-/* Asks the owner behind ep->path for segment `id`: its size and descriptor. */
+/* A handle on the owner process, so that writes can be confirmed only while it lives: a
+ * pidfd where the kernel has them (5.3+), else the pid alone. */
+static void owner_watch(shm_seg_t *g, pid_t pid)
+{
+    g->pid = pid;
+#ifdef SYS_pidfd_open
+    g->pidfd = pid > 0 ? (int)syscall(SYS_pidfd_open, pid, 0) : -1;
+#else
+    g->pidfd = -1;
+#endif
+}
+
+/* Whether the owner process of a mapping still runs. A segment written through a mapping is
+ * only served while its owner lives: a put confirmed after the owner died would vanish. */
+static bool owner_alive(const shm_seg_t *g)
+{
+    if (g->pidfd >= 0) {
+        struct pollfd p = {.fd = g->pidfd, .events = POLLIN};
+        return poll(&p, 1, 0) == 0; /* readable once the process has exited */
+    }
+    return g->pid > 0 && (kill(g->pid, 0) == 0 || errno == EPERM);
+}
+
+/* Asks the owner behind ep->path for segment `id`: its size, descriptor and process. */
 static int handshake(const shm_transport_t *t, const kvs_endpoint_t *ep, uint64_t id, int *fd_p,
-                     uint64_t *size_p)
+                     uint64_t *size_p, pid_t *pid_p)
 {
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s < 0)
@@ -156,6 +184,12 @@ static int handshake(const shm_transport_t *t, const kvs_endpoint_t *ep, uint64_
         kvs_warn("shm: %s belongs to another user; not used", ep->path);
         goto out;
     }
+    /* Without the owner's pid (another pid namespace) writes could not be confirmed: use tcp. */
+    if (cred.pid <= 0) {
+        kvs_warn("shm: the owner behind %s is in another pid namespace; not used", ep->path);
+        goto out;
+    }
+    *pid_p = cred.pid;
     uint8_t req[KVS__MIN_BYTES_shm_req];
     kvs__wbuf_t w = kvs__wbuf_over(req, sizeof(req), KVS_PROTO_VERSION_MIN);
     kvs__shm_req_t sr = {KVS_SHM_MAGIC, id};
@@ -230,6 +264,8 @@ static void seg_unmap(shm_transport_t *t, shm_seg_t *g)
         munmap(g->rw, g->size);
     if (g->fd >= 0)
         close(g->fd);
+    if (g->pidfd >= 0)
+        close(g->pidfd);
     kvs__free(g);
 }
 
@@ -253,7 +289,11 @@ static shm_seg_t *seg_get_locked(shm_transport_t *t, kvs_endpoint_t *ep, uint64_
     g->ep = ep;
     g->id = id;
     g->fd = -1;
-    g->status = handshake(t, ep, id, &g->fd, &g->size);
+    g->pidfd = -1;
+    pid_t pid = 0;
+    g->status = handshake(t, ep, id, &g->fd, &g->size, &pid);
+    if (g->status == KVS_OK)
+        owner_watch(g, pid);
     if (g->status == KVS_OK) {
         void *p = mmap(NULL, g->size, PROT_READ, MAP_SHARED, g->fd, 0);
         if (p == MAP_FAILED) {
@@ -522,9 +562,17 @@ static int shm_wait(kvs_transport_t *base, kvs_batch_t *b, uint64_t deadline_ns)
         }
         kvs__gpu_stream_destroy(streams.s[d]);
     }
+    /* Written bytes count only if their owner is alive now, after they were written. */
     for (uint32_t i = 0; i < b->n; i++) {
-        if (rc == KVS_OK && b->reqs[i].status != KVS_OK)
-            rc = b->reqs[i].status;
+        kvs_xfer_req_t *r = &b->reqs[i];
+        if (b->segs[i] != NULL && r->op == KVS_XFER_WRITE && r->status == KVS_OK &&
+            !owner_alive(b->segs[i])) {
+            kvs_warn("shm: the owner of segment %llu has exited; the write is lost",
+                     (unsigned long long)b->segs[i]->id);
+            r->status = KVS_TRANSFER_FAIL;
+        }
+        if (rc == KVS_OK && r->status != KVS_OK)
+            rc = r->status;
     }
     pthread_mutex_lock(&t->lock);
     for (uint32_t i = 0; i < b->n; i++) {
