@@ -162,7 +162,14 @@ static void test_largest_legal_batch(void)
 {
     store_t st;
     store_start(&st, "16MiB", NULL);
-    kvs_client_t *c = client_open(st.master, 60000);
+    /* Generous time-outs: 65,536 keys per call take seconds under ThreadSanitizer. */
+    kvs_client_config_t cfg;
+    CHECK_STATUS(kvs_client_config_init(&cfg), KVS_OK);
+    cfg.master = st.master;
+    cfg.rpc_timeout_ms = 120000;
+    cfg.transfer_timeout_ms = 120000;
+    kvs_client_t *c = NULL;
+    CHECK_STATUS(kvs_client_open(&cfg, &c), KVS_OK);
     const size_t n = KVS_MAX_BATCH;
     char *keybytes = malloc(n * (KVS_MAX_KEY_LEN + 1));
     const char **keys = malloc(n * sizeof(*keys));

@@ -310,6 +310,47 @@ static void test_deadline_leaves_no_late_write(void)
     owner_fixture_stop(&f);
 }
 
+/* Two batches with different deadlines in one tcp connection window: the first completes and
+ * its wait frees it while the second is still in flight; the second then reaches its deadline.
+ * Its cancellation used to read the first batch's freed chunks from the window (a
+ * use-after-free that AddressSanitizer reports). */
+static void test_tcp_cancel_after_a_window_neighbour_completed(void)
+{
+    owner_fixture_t f;
+    owner_fixture_start(&f, 1u << 20, 300000); /* the owner stalls 300 ms per request */
+    kvs__tcp_config_t cfg;
+    CHECK_STATUS(kvs__tcp_config_init(&cfg), KVS_OK);
+    cfg.conns_per_peer = 1; /* every chunk in one connection's window */
+    cfg.io_timeout_ms = 10000;
+    kvs_transport_t *t = NULL;
+    CHECK_STATUS(kvs__tcp_transport_create(&cfg, &t), KVS_OK);
+    kvs_endpoint_t *ep;
+    CHECK_STATUS(t->ops->ep_open(t, f.endpoint, &ep), KVS_OK);
+    static unsigned char bufs[3][4096];
+    struct iovec v[3] = {{bufs[0], 4096}, {bufs[1], 4096}, {bufs[2], 4096}};
+    kvs_xfer_req_t r[3];
+    kvs_batch_t *b[3];
+    for (int i = 0; i < 3; i++)
+        r[i] = (kvs_xfer_req_t){KVS_XFER_READ, ep, FIX_SEGMENT_ID, 4096u * (unsigned)i, 4096,
+                                &v[i], 1, 0, 0};
+    /* C keeps the connection busy while A and B queue up behind it: they share a window. */
+    CHECK_STATUS(t->ops->submit(t, &r[0], 1, &b[0]), KVS_OK);
+    usleep(50000);
+    CHECK_STATUS(t->ops->submit(t, &r[1], 1, &b[1]), KVS_OK);
+    CHECK_STATUS(t->ops->submit(t, &r[2], 1, &b[2]), KVS_OK);
+    uint64_t long_dl = kvs__now_ns() + 10 * KVS_NS_PER_S;
+    CHECK_STATUS(t->ops->wait(t, b[0], long_dl), KVS_OK);
+    CHECK_STATUS(t->ops->wait(t, b[1], long_dl), KVS_OK); /* A done and freed; B in flight */
+    CHECK_STATUS(t->ops->wait(t, b[2], kvs__now_ns() + 100 * KVS_NS_PER_MS), KVS_TIMED_OUT);
+    CHECK_EQ_MEM(bufs[0], f.mem.base, 4096);
+    CHECK_EQ_MEM(bufs[1], f.mem.base + 4096, 4096);
+    /* The transport works afterwards. */
+    CHECK_STATUS(xfer(t, ep, KVS_XFER_READ, FIX_SEGMENT_ID, 8192, &v[2], 1, 5000), KVS_OK);
+    CHECK_EQ_MEM(bufs[2], f.mem.base + 8192, 4096);
+    t->ops->destroy(t);
+    owner_fixture_stop(&f);
+}
+
 static void test_peer_death_mid_transfer(void)
 {
     FOR_EACH_TRANSPORT(t)
@@ -471,6 +512,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_fragmented_destinations),
         KVS_TEST_CASE(test_many_concurrent_requests),
         KVS_TEST_CASE(test_deadline_leaves_no_late_write),
+        KVS_TEST_CASE(test_tcp_cancel_after_a_window_neighbour_completed),
         KVS_TEST_CASE(test_peer_death_mid_transfer),
         KVS_TEST_CASE(test_out_of_segment_refused),
         KVS_TEST_CASE(test_shm_handshake_refusals_and_unmapping),

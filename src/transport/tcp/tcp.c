@@ -60,7 +60,10 @@ struct tcp_conn {
     int opening_fd; /* the socket of a handshake in progress (cancel shuts it down), or -1 */
     unsigned version; /* negotiated at HELLO */
     chunk_t *head, *tail;
-    chunk_t *inflight[MAX_WINDOW];
+    /* The batches of the chunks in the worker's window, for cancellation to compare against.
+     * Only compared, never followed: another batch's wait may have freed its chunks (and
+     * itself) while the window is still being served. */
+    const kvs_batch_t *inflight[MAX_WINDOW];
     uint32_t ninflight;
     uint32_t next_req_id;
     bool stop;
@@ -504,7 +507,7 @@ static void *conn_thread(void *arg)
             if (c->head == NULL)
                 c->tail = NULL;
             win[n] = ch;
-            c->inflight[n++] = ch;
+            c->inflight[n++] = ch->b;
         }
         c->ninflight = n;
         pthread_mutex_unlock(&c->lock);
@@ -695,7 +698,7 @@ static void conn_cancel(tcp_conn_t *c, kvs_batch_t *b)
     }
     c->tail = last;
     for (uint32_t i = 0; i < c->ninflight; i++) {
-        if (c->inflight[i]->b == b) {
+        if (c->inflight[i] == b) {
             if (c->fd >= 0)
                 shutdown(c->fd, SHUT_RDWR);
             if (c->opening_fd >= 0)
