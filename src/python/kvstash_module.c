@@ -115,6 +115,7 @@ typedef struct {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     int inflight;
+    bool opening; /* a setup() is connecting (with the GIL released) */
     char hostname[256];
 } store_t;
 
@@ -266,8 +267,11 @@ static PyObject *store_setup(store_t *self, PyObject *args, PyObject *kw)
             master = DEFAULT_MASTER;
     }
     (void)local_size;
+    /* One setup at a time: a second, concurrent or later, gets -600 and opens nothing. */
     pthread_mutex_lock(&self->lock);
-    bool already = self->client != NULL;
+    bool already = self->client != NULL || self->opening;
+    if (!already)
+        self->opening = true;
     pthread_mutex_unlock(&self->lock);
     if (already)
         return PyLong_FromLong(KVS_INVALID_PARAMS);
@@ -295,10 +299,12 @@ static PyObject *store_setup(store_t *self, PyObject *args, PyObject *kw)
             c = NULL;
         }
     }
-    Py_END_ALLOW_THREADS if (rc != KVS_OK) return PyLong_FromLong(rc);
-    pthread_mutex_lock(&self->lock);
+    Py_END_ALLOW_THREADS pthread_mutex_lock(&self->lock);
     self->client = c;
+    self->opening = false;
     pthread_mutex_unlock(&self->lock);
+    if (rc != KVS_OK)
+        return PyLong_FromLong(rc);
     if (hostbuf[0])
         snprintf(self->hostname, sizeof(self->hostname), "%s", hostbuf);
     else
@@ -308,28 +314,37 @@ static PyObject *store_setup(store_t *self, PyObject *args, PyObject *kw)
 
 /* ---- argument helpers ------------------------------------------------------------------------ */
 
-/* Keys of a list as C strings (borrowed from the str objects in `list`, which the caller keeps
- * alive). Returns NULL with an exception for a non-list or a non-str element. */
-static const char **keys_from(PyObject *list, Py_ssize_t *n_p)
+/* Keys of a list as C strings. The strings belong to str objects that *hold_p (a tuple copy
+ * of the list, which the caller releases with Py_XDECREF after the call) keeps alive: another
+ * thread may change or clear the list itself while the GIL is released. Returns NULL with an
+ * exception for a non-list or a non-str element. */
+static const char **keys_from(PyObject *list, Py_ssize_t *n_p, PyObject **hold_p)
 {
     if (!PyList_Check(list) && !PyTuple_Check(list)) {
         PyErr_SetString(PyExc_TypeError, "keys must be a list of str");
         return NULL;
     }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(list);
+    PyObject *hold = PySequence_Tuple(list);
+    if (hold == NULL)
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(hold);
     const char **keys = PyMem_Calloc((size_t)(n > 0 ? n : 1), sizeof(*keys));
-    if (keys == NULL)
+    if (keys == NULL) {
+        Py_DECREF(hold);
         return (const char **)PyErr_NoMemory();
-    PyObject **items = PySequence_Fast_ITEMS(list);
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (!PyUnicode_Check(items[i]) || (keys[i] = PyUnicode_AsUTF8(items[i])) == NULL) {
+        PyObject *k = PyTuple_GET_ITEM(hold, i);
+        if (!PyUnicode_Check(k) || (keys[i] = PyUnicode_AsUTF8(k)) == NULL) {
             PyMem_Free(keys);
+            Py_DECREF(hold);
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_TypeError, "keys must be a list of str");
             return NULL;
         }
     }
     *n_p = n;
+    *hold_p = hold;
     return keys;
 }
 
@@ -481,7 +496,8 @@ static PyObject *batch_single(store_t *self, PyObject *keys_o, PyObject *ptrs_o,
     if (put && rc_convert(cfg, &rc, seg, sizeof(seg)) != 0)
         return NULL;
     Py_ssize_t n;
-    const char **keys = keys_from(keys_o, &n);
+    PyObject *hold = NULL;
+    const char **keys = keys_from(keys_o, &n, &hold);
     if (keys == NULL)
         return NULL;
     uint64_t *ptrs = PyMem_Calloc((size_t)n + 1, sizeof(*ptrs));
@@ -517,6 +533,7 @@ static PyObject *batch_single(store_t *self, PyObject *keys_o, PyObject *ptrs_o,
     out = batch_results(r, n, res, ires, put);
 done:
     PyMem_Free(keys);
+    Py_XDECREF(hold);
     PyMem_Free(ptrs);
     PyMem_Free(sizes);
     PyMem_Free(bufs);
@@ -552,7 +569,8 @@ static PyObject *batch_multi(store_t *self, PyObject *keys_o, PyObject *ptrs_o, 
     if (put && rc_convert(cfg, &rc, seg, sizeof(seg)) != 0)
         return NULL;
     Py_ssize_t n;
-    const char **keys = keys_from(keys_o, &n);
+    PyObject *hold = NULL;
+    const char **keys = keys_from(keys_o, &n, &hold);
     if (keys == NULL)
         return NULL;
     PyObject *out = NULL;
@@ -626,6 +644,7 @@ static PyObject *batch_multi(store_t *self, PyObject *keys_o, PyObject *ptrs_o, 
     out = batch_results(r, n, res, ires, put);
 done:
     PyMem_Free(keys);
+    Py_XDECREF(hold);
     PyMem_Free(bufs);
     PyMem_Free(nbufs);
     PyMem_Free(res);
@@ -737,7 +756,8 @@ static PyObject *store_batch_is_exist(store_t *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "O", &keys_o))
         return NULL;
     Py_ssize_t n;
-    const char **keys = keys_from(keys_o, &n);
+    PyObject *hold = NULL;
+    const char **keys = keys_from(keys_o, &n, &hold);
     if (keys == NULL)
         return NULL;
     PyObject *out;
@@ -757,6 +777,7 @@ static PyObject *store_batch_is_exist(store_t *self, PyObject *args)
         out = int_list(res, n);
     }
     PyMem_Free(keys);
+    Py_XDECREF(hold);
     PyMem_Free(ires);
     PyMem_Free(res);
     return out;

@@ -227,6 +227,55 @@ class StoreTest(unittest.TestCase):
 
     # -- threads -----------------------------------------------------------------------------
 
+    def test_concurrent_setups_open_one_client(self):
+        # Both used to connect and mount: the later one replaced (and leaked) the earlier.
+        s = kvstash.MooncakeDistributedStore()
+        results = []
+        go = threading.Barrier(6)
+
+        def setup():
+            go.wait()
+            results.append(s.setup("localhost", "", "4MB", 0, "tcp", "", self.server.master))
+
+        threads = [threading.Thread(target=setup) for _ in range(6)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        self.assertEqual(sorted(results), [-600] * 5 + [0])
+        self.assertEqual(s.close(), 0)
+        self.assertEqual(s.setup("localhost", "", 0, 0, "tcp", "", self.server.master), 0)
+        self.assertEqual(s.close(), 0)
+
+    def test_key_list_changed_during_a_call(self):
+        # The call holds its own references: another thread clearing the list (and reusing
+        # the freed memory) while the GIL is released must not change the keys the call uses.
+        # A put reads them twice, before and after its transfer: the second read used to see
+        # freed memory, so PUT_END named garbage keys and the objects stayed pending.
+        s = self.store
+        n, size = 64, 256 << 10
+        buf = Buffer(n * size)
+        self.assertEqual(s.register_buffer(buf.ptr, buf.size), 0)
+        for attempt in range(3):
+            keys = [self.k(f"list-{attempt}-{i:04d}-" + "x" * 48) for i in range(n)]
+            live = [str(k.encode().decode()) for k in keys]  # objects only this list holds
+            started = threading.Event()
+
+            def clobber():
+                started.wait()
+                live.clear()
+                junk = [f"junk-{i:04d}-" + "y" * 60 for i in range(20000)]
+                del junk
+
+            th = threading.Thread(target=clobber)
+            th.start()
+            started.set()
+            res = s.batch_put_from(live, [buf.ptr + i * size for i in range(n)], [size] * n)
+            th.join()
+            self.assertEqual(res, [0] * n)
+            self.assertEqual(s.batch_is_exist(keys), [1] * n)
+        self.assertEqual(s.unregister_buffer(buf.ptr), 0)
+
     def test_threads_share_one_store(self):
         s = self.store
         errors = []
