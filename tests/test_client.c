@@ -312,6 +312,58 @@ static void test_restart_on_the_same_ports_under_a_shm_client(void)
     server_stop(&st.srv);
 }
 
+typedef struct {
+    kvs_client_t *c;
+    const char *key;
+    uint8_t *buf;
+    uint64_t size;
+    int64_t result;
+} copy_read_t;
+
+static void *copy_read_main(void *arg)
+{
+    copy_read_t *r = arg;
+    r->result = get_copy(r->c, r->key, r->buf, r->size);
+    return NULL;
+}
+
+/* A forced remove while a reader is inside its lease, then a new object of the same size: the
+ * reader must get the old object's bytes or an error, never the new object's. (The space used
+ * to go back to the allocator at once; the new put took it over shm while the reader's tcp
+ * read sat at the slow owner, and the reader returned the new bytes as success.) */
+static void test_forced_remove_during_a_read(void)
+{
+    setenv("KVS_DATA_INJECT_DELAY_US", "400000", 1); /* tcp data requests wait 400 ms */
+    store_t st;
+    store_start(&st, "16MiB", NULL);
+    unsetenv("KVS_DATA_INJECT_DELAY_US");
+    kvs_client_t *w = client_open_protocol(st.master, "shm"), *r = client_open_protocol(
+                                                                     st.master, "tcp");
+    const uint64_t size = 1u << 20;
+    put_pattern(w, "victim", size, NULL);
+    copy_read_t sr = {r, "victim", malloc(size), size, 0};
+    pthread_t t;
+    CHECK_EQ_INT(pthread_create(&t, NULL, copy_read_main, &sr), 0);
+    usleep(150000); /* the reader has its lease and waits at the owner */
+    CHECK_STATUS(kvs_client_remove(w, "victim", true), KVS_OK);
+    CHECK_EQ_INT(kvs_client_exists(w, "victim"), 0);
+    put_pattern(w, "newcomer", size, NULL); /* over shm: lands at once */
+    CHECK_EQ_INT(pthread_join(t, NULL), 0);
+    if (sr.result >= 0) {
+        CHECK_EQ_INT(sr.result, (int64_t)size);
+        CHECK_EQ_INT(mismatch("victim", 0, sr.buf, size), -1);
+    }
+    /* The tombstone kept the space from the new object. */
+    uint8_t *nb = malloc(size);
+    CHECK_EQ_INT(get_copy(w, "newcomer", nb, size), (int64_t)size);
+    CHECK_EQ_INT(mismatch("newcomer", 0, nb, size), -1);
+    free(nb);
+    free(sr.buf);
+    kvs_client_close(w);
+    kvs_client_close(r);
+    server_stop(&st.srv);
+}
+
 static void test_batch_put_from_multi_gathers_in_order(void)
 {
     store_t st;
@@ -1107,6 +1159,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_round_trips_1_byte_to_64_mib),
         KVS_TEST_CASE(test_largest_legal_batch),
         KVS_TEST_CASE(test_restart_on_the_same_ports_under_a_shm_client),
+        KVS_TEST_CASE(test_forced_remove_during_a_read),
         KVS_TEST_CASE(test_batch_put_from_multi_gathers_in_order),
         KVS_TEST_CASE(test_multi_buffers_direct),
         KVS_TEST_CASE(test_multi_buffers_grouped),

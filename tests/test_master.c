@@ -201,6 +201,10 @@ static void test_leases_block_remove(void)
     CHECK_STATUS(lookup(&f, "q", NULL), KVS_OK);
     CHECK_STATUS(REMOVE(&f, "q", KVS_KEYS_FLAG_FORCE), KVS_OK);
     CHECK_STATUS(REMOVE(&f, "q", 0), KVS_OBJECT_NOT_FOUND);
+    /* q's space stays a tombstone until its lease ends (DESIGN §6, fencing). */
+    CHECK_CMP_U64(counter(&f, "used_bytes"), >, 0);
+    f.now += 500 * MS;
+    kvs__master_tick(f.m, f.now);
     CHECK_EQ_U64(counter(&f, "used_bytes"), 0);
     fx_fini(&f);
 }
@@ -514,6 +518,36 @@ static void test_only_the_writer_ends_or_revokes(void)
     fx_fini(&f);
 }
 
+/* A forced remove of a leased object leaves a tombstone: the key is gone at once, the space
+ * only when the lease ends, so a reader inside its lease cannot see another object there. */
+static void test_forced_remove_keeps_leased_space(void)
+{
+    fx_t f;
+    fx_init(&f, 1000);
+    mount(&f, f.client, "s1", "n", 1 << 20);
+    CHECK_STATUS(put_start(&f, "k", 4096), KVS_OK);
+    CHECK_STATUS(END(&f, "k"), KVS_OK);
+    uint64_t used = counter(&f, "used_bytes");
+    CHECK_STATUS(lookup(&f, "k", NULL), KVS_OK); /* a reader's lease, 1000 ms */
+    CHECK_STATUS(REMOVE(&f, "k", KVS_KEYS_FLAG_FORCE), KVS_OK);
+    CHECK_STATUS(lookup(&f, "k", NULL), KVS_OBJECT_NOT_FOUND);
+    CHECK_EQ_U64(counter(&f, "used_bytes"), used); /* still held */
+    CHECK_EQ_U64(counter(&f, "tombstones"), 1);
+    CHECK_STATUS(put_start(&f, "k", 4096), KVS_OK); /* the key is free: a new object */
+    f.now += 999 * MS;
+    kvs__master_tick(f.m, f.now);
+    CHECK_EQ_U64(counter(&f, "used_bytes"), 2 * used);
+    CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, f.client), KVS_OK);
+    f.now += 2 * MS;
+    kvs__master_tick(f.m, f.now);
+    CHECK_EQ_U64(counter(&f, "used_bytes"), used); /* the lease ended: space back */
+    /* Without a lease a forced remove frees at once. */
+    CHECK_STATUS(END(&f, "k"), KVS_OK);
+    CHECK_STATUS(REMOVE(&f, "k", KVS_KEYS_FLAG_FORCE), KVS_OK);
+    CHECK_EQ_U64(counter(&f, "used_bytes"), 0);
+    fx_fini(&f);
+}
+
 /* Segment ids are random and never reused, so an id names one generation of a segment. */
 static void test_segment_ids_are_never_reused(void)
 {
@@ -540,6 +574,7 @@ int main(int argc, char **argv)
     static const kvs_test_case_t cases[] = {
         KVS_TEST_CASE(test_only_the_writer_ends_or_revokes),
         KVS_TEST_CASE(test_segment_ids_are_never_reused),
+        KVS_TEST_CASE(test_forced_remove_keeps_leased_space),
         KVS_TEST_CASE(test_two_phase_put),
         KVS_TEST_CASE(test_revoke_frees_space),
         KVS_TEST_CASE(test_leases_block_remove),

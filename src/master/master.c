@@ -17,6 +17,7 @@
     X(lookups)                                                                                     \
     X(lookup_hits)                                                                                 \
     X(removes)                                                                                     \
+    X(tombstones)                                                                                  \
     X(evictions)                                                                                   \
     X(evicted_bytes)
 
@@ -61,8 +62,19 @@ typedef struct obj {
     char key[];
 } obj_t;
 
+/* Space that must not be reused yet: the replicas of an object removed while a reader's lease
+ * still covers it (a tombstone). The key is gone at once; the space returns to the allocator
+ * when the lease ends, so a reader inside its lease never sees another object's bytes. */
+typedef struct limbo {
+    struct limbo *next;
+    uint64_t until_ns;
+    uint32_t nrep;
+    mrep_t reps[];
+} limbo_t;
+
 struct kvs__master {
     kvs__master_config_t cfg;
+    limbo_t *limbo;
     obj_t **buckets;
     size_t nbuckets; /* power of two */
     size_t nobjs;
@@ -218,6 +230,56 @@ static void obj_destroy(kvs__master_t *m, obj_t *o)
     kvs__free(o);
 }
 
+/* Removes an object whose space a reader may still be reading: a tombstone keeps the space
+ * until the object's lease ends. NO_MEMORY (nothing changed) when the tombstone cannot be
+ * made. */
+static int obj_retire(kvs__master_t *m, uint64_t now_ns, obj_t *o)
+{
+    if (o->state == KVS_OBJ_COMPLETE && o->lease_until_ns > now_ns && o->nrep > 0) {
+        limbo_t *l = kvs__malloc(sizeof(*l) + o->nrep * sizeof(l->reps[0]));
+        if (l == NULL)
+            return KVS_NO_MEMORY;
+        l->until_ns = o->lease_until_ns;
+        l->nrep = o->nrep;
+        memcpy(l->reps, o->reps, o->nrep * sizeof(l->reps[0]));
+        l->next = m->limbo;
+        m->limbo = l;
+        o->nrep = 0; /* the space is the tombstone's now */
+        m->c.tombstones++;
+    }
+    obj_destroy(m, o);
+    return KVS_OK;
+}
+
+/* Frees tombstones whose lease has ended (all of them when `all`). */
+static void limbo_sweep(kvs__master_t *m, uint64_t now_ns, bool all)
+{
+    for (limbo_t **pp = &m->limbo; *pp != NULL;) {
+        limbo_t *l = *pp;
+        if (all || l->until_ns <= now_ns) {
+            for (uint32_t i = 0; !all && i < l->nrep; i++)
+                kvs__seg_alloc_free(l->reps[i].seg->alloc, l->reps[i].handle);
+            *pp = l->next;
+            kvs__free(l);
+        } else {
+            pp = &l->next;
+        }
+    }
+}
+
+/* A segment going away takes its part of every tombstone with it. */
+static void limbo_drop_segment(kvs__master_t *m, const struct seg *s)
+{
+    for (limbo_t *l = m->limbo; l != NULL; l = l->next) {
+        uint32_t kept = 0;
+        for (uint32_t i = 0; i < l->nrep; i++) {
+            if (l->reps[i].seg != s)
+                l->reps[kept++] = l->reps[i];
+        }
+        l->nrep = kept;
+    }
+}
+
 /* ---- lifetime --------------------------------------------------------------------------- */
 
 int kvs__master_create(const kvs__master_config_t *cfg, kvs__master_t **master_p)
@@ -265,6 +327,7 @@ void kvs__master_destroy(kvs__master_t *m)
         }
     }
     kvs__free(m->buckets);
+    limbo_sweep(m, 0, true);
     for (uint32_t i = 0; i < m->nseg; i++)
         seg_destroy(m->segs[i]);
     kvs__free(m->segs);
@@ -361,6 +424,7 @@ int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
 /* Drops every replica on `s`, destroys objects left without one, then the segment. */
 static void seg_remove(kvs__master_t *m, seg_t *s)
 {
+    limbo_drop_segment(m, s);
     for (size_t b = 0; b < m->nbuckets; b++) {
         obj_t *o = m->buckets[b];
         while (o != NULL) {
@@ -716,9 +780,10 @@ static int op_remove(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
         return KVS_REPLICA_IS_NOT_READY;
     if (!force && o->lease_until_ns > k->now_ns)
         return KVS_OBJECT_HAS_LEASE;
-    obj_destroy(m, o);
-    m->c.removes++;
-    return KVS_OK;
+    int rc = obj_retire(m, k->now_ns, o);
+    if (rc == KVS_OK)
+        m->c.removes++;
+    return rc;
 }
 
 int kvs__master_put_end(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
@@ -896,6 +961,7 @@ uint64_t kvs__master_counter(kvs__master_t *m, const char *name)
 
 void kvs__master_tick(kvs__master_t *m, uint64_t now_ns)
 {
+    limbo_sweep(m, now_ns, false);
     uint64_t discard_ns = m->cfg.put_discard_ms * KVS_NS_PER_MS;
     while (m->pending.next != &m->pending &&
            link_obj(m->pending.next)->started_ns + discard_ns <= now_ns) {
