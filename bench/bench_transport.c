@@ -130,7 +130,7 @@ int kvs__bench_transport_main(int argc, char **argv)
         double *gt = calloc(reps, sizeof(double)), *gb = calloc(reps, sizeof(double));
         for (uint64_t r = 0; r <= reps; r++) {
             struct iovec v = {dst, size};
-            kvs_xfer_req_t req = {KVS_XFER_READ, ep, 1, 0, size, &v, 1, 0, 0};
+            kvs_xfer_req_t req = {KVS_XFER_READ, ep, 1, 0, size, &v, 1, 0, 0, 0};
             kvs_batch_t *b;
             uint64_t t0 = kvs__now_ns();
             int rc = t->ops->submit(t, &req, 1, &b);

@@ -312,6 +312,72 @@ static void test_restart_on_the_same_ports_under_a_shm_client(void)
     server_stop(&st.srv);
 }
 
+/* An owner stopped (SIGSTOP) with a put's bytes queued in its sockets; the put times out and
+ * is revoked, and another client asks for the space; then the owner resumes and processes
+ * the stale bytes. The space must not be handed out before the owner has fenced the put, and
+ * the next object there must read back exactly. (The space used to be reused at once: the
+ * next object, written over shm while the owner was stopped, was then overwritten by the
+ * stale put's bytes and read back wrong as success.) */
+static void test_stopped_owner_resumes_after_its_put_was_revoked(void)
+{
+    server_t m, o;
+    const char *margs[] = {"--master-only", "--heartbeat-timeout-ms", "3000", NULL};
+    server_start(&m, margs);
+    char master[64];
+    snprintf(master, sizeof(master), "127.0.0.1:%u", (unsigned)m.port);
+    const char *oargs[] = {"--owner-only", "--master", master, "--segment-size", "8MiB", NULL};
+    server_start(&o, oargs);
+    setenv("KVS_TCP_CONNECTIONS", "1", 1); /* the writer's bytes queue on one connection */
+    kvs_client_config_t cfg;
+    CHECK_STATUS(kvs_client_config_init(&cfg), KVS_OK);
+    cfg.master = master;
+    cfg.protocol = "tcp";
+    cfg.rpc_timeout_ms = 3000;
+    cfg.transfer_timeout_ms = 500;
+    kvs_client_t *w = NULL;
+    CHECK_STATUS(kvs_client_open(&cfg, &w), KVS_OK);
+    unsetenv("KVS_TCP_CONNECTIONS");
+    kvs_client_t *x = client_open_protocol(master, "shm");
+    put_pattern(w, "warm-w", 4096, NULL); /* connections and mappings in place */
+    put_pattern(x, "warm-x", 4096, NULL);
+    const uint64_t size = 6u << 20;
+    uint8_t *buf = malloc(size);
+    CHECK(buf != NULL);
+    CHECK_EQ_INT(get_copy(x, "warm-w", buf, size), 4096);
+
+    CHECK_EQ_INT(kill(o.pid, SIGSTOP), 0);
+    uint8_t *src = malloc(size);
+    fill("stale", src, size);
+    int rc = kvs_client_put(w, "stale", src, size, NULL);
+    CHECK(rc == KVS_TIMED_OUT || rc == KVS_TRANSFER_FAIL); /* and revoked */
+    CHECK_EQ_INT(kvs_client_exists(x, "stale"), 0);
+    fill("next", src, size);
+    int xrc = kvs_client_put(x, "next", src, size, NULL);
+    CHECK_STATUS(xrc, KVS_NO_AVAILABLE_HANDLE); /* the revoked put's space is not free yet */
+    CHECK_EQ_INT(kill(o.pid, SIGCONT), 0);
+
+    /* Once the owner has fenced the put, the space comes back; the next object is exact. */
+    for (int i = 0; i < 100 && xrc == KVS_NO_AVAILABLE_HANDLE; i++) {
+        usleep(100000);
+        xrc = kvs_client_put(x, "next", src, size, NULL);
+    }
+    CHECK_STATUS(xrc, KVS_OK);
+    for (int pass = 0; pass < 2; pass++) {
+        memset(buf, 0, size);
+        CHECK_EQ_INT(get_copy(x, "next", buf, size), (int64_t)size);
+        CHECK_EQ_INT(mismatch("next", 0, buf, size), -1);
+        CHECK_EQ_INT(get_copy(w, "next", buf, size), (int64_t)size); /* over tcp too */
+        CHECK_EQ_INT(mismatch("next", 0, buf, size), -1);
+        usleep(300000);
+    }
+    free(src);
+    free(buf);
+    kvs_client_close(w);
+    kvs_client_close(x);
+    server_stop(&o);
+    server_stop(&m);
+}
+
 typedef struct {
     kvs_client_t *c;
     const char *key;
@@ -1160,6 +1226,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_largest_legal_batch),
         KVS_TEST_CASE(test_restart_on_the_same_ports_under_a_shm_client),
         KVS_TEST_CASE(test_forced_remove_during_a_read),
+        KVS_TEST_CASE(test_stopped_owner_resumes_after_its_put_was_revoked),
         KVS_TEST_CASE(test_batch_put_from_multi_gathers_in_order),
         KVS_TEST_CASE(test_multi_buffers_direct),
         KVS_TEST_CASE(test_multi_buffers_grouped),

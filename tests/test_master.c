@@ -154,15 +154,48 @@ static void test_two_phase_put(void)
     fx_fini(&f);
 }
 
+/* A heartbeat of `client` acknowledging fence `seq` of segment `seg` (0: none); returns the
+ * fences the reply lists, in *fences_p (from the fixture's arena). */
+static uint32_t heartbeat_ack(fx_t *f, uint64_t client, uint64_t seg, uint64_t seq,
+                              kvs__fence_t **fences_p)
+{
+    kvs__fence_ack_t ack = {seg, seq};
+    kvs__heartbeat_req_t req = {seg ? 1 : 0, &ack};
+    kvs__heartbeat_rsp_t rsp;
+    CHECK_STATUS(kvs__master_heartbeat(f->m, f->now, client, &req, &f->arena, &rsp), KVS_OK);
+    CHECK_STATUS(rsp.status, KVS_OK);
+    if (fences_p)
+        *fences_p = rsp.fences;
+    return rsp.nfences;
+}
+
+/* A revoked put's space returns only once its owner has fenced the put: until then a late
+ * write of it could still land there. */
 static void test_revoke_frees_space(void)
 {
     fx_t f;
     fx_init(&f, 10000);
-    mount(&f, f.client, "s1", "n", 1 << 20);
-    CHECK_STATUS(put_start(&f, "k", 1 << 20), KVS_OK);
+    uint64_t s1 = mount(&f, f.client, "s1", "n", 1 << 20);
+    kvs__obj_desc_t d;
+    CHECK_STATUS(put_start_ex(&f, "k", 1 << 20, 1, "n", "", 0, &d), KVS_OK);
+    CHECK(d.token != 0);
     CHECK_EQ_U64(counter(&f, "used_bytes"), 1 << 20);
     CHECK_STATUS(put_start(&f, "k2", 1), KVS_NO_AVAILABLE_HANDLE);
     CHECK_STATUS(REVOKE(&f, "k"), KVS_OK);
+    CHECK_EQ_U64(counter(&f, "used_bytes"), 1 << 20); /* held for the fence */
+    CHECK_STATUS(put_start(&f, "k2", 1), KVS_NO_AVAILABLE_HANDLE);
+    kvs__fence_t *fences;
+    CHECK_EQ_INT(heartbeat_ack(&f, f.client, 0, 0, &fences), 1);
+    CHECK_EQ_U64(fences[0].segment_id, s1);
+    CHECK_EQ_U64(fences[0].token, d.token);
+    kvs__master_tick(f.m, f.now);
+    CHECK_EQ_U64(counter(&f, "used_bytes"), 1 << 20); /* asked, not yet applied */
+    /* Another client cannot acknowledge it; the owner can. */
+    uint64_t other = kvs__master_new_client(f.m);
+    mount(&f, other, "s-other", "n", 1 << 16);
+    CHECK_EQ_INT(heartbeat_ack(&f, other, s1, fences[0].seq, NULL), 0);
+    CHECK_EQ_U64(counter(&f, "used_bytes"), (1 << 20) + 0);
+    CHECK_EQ_INT(heartbeat_ack(&f, f.client, s1, fences[0].seq, NULL), 0);
     CHECK_EQ_U64(counter(&f, "used_bytes"), 0);
     CHECK_STATUS(lookup(&f, "k", NULL), KVS_OBJECT_NOT_FOUND);
     CHECK_STATUS(REVOKE(&f, "k"), KVS_OBJECT_NOT_FOUND);
@@ -350,7 +383,7 @@ static void test_liveness(void)
     CHECK_STATUS(END(&f, "only1"), KVS_OK);
     uint64_t t0 = f.now;
     f.now = t0 + 900 * MS;
-    CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, other), KVS_OK);
+    CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, other, NULL, NULL, NULL), KVS_OK);
     f.now = t0 + 999 * MS;
     kvs__master_tick(f.m, f.now);
     CHECK_EQ_U64(counter(&f, "segments"), 2);
@@ -362,8 +395,8 @@ static void test_liveness(void)
     kvs__obj_desc_t d;
     CHECK_STATUS(lookup(&f, "k", &d), KVS_OK); /* its other replica survives */
     CHECK_EQ_INT(d.nreps, 1);
-    CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, f.client), KVS_SEGMENT_NOT_FOUND);
-    CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, 0), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, f.client, NULL, NULL, NULL), KVS_SEGMENT_NOT_FOUND);
+    CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, 0, NULL, NULL, NULL), KVS_INVALID_PARAMS);
     f.now = t0 + 1900 * MS;
     kvs__master_tick(f.m, f.now);
     CHECK_EQ_U64(counter(&f, "segments"), 0);
@@ -381,11 +414,16 @@ static void test_put_discard(void)
     f.now += 1000 * MS;
     CHECK_STATUS(put_start(&f, "young", 1000), KVS_OK);
     f.now += 1000 * MS; /* "old" has waited 2 s */
-    CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, f.client), KVS_OK);
+    CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, f.client, NULL, NULL, NULL), KVS_OK);
     kvs__master_tick(f.m, f.now);
     CHECK_EQ_U64(counter(&f, "puts_discarded"), 1);
     CHECK_STATUS(END(&f, "old"), KVS_OBJECT_NOT_FOUND);
     CHECK_STATUS(END(&f, "young"), KVS_OK);
+    /* The discarded put's space waits for its fence. */
+    CHECK_EQ_U64(counter(&f, "used_bytes"), 2048);
+    kvs__fence_t *fences;
+    CHECK_EQ_INT(heartbeat_ack(&f, f.client, 0, 0, &fences), 1);
+    CHECK_EQ_INT(heartbeat_ack(&f, f.client, fences[0].segment_id, fences[0].seq, NULL), 0);
     CHECK_EQ_U64(counter(&f, "used_bytes"), 1024);
     fx_fini(&f);
 }
@@ -537,7 +575,7 @@ static void test_forced_remove_keeps_leased_space(void)
     f.now += 999 * MS;
     kvs__master_tick(f.m, f.now);
     CHECK_EQ_U64(counter(&f, "used_bytes"), 2 * used);
-    CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, f.client), KVS_OK);
+    CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, f.client, NULL, NULL, NULL), KVS_OK);
     f.now += 2 * MS;
     kvs__master_tick(f.m, f.now);
     CHECK_EQ_U64(counter(&f, "used_bytes"), used); /* the lease ended: space back */

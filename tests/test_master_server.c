@@ -457,6 +457,8 @@ static void test_liveness_over_the_network(void)
         kvs__wbuf_init(&req);
         kvs__wbuf_init(&rsp);
         kvs__rpc_begin(rpc, &req, KVS_MSG_HEARTBEAT);
+        kvs__heartbeat_req_t hb = {0, NULL};
+        kvs__heartbeat_req_encode(&req, &hb);
         CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
         CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
         kvs__wbuf_free(&req);

@@ -76,12 +76,21 @@ static bool closed_by_peer(int fd)
     }
 }
 
-static void data_req(uint8_t out[KVS_DATA_REQ_LEN], uint64_t seg, uint64_t off, uint64_t len)
+/* Writes carry a put's token; the owner has fenced none of these. */
+#define TEST_TOKEN 0x7e57ull
+
+static void data_req_token(uint8_t out[KVS_DATA_REQ_LEN], uint64_t seg, uint64_t off, uint64_t len,
+                           uint64_t token)
 {
     kvs__wbuf_t w = kvs__wbuf_over(out, KVS_DATA_REQ_LEN, KVS_PROTO_VERSION_MAX);
-    kvs__data_req_t d = {seg, off, len};
+    kvs__data_req_t d = {seg, off, len, token};
     kvs__data_req_encode(&w, &d);
     CHECK(!w.failed && w.len == KVS_DATA_REQ_LEN);
+}
+
+static void data_req(uint8_t out[KVS_DATA_REQ_LEN], uint64_t seg, uint64_t off, uint64_t len)
+{
+    data_req_token(out, seg, off, len, TEST_TOKEN);
 }
 
 static void test_bad_frames_and_offsets(void)
@@ -208,6 +217,53 @@ static void test_bad_frames_and_offsets(void)
     owner_fixture_stop(&f);
 }
 
+/* One DATA_WRITE of `n` bytes of `fill` with `token` at offset 0; returns the owner's status. */
+static int32_t write_with_token(int fd, uint64_t seg, uint64_t token, uint8_t fill, size_t n)
+{
+    uint8_t payload[KVS_DATA_REQ_LEN + 256];
+    CHECK(n <= 256);
+    data_req_token(payload, seg, 0, n, token);
+    memset(payload + KVS_DATA_REQ_LEN, fill, n);
+    send_frame(fd, KVS_MSG_DATA_WRITE, (uint32_t)(KVS_DATA_REQ_LEN + n), payload,
+               KVS_DATA_REQ_LEN + n);
+    int32_t st;
+    CHECK_EQ_INT(response(fd, &st), KVS_MSG_DATA_WRITE | KVS_RSP_FLAG);
+    return st;
+}
+
+/* A fenced put's writes are refused, including ones sent before the fence; others go on. */
+static void test_fenced_writes_are_refused(void)
+{
+    kvs__data_server_config_t cfg;
+    kvs__data_server_config_init(&cfg);
+    cfg.shm_dir = "/nonexistent"; /* tcp only */
+    kvs__data_server_t *srv;
+    CHECK_STATUS(kvs__data_server_create(&cfg, &srv), KVS_OK);
+    static uint8_t seg[4096];
+    CHECK_STATUS(kvs__data_server_add(srv, 77, seg, sizeof(seg), -1), KVS_OK);
+    owner_fixture_t f = {.port = kvs__data_server_port(srv)};
+    int fd = dial(&f);
+    hello(fd);
+    CHECK_STATUS(write_with_token(fd, 77, 5, 0xA1, 64), KVS_OK);
+    CHECK_EQ_INT(seg[0], 0xA1);
+    CHECK_STATUS(kvs__data_server_fence(srv, 77, (const uint64_t[]){5, 9}, 2), KVS_OK);
+    CHECK_STATUS(kvs__data_server_fence(srv, 78, (const uint64_t[]){5}, 1), KVS_SEGMENT_NOT_FOUND);
+    CHECK_STATUS(write_with_token(fd, 77, 5, 0xB2, 64), KVS_INVALID_WRITE);
+    CHECK_STATUS(write_with_token(fd, 77, 9, 0xB2, 64), KVS_INVALID_WRITE);
+    CHECK_STATUS(write_with_token(fd, 77, 0, 0xB2, 64), KVS_INVALID_WRITE); /* no put at all */
+    CHECK_EQ_INT(seg[0], 0xA1);
+    CHECK_STATUS(write_with_token(fd, 77, 6, 0xC3, 64), KVS_OK); /* another put's */
+    CHECK_EQ_INT(seg[63], 0xC3);
+    /* Many fences (the set grows) and the first ones still hold. */
+    for (uint64_t t = 100; t < 5000; t++)
+        CHECK_STATUS(kvs__data_server_fence(srv, 77, &t, 1), KVS_OK);
+    CHECK_STATUS(write_with_token(fd, 77, 5, 0xD4, 64), KVS_INVALID_WRITE);
+    CHECK_STATUS(write_with_token(fd, 77, 4999, 0xD4, 64), KVS_INVALID_WRITE);
+    CHECK_STATUS(write_with_token(fd, 77, 5000, 0xD4, 64), KVS_OK);
+    close(fd);
+    kvs__data_server_destroy(srv);
+}
+
 static void test_owner_with_master(void)
 {
     kvs__master_server_config_t mc;
@@ -250,6 +306,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     static const kvs_test_case_t cases[] = {
         KVS_TEST_CASE(test_bad_frames_and_offsets),
+        KVS_TEST_CASE(test_fenced_writes_are_refused),
         KVS_TEST_CASE(test_owner_with_master),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));

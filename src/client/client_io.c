@@ -319,9 +319,16 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
                 k->res[i] = erc;
                 continue;
             }
-            reqs[r] = (kvs_xfer_req_t){KVS_XFER_WRITE,    ep,          d->reps[q].segment_id,
-                                       d->reps[q].offset, k->total[i], &k->iov[k->first[i]],
-                                       k->cnt[i],         KVS_OK,      gpu_of(k->domain[i])};
+            reqs[r] = (kvs_xfer_req_t){.op = KVS_XFER_WRITE,
+                                       .ep = ep,
+                                       .segment_id = d->reps[q].segment_id,
+                                       .offset = d->reps[q].offset,
+                                       .length = k->total[i],
+                                       .iov = &k->iov[k->first[i]],
+                                       .iovcnt = k->cnt[i],
+                                       .status = KVS_OK,
+                                       .gpu = gpu_of(k->domain[i]),
+                                       .token = d->token};
             req_key[r++] = i;
         }
     }
@@ -634,9 +641,15 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
         qsort(slots, ns, sizeof(*slots), cmp_slot_ep);
     for (uint32_t s = 0; s < ns; s++) {
         const read_slot_t *sl = &slots[s];
-        reqs[s] = (kvs_xfer_req_t){KVS_XFER_READ,   sl->ep,   sl->segment_id,
-                                   sl->offset,      sl->size, &k->iov[k->first[sl->key]],
-                                   k->cnt[sl->key], KVS_OK,   gpu_of(k->domain[sl->key])};
+        reqs[s] = (kvs_xfer_req_t){.op = KVS_XFER_READ,
+                                   .ep = sl->ep,
+                                   .segment_id = sl->segment_id,
+                                   .offset = sl->offset,
+                                   .length = sl->size,
+                                   .iov = &k->iov[k->first[sl->key]],
+                                   .iovcnt = k->cnt[sl->key],
+                                   .status = KVS_OK,
+                                   .gpu = gpu_of(k->domain[sl->key])};
     }
     *plan_ns_p = (t_lookup - t_enter) + (kvs__now_ns() - t_after);
     /* Submissions: direct = one per key, grouped = one per owner; all in flight together. */

@@ -27,9 +27,19 @@ typedef struct {
 #undef COUNTER_FIELD_
 } counters_t;
 
+/* A fence the master asked a segment's owner for and that the owner has not acknowledged. */
+typedef struct {
+    uint64_t token;
+    uint64_t seq;
+} mfence_t;
+
 typedef struct seg {
     uint64_t id;
     uint64_t client_id;
+    uint64_t fence_seq;   /* fences issued on this segment */
+    uint64_t fence_acked; /* the owner has applied every fence up to this one */
+    mfence_t *fences;     /* issued and not acknowledged, in order */
+    uint32_t nfences, cap_fences;
     char *name, *node, *endpoint;
     uint64_t size;
     kvs__seg_alloc_t *alloc;
@@ -55,6 +65,7 @@ typedef struct obj {
     uint64_t lease_until_ns;
     uint64_t started_ns;
     uint64_t writer; /* the client that started the put; only it may end or revoke it */
+    uint64_t token;  /* random per put: its writes carry it, fences name it */
     mrep_t *reps;
     uint32_t nrep;
     uint32_t key_len;
@@ -62,14 +73,17 @@ typedef struct obj {
     char key[];
 } obj_t;
 
-/* Space that must not be reused yet: the replicas of an object removed while a reader's lease
- * still covers it (a tombstone). The key is gone at once; the space returns to the allocator
- * when the lease ends, so a reader inside its lease never sees another object's bytes. */
+/* Space that must not be reused yet, one replica each: the space of an object removed while a
+ * reader's lease still covers it (a tombstone, until `until_ns`), or of a put ended early
+ * (revoked, discarded, removed while pending) whose writes may still be on their way to the
+ * owner (until the owner acknowledges fence `fence_seq`). Readers inside their lease and late
+ * writes therefore never meet another object's bytes. */
 typedef struct limbo {
     struct limbo *next;
+    struct seg *seg;
+    uint32_t handle;
     uint64_t until_ns;
-    uint32_t nrep;
-    mrep_t reps[];
+    uint64_t fence_seq; /* 0: no fence needed */
 } limbo_t;
 
 struct kvs__master {
@@ -230,35 +244,75 @@ static void obj_destroy(kvs__master_t *m, obj_t *o)
     kvs__free(o);
 }
 
-/* Removes an object whose space a reader may still be reading: a tombstone keeps the space
- * until the object's lease ends. NO_MEMORY (nothing changed) when the tombstone cannot be
- * made. */
+/* Asks the owner of `seg` to fence `token`; returns the fence's number, 0 on no memory. */
+static uint64_t fence_issue(struct seg *sg, uint64_t token)
+{
+    if (sg->nfences == sg->cap_fences) {
+        uint32_t cap = sg->cap_fences ? 2 * sg->cap_fences : 8;
+        mfence_t *f = kvs__realloc(sg->fences, cap * sizeof(*f));
+        if (f == NULL)
+            return 0;
+        sg->fences = f;
+        sg->cap_fences = cap;
+    }
+    sg->fences[sg->nfences++] = (mfence_t){token, ++sg->fence_seq};
+    return sg->fence_seq;
+}
+
+/* Removes an object whose space a reader may still read or a writer still write: each
+ * replica's space waits in limbo for the lease to end (complete objects) or for the owner to
+ * fence the put (pending ones). NO_MEMORY, with nothing changed, when that cannot be set up. */
 static int obj_retire(kvs__master_t *m, uint64_t now_ns, obj_t *o)
 {
-    if (o->state == KVS_OBJ_COMPLETE && o->lease_until_ns > now_ns && o->nrep > 0) {
-        limbo_t *l = kvs__malloc(sizeof(*l) + o->nrep * sizeof(l->reps[0]));
-        if (l == NULL)
+    bool pending = o->state == KVS_OBJ_PENDING;
+    bool leased = !pending && o->lease_until_ns > now_ns;
+    if (pending || leased) {
+        limbo_t *l[KVS_MAX_REPLICAS];
+        uint32_t n = 0;
+        for (; n < o->nrep; n++) {
+            if ((l[n] = kvs__malloc(sizeof(*l[n]))) == NULL)
+                break;
+        }
+        bool fenced = true;
+        if (n == o->nrep && pending) {
+            /* Each fence is issued once its limbo entry exists, so none is lost. */
+            for (uint32_t i = 0; i < n && fenced; i++) {
+                l[i]->fence_seq = fence_issue(o->reps[i].seg, o->token);
+                fenced = l[i]->fence_seq != 0;
+            }
+        }
+        if (n < o->nrep || !fenced) {
+            /* Fences already issued stay harmless: their token belongs to no live put. */
+            for (uint32_t i = 0; i < n; i++)
+                kvs__free(l[i]);
             return KVS_NO_MEMORY;
-        l->until_ns = o->lease_until_ns;
-        l->nrep = o->nrep;
-        memcpy(l->reps, o->reps, o->nrep * sizeof(l->reps[0]));
-        l->next = m->limbo;
-        m->limbo = l;
-        o->nrep = 0; /* the space is the tombstone's now */
-        m->c.tombstones++;
+        }
+        for (uint32_t i = 0; i < n; i++) {
+            l[i]->seg = o->reps[i].seg;
+            l[i]->handle = o->reps[i].handle;
+            l[i]->until_ns = leased ? o->lease_until_ns : 0;
+            if (!pending)
+                l[i]->fence_seq = 0;
+            l[i]->next = m->limbo;
+            m->limbo = l[i];
+        }
+        o->nrep = 0; /* the space is limbo's now */
+        m->c.tombstones += leased;
     }
     obj_destroy(m, o);
     return KVS_OK;
 }
 
-/* Frees tombstones whose lease has ended (all of them when `all`). */
+/* Returns to the allocators the limbo space whose lease has ended and whose fence the owner
+ * has applied (all of it, without freeing, when `all`: the allocators go too). */
 static void limbo_sweep(kvs__master_t *m, uint64_t now_ns, bool all)
 {
     for (limbo_t **pp = &m->limbo; *pp != NULL;) {
         limbo_t *l = *pp;
-        if (all || l->until_ns <= now_ns) {
-            for (uint32_t i = 0; !all && i < l->nrep; i++)
-                kvs__seg_alloc_free(l->reps[i].seg->alloc, l->reps[i].handle);
+        bool due = l->until_ns <= now_ns && l->fence_seq <= l->seg->fence_acked;
+        if (all || due) {
+            if (!all)
+                kvs__seg_alloc_free(l->seg->alloc, l->handle);
             *pp = l->next;
             kvs__free(l);
         } else {
@@ -267,16 +321,17 @@ static void limbo_sweep(kvs__master_t *m, uint64_t now_ns, bool all)
     }
 }
 
-/* A segment going away takes its part of every tombstone with it. */
+/* A segment going away takes its limbo space with it: nothing can read or write it any more. */
 static void limbo_drop_segment(kvs__master_t *m, const struct seg *s)
 {
-    for (limbo_t *l = m->limbo; l != NULL; l = l->next) {
-        uint32_t kept = 0;
-        for (uint32_t i = 0; i < l->nrep; i++) {
-            if (l->reps[i].seg != s)
-                l->reps[kept++] = l->reps[i];
+    for (limbo_t **pp = &m->limbo; *pp != NULL;) {
+        limbo_t *l = *pp;
+        if (l->seg == s) {
+            *pp = l->next;
+            kvs__free(l);
+        } else {
+            pp = &l->next;
         }
-        l->nrep = kept;
     }
 }
 
@@ -307,6 +362,7 @@ static void seg_destroy(seg_t *s)
     if (s == NULL)
         return;
     kvs__seg_alloc_destroy(s->alloc);
+    kvs__free(s->fences);
     kvs__free(s->name);
     kvs__free(s->node);
     kvs__free(s->endpoint);
@@ -464,18 +520,58 @@ int kvs__master_unmount(kvs__master_t *m, uint64_t client_id, uint64_t segment_i
     return KVS_OK;
 }
 
-int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id)
+/* The owner has applied every fence of `s` up to `seq`: forget them, free what they held. */
+static void fence_acked(kvs__master_t *m, seg_t *s, uint64_t seq, uint64_t now_ns)
 {
-    if (m == NULL || client_id == 0)
-        return KVS_INVALID_PARAMS;
-    uint32_t found = 0;
-    for (uint32_t i = 0; i < m->nseg; i++) {
-        if (m->segs[i]->client_id == client_id) {
-            m->segs[i]->last_heartbeat_ns = now_ns;
-            found++;
-        }
+    if (seq <= s->fence_acked)
+        return;
+    s->fence_acked = KVS_MIN(seq, s->fence_seq);
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < s->nfences; i++) {
+        if (s->fences[i].seq > s->fence_acked)
+            s->fences[kept++] = s->fences[i];
     }
-    return found ? KVS_OK : KVS_SEGMENT_NOT_FOUND;
+    s->nfences = kept;
+    limbo_sweep(m, now_ns, false);
+}
+
+int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
+                          const kvs__heartbeat_req_t *req, kvs__arena_t *arena,
+                          kvs__heartbeat_rsp_t *rsp)
+{
+    if (m == NULL || client_id == 0 || (rsp != NULL && arena == NULL))
+        return KVS_INVALID_PARAMS;
+    uint32_t found = 0, nfences = 0;
+    for (uint32_t i = 0; i < m->nseg; i++) {
+        seg_t *s = m->segs[i];
+        if (s->client_id != client_id)
+            continue;
+        s->last_heartbeat_ns = now_ns;
+        found++;
+        for (uint32_t j = 0; req != NULL && j < req->nacks; j++) {
+            if (req->acks[j].segment_id == s->id)
+                fence_acked(m, s, req->acks[j].seq, now_ns);
+        }
+        nfences += s->nfences;
+    }
+    if (rsp == NULL)
+        return found ? KVS_OK : KVS_SEGMENT_NOT_FOUND;
+    /* The fences still unacknowledged, oldest first; the rest follow in later replies. */
+    memset(rsp, 0, sizeof(*rsp));
+    rsp->status = found ? KVS_OK : KVS_SEGMENT_NOT_FOUND;
+    nfences = KVS_MIN(nfences, KVS_MAX_FENCES);
+    rsp->fences = kvs__arena_alloc(arena, (size_t)nfences * sizeof(*rsp->fences));
+    if (rsp->fences == NULL)
+        return KVS_NO_MEMORY;
+    for (uint32_t i = 0; i < m->nseg && rsp->nfences < nfences; i++) {
+        seg_t *s = m->segs[i];
+        for (uint32_t j = 0; s->client_id == client_id && j < s->nfences &&
+                             rsp->nfences < nfences;
+             j++)
+            rsp->fences[rsp->nfences++] =
+                (kvs__fence_t){s->id, s->fences[j].token, s->fences[j].seq};
+    }
+    return KVS_OK;
 }
 
 /* ---- eviction --------------------------------------------------------------------------- */
@@ -651,6 +747,7 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, uint64_t writer,
     o->state = KVS_OBJ_PENDING;
     o->started_ns = now_ns;
     o->writer = writer;
+    o->token = kvs__random_u64();
     o->reps = reps;
     o->nrep = got;
     table_insert(m, o);
@@ -660,6 +757,7 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, uint64_t writer,
     if (*batch_seg == NULL)
         *batch_seg = reps[0].seg;
     d->size = it->size;
+    d->token = o->token;
     d->nreps = got;
     for (uint32_t i = 0; i < got; i++)
         d->reps[i] = (kvs__replica_t){reps[i].seg->id, reps[i].offset};
@@ -761,9 +859,10 @@ static int op_put_revoke(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
 {
     if (o->state != KVS_OBJ_PENDING || o->writer != k->client_id)
         return KVS_INVALID_WRITE;
-    obj_destroy(m, o);
-    m->c.puts_revoked++;
-    return KVS_OK;
+    int rc = obj_retire(m, k->now_ns, o);
+    if (rc == KVS_OK)
+        m->c.puts_revoked++;
+    return rc;
 }
 
 static int op_exists(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
@@ -968,7 +1067,8 @@ void kvs__master_tick(kvs__master_t *m, uint64_t now_ns)
         obj_t *o = link_obj(m->pending.next);
         kvs_warn("discarding put of '%.*s': not ended within %llu ms", (int)o->key_len, o->key,
                  (unsigned long long)m->cfg.put_discard_ms);
-        obj_destroy(m, o);
+        if (obj_retire(m, now_ns, o) != KVS_OK)
+            break; /* out of memory: the next tick tries again */
         m->c.puts_discarded++;
     }
     uint64_t hb_ns = m->cfg.heartbeat_timeout_ms * KVS_NS_PER_MS;

@@ -42,8 +42,12 @@ int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
 /* Unmounts a segment of that client: its replicas vanish and objects left without one go. */
 int kvs__master_unmount(kvs__master_t *m, uint64_t client_id, uint64_t segment_id);
 /* Refreshes every segment of the client. SEGMENT_NOT_FOUND when it owns none (it was dropped
- * and should mount again). */
-int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id);
+ * and should mount again). `req` (may be NULL) acknowledges fences the owner has applied;
+ * with `rsp` (and `arena` for its arrays) the reply lists the fences it has not yet
+ * acknowledged: the puts whose space waits for them. */
+int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
+                          const kvs__heartbeat_req_t *req, kvs__arena_t *arena,
+                          kvs__heartbeat_rsp_t *rsp);
 
 /* The batch operations fill rsp (arrays from `arena`) with one result per request key;
  * rsp->status is the request-level status (OK unless the request itself is unusable).

@@ -254,11 +254,13 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
         break;
     }
     case KVS_MSG_HEARTBEAT: {
-        if ((rc = kvs__msg_desc(type)->req->decode(p, len, ver, &arena, NULL)) != KVS_OK)
+        kvs__heartbeat_req_t req;
+        kvs__heartbeat_rsp_t rsp;
+        if ((rc = kvs__heartbeat_req_decode(p, len, ver, &arena, &req)) != KVS_OK ||
+            (rc = kvs__master_heartbeat(s->master, now, c->client_id, &req, &arena, &rsp)) !=
+                KVS_OK)
             break;
-        kvs__status_list_rsp_t rsp = {0};
-        rsp.status = kvs__master_heartbeat(s->master, now, c->client_id);
-        kvs__status_list_rsp_encode(w, &rsp);
+        kvs__heartbeat_rsp_encode(w, &rsp);
         break;
     }
     case KVS_MSG_PUT_START: {

@@ -18,12 +18,65 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+/* Tokens of puts the master has fenced: an open-addressing set (0 marks a free slot; tokens
+ * are never 0). It only grows: a fenced put's bytes may sit in a socket for ever. */
+typedef struct {
+    uint64_t *slots;
+    size_t cap; /* a power of two, or 0 */
+    size_t n;
+} fence_set_t;
+
 typedef struct {
     uint64_t id;
     char *base;
     uint64_t size;
     int fd; /* the segment's memfd for same-host readers, or -1 */
+    fence_set_t fenced;
 } served_t;
+
+static bool fence_has(const fence_set_t *f, uint64_t token)
+{
+    if (f->cap == 0)
+        return false;
+    for (size_t i = kvs__hash64(&token, sizeof(token)) & (f->cap - 1);; i = (i + 1) & (f->cap - 1)) {
+        if (f->slots[i] == token)
+            return true;
+        if (f->slots[i] == 0)
+            return false;
+    }
+}
+
+static void fence_put(fence_set_t *f, uint64_t token)
+{
+    size_t i = kvs__hash64(&token, sizeof(token)) & (f->cap - 1);
+    while (f->slots[i] != 0 && f->slots[i] != token)
+        i = (i + 1) & (f->cap - 1);
+    if (f->slots[i] == 0) {
+        f->slots[i] = token;
+        f->n++;
+    }
+}
+
+/* Adds a token, growing to keep the set at most half full. NO_MEMORY leaves it unchanged. */
+static int fence_add(fence_set_t *f, uint64_t token)
+{
+    if (token == 0 || (f->cap && fence_has(f, token)))
+        return KVS_OK;
+    if (2 * (f->n + 1) > f->cap) {
+        fence_set_t g = {kvs__calloc(f->cap ? 2 * f->cap : 64, sizeof(uint64_t)),
+                         f->cap ? 2 * f->cap : 64, 0};
+        if (g.slots == NULL)
+            return KVS_NO_MEMORY;
+        for (size_t i = 0; i < f->cap; i++) {
+            if (f->slots[i] != 0)
+                fence_put(&g, f->slots[i]);
+        }
+        kvs__free(f->slots);
+        *f = g;
+    }
+    fence_put(f, token);
+    return KVS_OK;
+}
 
 typedef struct dconn {
     struct dconn *next;
@@ -95,7 +148,7 @@ static void send_error(int fd, unsigned version, uint32_t req_id, int status, co
 }
 
 /* Finds the segment and checks [offset, offset + length) lies inside it. Read lock held. */
-static int check_range(kvs__data_server_t *s, const kvs__data_req_t *r, char **addr_p)
+static int check_range(kvs__data_server_t *s, const kvs__data_req_t *r, bool write, char **addr_p)
 {
     for (uint32_t i = 0; i < s->nseg; i++) {
         if (s->segs[i].id != r->segment_id)
@@ -103,6 +156,9 @@ static int check_range(kvs__data_server_t *s, const kvs__data_req_t *r, char **a
         if (r->length == 0 || r->length > KVS_DATA_MAX_CHUNK || r->offset > s->segs[i].size ||
             r->length > s->segs[i].size - r->offset)
             return KVS_INVALID_PARAMS;
+        /* A write belongs to a put; a fenced put's space may already hold another object. */
+        if (write && (r->token == 0 || fence_has(&s->segs[i].fenced, r->token)))
+            return KVS_INVALID_WRITE;
         *addr_p = s->segs[i].base + r->offset;
         return KVS_OK;
     }
@@ -253,7 +309,7 @@ static void serve(kvs__data_server_t *s, int fd)
             usleep((useconds_t)s->cfg.inject_delay_us);
         pthread_rwlock_rdlock(&s->seg_lock);
         char *addr = NULL;
-        rc = check_range(s, &r, &addr);
+        rc = check_range(s, &r, is_write, &addr);
         if (rc != KVS_OK) {
             pthread_rwlock_unlock(&s->seg_lock);
             atomic_fetch_add(&s->refused, 1);
@@ -482,7 +538,12 @@ int kvs__data_server_create(const kvs__data_server_config_t *cfg, kvs__data_serv
         return KVS_NO_MEMORY;
     s->cfg = *cfg;
     s->unix_fd = -1;
-    pthread_rwlock_init(&s->seg_lock, NULL);
+    /* Writers first: a fence (or a segment change) must not wait behind a stream of reads. */
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&s->seg_lock, &ra);
+    pthread_rwlockattr_destroy(&ra);
     pthread_mutex_init(&s->conn_lock, NULL);
     s->listen_fd = kvs__tcp_listen(cfg->bind_host ? cfg->bind_host : "127.0.0.1", cfg->port, 512);
     if (s->listen_fd < 0) {
@@ -528,7 +589,7 @@ int kvs__data_server_add(kvs__data_server_t *s, uint64_t segment_id, void *base,
         rc = KVS_NO_MEMORY;
     if (rc == KVS_OK) {
         s->segs = segs;
-        s->segs[s->nseg++] = (served_t){segment_id, base, size, fd};
+        s->segs[s->nseg++] = (served_t){segment_id, base, size, fd, {NULL, 0, 0}};
     }
     pthread_rwlock_unlock(&s->seg_lock);
     return rc;
@@ -542,10 +603,31 @@ int kvs__data_server_remove(kvs__data_server_t *s, uint64_t segment_id)
     int rc = KVS_SEGMENT_NOT_FOUND;
     for (uint32_t i = 0; i < s->nseg; i++) {
         if (s->segs[i].id == segment_id) {
+            kvs__free(s->segs[i].fenced.slots);
             s->segs[i] = s->segs[--s->nseg];
             rc = KVS_OK;
             break;
         }
+    }
+    pthread_rwlock_unlock(&s->seg_lock);
+    return rc;
+}
+
+int kvs__data_server_fence(kvs__data_server_t *s, uint64_t segment_id, const uint64_t *tokens,
+                           size_t n)
+{
+    if (s == NULL || (tokens == NULL && n > 0))
+        return KVS_INVALID_PARAMS;
+    /* The write lock waits for every request in progress: once it is held, no write of a
+     * fenced put is still moving bytes, and every later one sees the fence. */
+    pthread_rwlock_wrlock(&s->seg_lock);
+    int rc = KVS_SEGMENT_NOT_FOUND;
+    for (uint32_t i = 0; i < s->nseg; i++) {
+        if (s->segs[i].id != segment_id)
+            continue;
+        rc = KVS_OK;
+        for (size_t j = 0; j < n && rc == KVS_OK; j++)
+            rc = fence_add(&s->segs[i].fenced, tokens[j]);
     }
     pthread_rwlock_unlock(&s->seg_lock);
     return rc;
@@ -577,6 +659,8 @@ void kvs__data_server_destroy(kvs__data_server_t *s)
     pthread_mutex_unlock(&s->conn_lock);
     pthread_rwlock_destroy(&s->seg_lock);
     pthread_mutex_destroy(&s->conn_lock);
+    for (uint32_t i = 0; i < s->nseg; i++)
+        kvs__free(s->segs[i].fenced.slots);
     kvs__free(s->segs);
     kvs__free(s);
 }

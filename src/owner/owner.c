@@ -17,6 +17,7 @@ struct kvs__owner {
     kvs__data_server_t *data;
     kvs__rpc_t *rpc;
     uint64_t segment_id;
+    uint64_t fence_applied; /* every fence of the segment up to this one is applied */
     pthread_t hb_thread;
     bool hb_started;
     pthread_mutex_t lock;
@@ -51,8 +52,10 @@ static int owner_mount(kvs__owner_t *o)
         if (o->segment_id != 0)
             kvs__data_server_remove(o->data, o->segment_id);
         rc = kvs__data_server_add(o->data, mr.segment_id, o->mem.base, o->mem.size, o->mem.fd);
-        if (rc == KVS_OK)
+        if (rc == KVS_OK) {
             o->segment_id = mr.segment_id;
+            o->fence_applied = 0; /* a new segment id: its fences start afresh */
+        }
     }
     kvs__wbuf_free(&req);
     kvs__wbuf_free(&rsp);
@@ -64,23 +67,70 @@ static int owner_mount(kvs__owner_t *o)
     return rc;
 }
 
-static int owner_heartbeat(kvs__owner_t *o)
+/* Applies the fences of a HEARTBEAT reply that are new for our segment; *applied_p says
+ * whether there were any (so they can be acknowledged at once). */
+static int owner_apply_fences(kvs__owner_t *o, const kvs__heartbeat_rsp_t *hr, bool *applied_p)
+{
+    uint64_t *tokens = kvs__malloc(KVS_MAX(hr->nfences, 1) * sizeof(*tokens));
+    if (tokens == NULL)
+        return KVS_NO_MEMORY;
+    size_t n = 0;
+    uint64_t seq = o->fence_applied;
+    for (uint32_t i = 0; i < hr->nfences; i++) {
+        const kvs__fence_t *f = &hr->fences[i];
+        if (f->segment_id == o->segment_id && f->seq > o->fence_applied) {
+            tokens[n++] = f->token;
+            seq = KVS_MAX(seq, f->seq);
+        }
+    }
+    int rc = n ? kvs__data_server_fence(o->data, o->segment_id, tokens, n) : KVS_OK;
+    kvs__free(tokens);
+    if (rc == KVS_OK && n > 0) {
+        kvs_debug("segment %llu: %zu put(s) fenced, up to fence %llu",
+                  (unsigned long long)o->segment_id, n, (unsigned long long)seq);
+        o->fence_applied = seq;
+        *applied_p = true;
+    }
+    return rc;
+}
+
+/* One HEARTBEAT: keeps the segment alive, acknowledges the fences applied so far and applies
+ * the ones the reply lists. */
+static int owner_heartbeat_once(kvs__owner_t *o, bool *applied_p)
 {
     kvs__wbuf_t req, rsp;
     kvs__wbuf_init(&req);
     kvs__wbuf_init(&rsp);
     kvs__rpc_begin(o->rpc, &req, KVS_MSG_HEARTBEAT);
+    kvs__fence_ack_t ack = {o->segment_id, o->fence_applied};
+    kvs__heartbeat_req_t hb = {o->segment_id != 0 ? 1 : 0, &ack};
+    kvs__heartbeat_req_encode(&req, &hb);
     int rc = owner_call(o, &req, &rsp);
     kvs__arena_t a;
     kvs__arena_init(&a);
-    kvs__status_list_rsp_t sr;
+    kvs__heartbeat_rsp_t hr;
     if (rc == KVS_OK)
-        rc = kvs__status_list_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &sr);
+        rc = kvs__heartbeat_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &hr);
     if (rc == KVS_OK)
-        rc = sr.status;
+        rc = hr.status;
+    if (rc == KVS_OK)
+        rc = owner_apply_fences(o, &hr, applied_p);
     kvs__arena_free(&a);
     kvs__wbuf_free(&req);
     kvs__wbuf_free(&rsp);
+    return rc;
+}
+
+/* A heartbeat; newly applied fences are acknowledged by a second one right away, so the
+ * master can reuse their space without waiting a heartbeat period. */
+static int owner_heartbeat(kvs__owner_t *o)
+{
+    bool applied = false;
+    int rc = owner_heartbeat_once(o, &applied);
+    if (rc == KVS_OK && applied) {
+        bool again = false;
+        rc = owner_heartbeat_once(o, &again);
+    }
     return rc;
 }
 

@@ -43,6 +43,10 @@ int kvs__data_server_add(kvs__data_server_t *srv, uint64_t segment_id, void *bas
                          int fd);
 /* Stops serving a segment; waits for requests that are using it. */
 int kvs__data_server_remove(kvs__data_server_t *srv, uint64_t segment_id);
+/* Fences puts of a served segment: every write carrying one of `tokens` from now on is refused
+ * (INVALID_WRITE), and writes in progress are waited for. SEGMENT_NOT_FOUND when not served. */
+int kvs__data_server_fence(kvs__data_server_t *srv, uint64_t segment_id, const uint64_t *tokens,
+                           size_t n);
 /* Requests served and refused so far. */
 uint64_t kvs__data_server_refused(const kvs__data_server_t *srv);
 /* Closes every connection, joins every thread, frees. NULL is a no-op. */

@@ -35,6 +35,7 @@
 #define KVS_MAX_SEGMENTS    4096u /* segments a master serves */
 #define KVS_MAX_COUNTERS    1024u
 #define KVS_MAX_MESSAGE_LEN 4096u
+#define KVS_MAX_FENCES      65536u /* fences in one HEARTBEAT reply (more follow in the next) */
 
 /* ---- records used inside messages -------------------------------------------------------- */
 
@@ -55,6 +56,7 @@
     X(R, U64, size, 2, 0, 0)                                                                       \
     X(R, U64, lease_ms, 2, 0, 0) /* lookups: lease time left; puts: 0 */                           \
     X(R, ARR, reps, 2, replica, KVS_MAX_REPLICAS)                                                  \
+    X(R, U64, token, 2, 0, 0) /* PUT_START: the put's token, carried by its writes; lookups: 0 */ \
     X(R, U32, next_probe, KVS_PROTO_V_NEXT_, 0, 0)
 
 #define KVS_FIELDS_put_item(X, R)                                                                  \
@@ -103,6 +105,25 @@
     X(R, I32, status, 2, 0, 0)                                                                     \
     X(R, U64, segment_id, 2, 0, 0)
 
+/* Fencing: the master lists the puts whose space it wants back (revoked, discarded, removed
+ * while pending) in HEARTBEAT replies, numbered per segment; the owner refuses every later
+ * write with those tokens and acknowledges the highest number it has applied in its next
+ * HEARTBEAT. Only then does the space return to the allocator. */
+#define KVS_FIELDS_fence(X, R)                                                                     \
+    X(R, U64, segment_id, 2, 0, 0)                                                                 \
+    X(R, U64, token, 2, 0, 0)                                                                      \
+    X(R, U64, seq, 2, 0, 0)
+
+#define KVS_FIELDS_fence_ack(X, R)                                                                 \
+    X(R, U64, segment_id, 2, 0, 0)                                                                 \
+    X(R, U64, seq, 2, 0, 0) /* every fence of the segment up to this one is applied */
+
+#define KVS_FIELDS_heartbeat_req(X, R) X(R, ARR, acks, 2, fence_ack, KVS_MAX_SEGMENTS)
+
+#define KVS_FIELDS_heartbeat_rsp(X, R)                                                             \
+    X(R, I32, status, 2, 0, 0)                                                                     \
+    X(R, ARR, fences, 2, fence, KVS_MAX_FENCES)
+
 /* UNMOUNT: a segment of the connection's client. */
 #define KVS_FIELDS_ids_req(X, R) X(R, U64, segment_id, 2, 0, 0)
 
@@ -148,11 +169,13 @@
     X(R, STR, message, 2, KVS_MAX_MESSAGE_LEN, 0)
 
 /* The fixed part of a data request. A DATA_WRITE payload is this followed by exactly `length`
- * bytes; a DATA_READ reply is a data_status followed by `length` bytes when the status is OK. */
+ * bytes; a DATA_READ reply is a data_status followed by `length` bytes when the status is OK.
+ * Writes carry their put's token: an owner refuses tokens the master has fenced. */
 #define KVS_FIELDS_data_req(X, R)                                                                  \
     X(R, U64, segment_id, 2, 0, 0)                                                                 \
     X(R, U64, offset, 2, 0, 0)                                                                     \
-    X(R, U64, length, 2, 0, 0)
+    X(R, U64, length, 2, 0, 0)                                                                     \
+    X(R, U64, token, 2, 0, 0) /* writes: the put's token (never 0); reads: 0 */
 
 #define KVS_FIELDS_data_status(X, R) X(R, I32, status, 2, 0, 0)
 
@@ -175,11 +198,15 @@
     REC(put_item)                                                                                  \
     REC(list_entry)                                                                                \
     REC(counter)                                                                                   \
+    REC(fence)                                                                                     \
+    REC(fence_ack)                                                                                 \
     REC(hello_req)                                                                                 \
     REC(hello_rsp)                                                                                 \
     REC(mount_req)                                                                                 \
     REC(mount_rsp)                                                                                 \
     REC(ids_req)                                                                                   \
+    REC(heartbeat_req)                                                                             \
+    REC(heartbeat_rsp)                                                                             \
     REC(keys_req)                                                                                  \
     REC(status_list_rsp)                                                                           \
     REC(put_start_req)                                                                             \
@@ -201,7 +228,7 @@
     M(HELLO, 1, hello_req, hello_rsp, 0)                                                           \
     M(MOUNT, 2, mount_req, mount_rsp, 0)                                                           \
     M(UNMOUNT, 3, ids_req, status_list_rsp, 0)                                                     \
-    M(HEARTBEAT, 4, none, status_list_rsp, 0)                                                   \
+    M(HEARTBEAT, 4, heartbeat_req, heartbeat_rsp, 0)                                                   \
     M(PUT_START, 5, put_start_req, placement_rsp, 0)                                               \
     M(PUT_END, 6, keys_req, status_list_rsp, 0)                                                    \
     M(PUT_REVOKE, 7, keys_req, status_list_rsp, 0)                                                 \

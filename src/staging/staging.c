@@ -396,7 +396,8 @@ static void run_fill(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t a, ui
                                        &bufv[i - a],
                                        1,
                                        KVS_OK,
-                                       st->be->device_memory ? (uint32_t)st->buf_domain + 1 : 0};
+                                       st->be->device_memory ? (uint32_t)st->buf_domain + 1 : 0,
+                                       0};
     }
     if (kvs__now_ns() >= deadline_ns) {
         for (uint32_t i = a; i < b; i++)

@@ -366,7 +366,7 @@ static int send_request(tcp_conn_t *c, chunk_t *ch, uint32_t req_id)
                           (uint32_t)(KVS_DATA_REQ_LEN + (write ? ch->len : 0))};
     kvs__frame_hdr_encode(&h, buf);
     kvs__wbuf_t w = kvs__wbuf_over(buf + KVS_FRAME_HDR_LEN, KVS_DATA_REQ_LEN, c->version);
-    kvs__data_req_t d = {r->segment_id, r->offset + ch->off, ch->len};
+    kvs__data_req_t d = {r->segment_id, r->offset + ch->off, ch->len, write ? r->token : 0};
     kvs__data_req_encode(&w, &d);
     if (w.failed || w.len != KVS_DATA_REQ_LEN)
         return KVS_INVALID_PARAMS;
