@@ -885,6 +885,19 @@ static void test_eviction_makes_room_for_new_puts(void)
     server_stop(&st.srv);
 }
 
+typedef struct {
+    kvs_client_t *c;
+    void *buf;
+    int64_t result;
+} lease_read_t;
+
+static void *lease_read_main(void *arg)
+{
+    lease_read_t *r = arg;
+    r->result = kvs_client_get_into(r->c, "L", r->buf, 5000);
+    return NULL;
+}
+
 static void test_leases_protect_reads_and_expire(void)
 {
     /* Every data request stalls 400 ms; leases last 250 ms. Over tcp: the stall is on its data
@@ -895,24 +908,86 @@ static void test_leases_protect_reads_and_expire(void)
     store_t st;
     store_start(&st, "16MiB", extra);
     unsetenv("KVS_DATA_INJECT_DELAY_US");
-    kvs_client_t *c = client_open(st.master, 3000);
+    kvs_client_t *c = client_open(st.master, 3000), *r = client_open(st.master, 3000);
     put_pattern(c, "L", 5000, NULL);
-    /* A lookup leases the object: removal is refused until the lease ends or forced. */
-    CHECK_EQ_INT(kvs_client_get_size(c, "L"), 5000);
-    CHECK_STATUS(kvs_client_remove(c, "L", false), KVS_OBJECT_HAS_LEASE);
-    usleep(300000);
-    /* A read whose transfer outlasts the lease is refused: the owner may have reused space. */
+    /* A read in progress leases the object: another client's removal is refused until the
+     * lease ends (or forced). */
     uint8_t *buf = malloc(5000);
-    CHECK_STATUS(kvs_client_register_buffer(c, buf, 5000), KVS_OK);
-    CHECK_STATUS(kvs_client_get_into(c, "L", buf, 5000), KVS_LEASE_EXPIRED);
+    CHECK_STATUS(kvs_client_register_buffer(r, buf, 5000), KVS_OK);
+    lease_read_t lr = {r, buf, 0};
+    pthread_t t;
+    CHECK_EQ_INT(pthread_create(&t, NULL, lease_read_main, &lr), 0);
+    usleep(100000);
+    CHECK_STATUS(kvs_client_remove(c, "L", false), KVS_OBJECT_HAS_LEASE);
+    /* A read whose transfer outlasts the lease is refused: the space may have been reused. */
+    CHECK_EQ_INT(pthread_join(t, NULL), 0);
+    CHECK_STATUS(lr.result, KVS_LEASE_EXPIRED);
     kvs_client_stats_t s;
-    CHECK_STATUS(kvs_client_get_stats(c, &s), KVS_OK);
+    CHECK_STATUS(kvs_client_get_stats(r, &s), KVS_OK);
     CHECK_EQ_U64(s.get_lease_expired, 1);
-    usleep(300000);
     CHECK_STATUS(kvs_client_remove(c, "L", false), KVS_OK);
-    CHECK_STATUS(kvs_client_unregister_buffer(c, buf), KVS_OK);
+    CHECK_STATUS(kvs_client_unregister_buffer(r, buf), KVS_OK);
+    kvs_client_close(r);
     kvs_client_close(c);
     free(buf);
+    server_stop(&st.srv);
+}
+
+/* Runs `kvstash --master M args...`; returns its exit status. */
+static int run_cli(const char *master, const char *const *args)
+{
+    const char *argv[16] = {KVS_CLI_PATH, "--master", master};
+    int n = 3;
+    for (int i = 0; args[i] && n < 15; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0;
+    CHECK_EQ_INT(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* A finished read gives its lease back without an extra round trip on the read path: with the
+ * next request, or at close. So `kvstash get K f; kvstash rm K` succeeds (it used to be refused
+ * with OBJECT_HAS_LEASE for the lease's 10 s), and so does a get then a remove in one client,
+ * while another client's read still protects the object. */
+static void test_completed_reads_release_their_leases(void)
+{
+    store_t st;
+    store_start(&st, "16MiB", NULL);
+    char in[64], out[64];
+    snprintf(in, sizeof(in), "/tmp/kvs-lease-in-%d", (int)getpid());
+    snprintf(out, sizeof(out), "/tmp/kvs-lease-out-%d", (int)getpid());
+    FILE *f = fopen(in, "wb");
+    CHECK(f != NULL && fwrite("lease me", 1, 8, f) == 8);
+    fclose(f);
+    const char *put[] = {"put", "K", in, NULL}, *get[] = {"get", "K", out, NULL},
+               *rm[] = {"rm", "K", NULL};
+    CHECK_EQ_INT(run_cli(st.master, put), 0);
+    CHECK_EQ_INT(run_cli(st.master, get), 0);
+    CHECK_EQ_INT(run_cli(st.master, rm), 0);
+    unlink(in);
+    unlink(out);
+
+    kvs_client_t *a = client_open(st.master, 3000), *b = client_open(st.master, 3000);
+    put_pattern(a, "k", 4096, NULL);
+    uint8_t *buf = malloc(4096);
+    CHECK_EQ_INT(get_copy(a, "k", buf, 4096), 4096);
+    CHECK_EQ_INT(get_copy(b, "k", buf, 4096), 4096);
+    CHECK_EQ_INT(get_copy(b, "k", buf, 4096), 4096);
+    /* b's two reads are done, but their releases wait for b's next request. */
+    CHECK_STATUS(kvs_client_remove(a, "k", false), KVS_OBJECT_HAS_LEASE);
+    CHECK_EQ_INT(kvs_client_exists(b, "k"), 1); /* carries b's releases */
+    CHECK_STATUS(kvs_client_remove(a, "k", false), KVS_OK);
+    free(buf);
+    kvs_client_close(a);
+    kvs_client_close(b);
     server_stop(&st.srv);
 }
 
@@ -1235,6 +1310,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_processes_read_each_others_keys),
         KVS_TEST_CASE(test_eviction_makes_room_for_new_puts),
         KVS_TEST_CASE(test_leases_protect_reads_and_expire),
+        KVS_TEST_CASE(test_completed_reads_release_their_leases),
         KVS_TEST_CASE(test_transfer_deadline_bounds_a_slow_owner),
         KVS_TEST_CASE(test_unregister_waits_for_reads_in_flight),
         KVS_TEST_CASE(test_client_mounts_its_own_segment),

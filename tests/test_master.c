@@ -72,7 +72,7 @@ typedef int (*keys_fn)(kvs__master_t *, uint64_t, const kvs__keys_req_t *, kvs__
 static int key_op(fx_t *f, keys_fn fn, const char *key, uint32_t flags)
 {
     kvs__str_t k = kvs__str_c(key);
-    kvs__keys_req_t req = {flags, 1, &k};
+    kvs__keys_req_t req = {flags, 1, &k, 0, NULL};
     kvs__status_list_rsp_t rsp;
     CHECK_STATUS(fn(f->m, f->now, &req, &f->arena, &rsp), KVS_OK);
     CHECK_EQ_INT(rsp.nresults, 1);
@@ -86,7 +86,7 @@ typedef int (*writer_fn)(kvs__master_t *, uint64_t, uint64_t, const kvs__keys_re
 static int writer_op(fx_t *f, writer_fn fn, const char *key, uint64_t client)
 {
     kvs__str_t k = kvs__str_c(key);
-    kvs__keys_req_t req = {0, 1, &k};
+    kvs__keys_req_t req = {0, 1, &k, 0, NULL};
     kvs__status_list_rsp_t rsp;
     CHECK_STATUS(fn(f->m, f->now, client, &req, &f->arena, &rsp), KVS_OK);
     CHECK_EQ_INT(rsp.nresults, 1);
@@ -101,9 +101,9 @@ static int writer_op(fx_t *f, writer_fn fn, const char *key, uint64_t client)
 static int lookup(fx_t *f, const char *key, kvs__obj_desc_t *d_p)
 {
     kvs__str_t k = kvs__str_c(key);
-    kvs__keys_req_t req = {0, 1, &k};
+    kvs__keys_req_t req = {0, 1, &k, 0, NULL};
     kvs__placement_rsp_t rsp;
-    CHECK_STATUS(kvs__master_lookup(f->m, f->now, &req, &f->arena, &rsp), KVS_OK);
+    CHECK_STATUS(kvs__master_lookup(f->m, f->now, f->client, &req, &f->arena, &rsp), KVS_OK);
     if (d_p)
         *d_p = rsp.objs[0];
     if (rsp.objs[0].status == KVS_OK) {
@@ -586,6 +586,51 @@ static void test_forced_remove_keeps_leased_space(void)
     fx_fini(&f);
 }
 
+/* Releases one lease of `client` on (key, token). */
+static void release(fx_t *f, uint64_t client, const char *key, uint64_t token)
+{
+    kvs__lease_release_t r = {kvs__str_c(key), token};
+    CHECK_STATUS(kvs__master_release(f->m, f->now, client, &r, 1), KVS_OK);
+}
+
+/* Each reader holds its own lease, one per lookup; releases end them early, expiry at the
+ * latest; a release for another version of the key changes nothing. */
+static void test_leases_per_reader(void)
+{
+    fx_t f;
+    fx_init(&f, 1000);
+    mount(&f, f.client, "s1", "n", 1 << 20);
+    CHECK_STATUS(put_start(&f, "k", 100), KVS_OK);
+    CHECK_STATUS(END(&f, "k"), KVS_OK);
+    uint64_t other = kvs__master_new_client(f.m);
+    kvs__obj_desc_t d;
+    CHECK_STATUS(lookup(&f, "k", &d), KVS_OK); /* f.client, twice */
+    CHECK(d.token != 0);
+    CHECK_STATUS(lookup(&f, "k", NULL), KVS_OK);
+    kvs__str_t k = kvs__str_c("k");
+    kvs__keys_req_t req = {0, 1, &k, 0, NULL};
+    kvs__placement_rsp_t rsp;
+    CHECK_STATUS(kvs__master_lookup(f.m, f.now, other, &req, &f.arena, &rsp), KVS_OK);
+    release(&f, f.client, "k", d.token);
+    release(&f, f.client, "k", d.token ^ 1); /* another version: ignored */
+    CHECK_STATUS(REMOVE(&f, "k", 0), KVS_OBJECT_HAS_LEASE); /* one lookup of f.client left */
+    release(&f, f.client, "k", d.token);
+    CHECK_STATUS(REMOVE(&f, "k", 0), KVS_OBJECT_HAS_LEASE); /* other's */
+    release(&f, f.client, "k", d.token); /* f.client has none left: changes nothing */
+    CHECK_STATUS(REMOVE(&f, "k", 0), KVS_OBJECT_HAS_LEASE);
+    release(&f, other, "k", d.token);
+    CHECK_EQ_U64(counter(&f, "lease_releases"), 4);
+    CHECK_STATUS(REMOVE(&f, "k", 0), KVS_OK);
+    /* Unreleased leases still end by expiry, and unleased objects can be evicted. */
+    CHECK_STATUS(put_start(&f, "e", 100), KVS_OK);
+    CHECK_STATUS(END(&f, "e"), KVS_OK);
+    CHECK_STATUS(lookup(&f, "e", NULL), KVS_OK);
+    CHECK_STATUS(REMOVE(&f, "e", 0), KVS_OBJECT_HAS_LEASE);
+    f.now += 1000 * MS;
+    CHECK_STATUS(REMOVE(&f, "e", 0), KVS_OK);
+    fx_fini(&f);
+}
+
 /* Segment ids are random and never reused, so an id names one generation of a segment. */
 static void test_segment_ids_are_never_reused(void)
 {
@@ -613,6 +658,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_only_the_writer_ends_or_revokes),
         KVS_TEST_CASE(test_segment_ids_are_never_reused),
         KVS_TEST_CASE(test_forced_remove_keeps_leased_space),
+        KVS_TEST_CASE(test_leases_per_reader),
         KVS_TEST_CASE(test_two_phase_put),
         KVS_TEST_CASE(test_revoke_frees_space),
         KVS_TEST_CASE(test_leases_block_remove),

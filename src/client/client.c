@@ -127,6 +127,7 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
     pthread_mutex_init(&c->wait_lock, NULL);
     pthread_cond_init(&c->wait_cond, NULL);
     pthread_mutex_init(&c->owners_lock, NULL);
+    pthread_mutex_init(&c->rel_lock, NULL);
     *client_p = c;
     return KVS_OK;
 
@@ -143,6 +144,9 @@ err_free:
     kvs__free(c);
     return rc;
 }
+
+static void releases_flush(kvs_client_t *c);
+static void releases_free(kvs__lease_release_t *r, uint32_t n);
 
 void kvs__client_enter(kvs_client_t *c)
 {
@@ -167,6 +171,9 @@ void kvs_client_close(kvs_client_t *c)
     while (atomic_load(&c->calls) > 0)
         pthread_cond_wait(&c->wait_cond, &c->wait_lock);
     pthread_mutex_unlock(&c->wait_lock);
+    releases_flush(c); /* so that the keys this client read can be removed at once */
+    releases_free(c->rel, c->nrel);
+    pthread_mutex_destroy(&c->rel_lock);
     for (size_t i = 0; i < c->nowners; i++)
         kvs__owner_destroy(c->owners[i]);
     kvs__free(c->owners);
@@ -422,12 +429,22 @@ int kvs__client_call(kvs_client_t *c, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
  * (65,536 keys of 1 KiB are 67 MB), so requests are split into frames that fit and the answers
  * joined. Replies always fit: test_proto checks the schema's bounds against the frame limit. */
 
-/* The request of one batch call: either keys (LOOKUP, EXISTS, ...) or PUT_START items. */
+/* The request of one batch call: either keys (LOOKUP, EXISTS, ...) or PUT_START items. Keys
+ * requests also carry the leases to release, as many per frame as fit. */
 typedef struct {
     uint16_t type;
     const kvs__keys_req_t *keys;
     const kvs__put_start_req_t *put;
 } batch_req_t;
+
+/* Bytes of the releases [first, first + count) in a keys request. */
+static uint64_t releases_bytes(const kvs__keys_req_t *kr, uint32_t first, uint32_t count)
+{
+    uint64_t b = 0;
+    for (uint32_t i = first; i < first + count; i++)
+        b += KVS__MIN_BYTES_lease_release + kr->released[i].key.len;
+    return b;
+}
 
 static uint32_t batch_len(const batch_req_t *b)
 {
@@ -440,6 +457,8 @@ static uint32_t batch_fit(const batch_req_t *b, uint32_t first)
     uint64_t bytes = b->keys ? KVS__MIN_BYTES_keys_req
                              : KVS__MIN_BYTES_put_start_req + b->put->node.len +
                                    b->put->preferred_segment.len;
+    if (b->keys && first == 0)
+        bytes += releases_bytes(b->keys, 0, b->keys->nreleased);
     uint32_t n = batch_len(b), i = first;
     for (; i < n; i++) {
         bytes += b->keys ? 4u + b->keys->keys[i].len
@@ -456,6 +475,8 @@ static void batch_encode(const batch_req_t *b, uint32_t first, uint32_t count, k
         kvs__keys_req_t part = *b->keys;
         part.nkeys = count;
         part.keys += first;
+        if (first > 0)
+            part.nreleased = 0; /* the first frame carries them */
         kvs__keys_req_encode(w, &part);
     } else {
         kvs__put_start_req_t part = *b->put;
@@ -510,9 +531,10 @@ static int batch_call(kvs_client_t *c, const batch_req_t *b, kvs__arena_t *arena
     kvs__wbuf_init(&req);
     kvs__wbuf_init(&rsp);
     int rc = KVS_OK;
-    for (uint32_t first = 0; rc == KVS_OK && first < n;) {
+    /* At least one frame: a RELEASE has no keys, only releases. */
+    for (uint32_t first = 0; rc == KVS_OK && (first < n || (first == 0 && n == 0));) {
         uint32_t count = batch_fit(b, first);
-        if (count == 0) {
+        if (count == 0 && n > 0) {
             rc = KVS_INVALID_PARAMS; /* one element larger than a frame: validation missed it */
             break;
         }
@@ -541,19 +563,99 @@ static int batch_call(kvs_client_t *c, const batch_req_t *b, kvs__arena_t *arena
                 rc = placement_join(pr, &part, first, arena);
         }
         first += count;
+        if (n == 0)
+            break;
     }
     kvs__wbuf_free(&req);
     kvs__wbuf_free(&rsp);
     return rc;
 }
 
+/* ---- lease releases ------------------------------------------------------------------------ */
+
+/* Beyond this many pending releases, more are dropped: those leases end by expiry. */
+#define REL_PENDING_CAP (1u << 20)
+
+void kvs__client_release_later(kvs_client_t *c, uint32_t n, const kvs__str_t *keys,
+                               const uint64_t *tokens)
+{
+    pthread_mutex_lock(&c->rel_lock);
+    for (uint32_t i = 0; i < n && c->nrel < REL_PENDING_CAP; i++) {
+        if (tokens[i] == 0)
+            continue;
+        if (c->nrel == c->cap_rel) {
+            uint32_t cap = c->cap_rel ? 2 * c->cap_rel : 64;
+            kvs__lease_release_t *r = kvs__realloc(c->rel, cap * sizeof(*r));
+            if (r == NULL)
+                break;
+            c->rel = r;
+            c->cap_rel = cap;
+        }
+        char *k = kvs__strndup(keys[i].ptr, keys[i].len);
+        if (k == NULL)
+            break;
+        c->rel[c->nrel++] = (kvs__lease_release_t){{k, keys[i].len}, tokens[i]};
+    }
+    pthread_mutex_unlock(&c->rel_lock);
+}
+
+/* Takes up to KVS_MAX_RELEASES pending releases (caller frees them with releases_free). */
+static uint32_t releases_take(kvs_client_t *c, kvs__lease_release_t **rel_p)
+{
+    pthread_mutex_lock(&c->rel_lock);
+    uint32_t n = KVS_MIN(c->nrel, KVS_MAX_RELEASES);
+    kvs__lease_release_t *r = n ? kvs__malloc(n * sizeof(*r)) : NULL;
+    if (r == NULL) {
+        n = 0;
+    } else {
+        /* The newest go first: the oldest are the likeliest to have expired anyway. */
+        memcpy(r, c->rel + (c->nrel - n), n * sizeof(*r));
+        c->nrel -= n;
+    }
+    pthread_mutex_unlock(&c->rel_lock);
+    *rel_p = r;
+    return n;
+}
+
+static void releases_free(kvs__lease_release_t *r, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        kvs__free((char *)r[i].key.ptr);
+    kvs__free(r);
+}
+
+/* Sends what is pending in RELEASE requests (at close). */
+static void releases_flush(kvs_client_t *c)
+{
+    for (;;) {
+        kvs__lease_release_t *rel;
+        uint32_t n = releases_take(c, &rel);
+        if (n == 0)
+            return;
+        kvs__keys_req_t kr = {0, 0, NULL, n, rel};
+        batch_req_t b = {KVS_MSG_RELEASE, &kr, NULL};
+        kvs__arena_t arena;
+        kvs__arena_init(&arena);
+        kvs__status_list_rsp_t sl;
+        int rc = batch_call(c, &b, &arena, &sl, NULL);
+        kvs__arena_free(&arena);
+        releases_free(rel, n);
+        if (rc != KVS_OK)
+            return; /* the leases end by expiry */
+    }
+}
+
 int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
                           const kvs__str_t *keys, kvs__arena_t *arena, kvs__status_list_rsp_t *sl,
                           kvs__placement_rsp_t *pr)
 {
-    kvs__keys_req_t kr = {flags, n, (kvs__str_t *)keys};
+    kvs__lease_release_t *rel;
+    uint32_t nrel = releases_take(c, &rel);
+    kvs__keys_req_t kr = {flags, n, (kvs__str_t *)keys, nrel, rel};
     batch_req_t b = {type, &kr, NULL};
-    return batch_call(c, &b, arena, sl, pr);
+    int rc = batch_call(c, &b, arena, sl, pr);
+    releases_free(rel, nrel); /* sent, or lost with the call: the leases then expire */
+    return rc;
 }
 
 int kvs__client_put_start(kvs_client_t *c, const kvs__put_start_req_t *ps, kvs__arena_t *arena,
@@ -640,6 +742,8 @@ int64_t kvs_client_get_size(kvs_client_t *c, const char *key)
     int64_t result;
     kvs__placement_rsp_t pr;
     int rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, 1, &k, &arena, NULL, &pr);
+    if (rc == KVS_OK)
+        kvs__client_release_later(c, 1, &k, &pr.objs[0].token); /* nothing is read */
     if (rc == KVS_OK)
         rc = pr.objs[0].status;
     if (rc == KVS_OK)

@@ -72,6 +72,11 @@ struct kvs_client {
     kvs__owner_t **owners;
     size_t nowners;
 
+    /* Leases of finished reads, to be released by the next master request (keys owned). */
+    pthread_mutex_t rel_lock;
+    kvs__lease_release_t *rel;
+    uint32_t nrel, cap_rel;
+
     kvs__client_stats_t st;
 };
 
@@ -111,5 +116,10 @@ int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32
                           kvs__placement_rsp_t *pr);
 int kvs__client_put_start(kvs_client_t *c, const kvs__put_start_req_t *ps, kvs__arena_t *arena,
                           kvs__placement_rsp_t *pr);
+
+/* A read of keys[i] (the lookup returned tokens[i]) is over: its lease goes back with the next
+ * master request, at the latest at close. Keys with token 0 (not looked up) are skipped. */
+void kvs__client_release_later(kvs_client_t *c, uint32_t n, const kvs__str_t *keys,
+                               const uint64_t *tokens);
 
 #endif

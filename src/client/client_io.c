@@ -495,6 +495,20 @@ static int cmp_slot_ep(const void *a, const void *b)
     return x->key < y->key ? -1 : x->key > y->key;
 }
 
+/* The read is over (every transfer has completed or been cancelled): the leases its lookup
+ * took go back with the next request. */
+static void release_leases(kvs_client_t *c, const kvs__placement_rsp_t *pr, const kvs__str_t *ks,
+                           uint32_t m)
+{
+    uint64_t *tokens = kvs__malloc(KVS_MAX(m, 1) * sizeof(*tokens));
+    if (tokens == NULL)
+        return; /* the leases end by expiry */
+    for (uint32_t j = 0; j < m; j++)
+        tokens[j] = pr->objs[j].status == KVS_OK ? pr->objs[j].token : 0;
+    kvs__client_release_later(c, m, ks, tokens);
+    kvs__free(tokens);
+}
+
 /* Picks the replica to read: on this host when asked and possible, else the first. */
 static const kvs__replica_t *pick_replica(kvs_client_t *c, const kvs__placement_rsp_t *pr,
                                           const kvs__obj_desc_t *d, bool same_node,
@@ -558,6 +572,8 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
     kvs_batch_t **batches = NULL;
     kvs_transport_t **batch_t = NULL;
     uint64_t *lease_until = NULL;
+    kvs__placement_rsp_t pr;
+    bool looked_up = false;
     kvs__arena_t arena;
     kvs__arena_init(&arena);
     if (rc != KVS_OK) {
@@ -568,9 +584,9 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
         goto out;
     /* Leases run from before the lookup was sent: never later than the master's clock. */
     uint64_t t_lookup = kvs__now_ns();
-    kvs__placement_rsp_t pr;
     rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, m, ks, &arena, NULL, &pr);
     t_after = kvs__now_ns();
+    looked_up = rc == KVS_OK;
     if (rc != KVS_OK) {
         rc = kvs__fail(rc, "read: lookup failed: %s", kvs_status_str(rc));
         goto out;
@@ -682,6 +698,8 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
         k->res[i] = st;
     }
 out:
+    if (looked_up)
+        release_leases(c, &pr, ks, m);
     kvs__arena_free(&arena);
     kvs__free(lease_until);
     kvs__free(batches);

@@ -18,6 +18,7 @@
     X(lookup_hits)                                                                                 \
     X(removes)                                                                                     \
     X(tombstones)                                                                                  \
+    X(lease_releases)                                                                              \
     X(evictions)                                                                                   \
     X(evicted_bytes)
 
@@ -52,6 +53,13 @@ typedef struct {
     uint32_t handle;
 } mrep_t;
 
+/* One client's lease on an object: its lookups not yet released, and when the lease ends. */
+typedef struct reader {
+    uint64_t client_id;
+    uint64_t until_ns;
+    uint32_t reads;
+} reader_t;
+
 /* Intrusive list link; it is an object's first member, so a link is also its object. */
 typedef struct link {
     struct link *prev, *next;
@@ -62,7 +70,9 @@ typedef struct obj {
     struct obj *hnext;
     uint64_t hash;
     uint64_t size;
-    uint64_t lease_until_ns;
+    uint64_t lease_until_ns; /* the latest end of any reader's lease (see readers) */
+    struct reader *readers;  /* each reader's lease: until it ends or the reader releases */
+    uint32_t nreaders, cap_readers;
     uint64_t started_ns;
     uint64_t writer; /* the client that started the put; only it may end or revoke it */
     uint64_t token;  /* random per put: its writes carry it, fences name it */
@@ -241,7 +251,55 @@ static void obj_destroy(kvs__master_t *m, obj_t *o)
     table_remove(m, o);
     list_unlink(o);
     kvs__free(o->reps);
+    kvs__free(o->readers);
     kvs__free(o);
+}
+
+/* Drops the leases that ended; returns the latest end of the others (0: none left). */
+static uint64_t obj_lease_end(obj_t *o, uint64_t now_ns)
+{
+    uint64_t end = 0;
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < o->nreaders; i++) {
+        if (o->readers[i].until_ns > now_ns && o->readers[i].reads > 0) {
+            end = KVS_MAX(end, o->readers[i].until_ns);
+            o->readers[kept++] = o->readers[i];
+        }
+    }
+    o->nreaders = kept;
+    o->lease_until_ns = end;
+    return end;
+}
+
+static bool obj_leased(obj_t *o, uint64_t now_ns)
+{
+    return o->nreaders > 0 && obj_lease_end(o, now_ns) > now_ns;
+}
+
+/* A lookup by `client`: its lease on the object runs until `until_ns`. Returns false on no
+ * memory (the lookup then fails for that key). */
+static bool obj_lease(obj_t *o, uint64_t client_id, uint64_t until_ns)
+{
+    for (uint32_t i = 0; i < o->nreaders; i++) {
+        reader_t *r = &o->readers[i];
+        if (r->client_id == client_id) {
+            r->reads++;
+            r->until_ns = KVS_MAX(r->until_ns, until_ns);
+            o->lease_until_ns = KVS_MAX(o->lease_until_ns, r->until_ns);
+            return true;
+        }
+    }
+    if (o->nreaders == o->cap_readers) {
+        uint32_t cap = o->cap_readers ? 2 * o->cap_readers : 2;
+        reader_t *r = kvs__realloc(o->readers, cap * sizeof(*r));
+        if (r == NULL)
+            return false;
+        o->readers = r;
+        o->cap_readers = cap;
+    }
+    o->readers[o->nreaders++] = (reader_t){client_id, until_ns, 1};
+    o->lease_until_ns = KVS_MAX(o->lease_until_ns, until_ns);
+    return true;
 }
 
 /* Asks the owner of `seg` to fence `token`; returns the fence's number, 0 on no memory. */
@@ -265,7 +323,7 @@ static uint64_t fence_issue(struct seg *sg, uint64_t token)
 static int obj_retire(kvs__master_t *m, uint64_t now_ns, obj_t *o)
 {
     bool pending = o->state == KVS_OBJ_PENDING;
-    bool leased = !pending && o->lease_until_ns > now_ns;
+    bool leased = !pending && obj_leased(o, now_ns);
     if (pending || leased) {
         limbo_t *l[KVS_MAX_REPLICAS];
         uint32_t n = 0;
@@ -594,7 +652,7 @@ static uint64_t evict_from(kvs__master_t *m, uint64_t now_ns, seg_t *s, uint64_t
     while (l != &m->lru && freed < need) {
         link_t *prev = l->prev;
         obj_t *o = link_obj(l);
-        if (o->lease_until_ns <= now_ns && obj_on_seg(o, s)) {
+        if (!obj_leased(o, now_ns) && obj_on_seg(o, s)) {
             uint64_t before = kvs__seg_alloc_used(s->alloc);
             m->c.evictions++;
             m->c.evicted_bytes += o->size;
@@ -877,7 +935,7 @@ static int op_remove(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
     bool force = (k->flags & KVS_KEYS_FLAG_FORCE) != 0;
     if (!force && o->state == KVS_OBJ_PENDING)
         return KVS_REPLICA_IS_NOT_READY;
-    if (!force && o->lease_until_ns > k->now_ns)
+    if (!force && obj_leased(o, k->now_ns))
         return KVS_OBJECT_HAS_LEASE;
     int rc = obj_retire(m, k->now_ns, o);
     if (rc == KVS_OK)
@@ -901,6 +959,30 @@ int kvs__master_put_revoke(kvs__master_t *m, uint64_t now_ns, uint64_t client_id
     return for_each_key(m, &k, req, arena, rsp, op_put_revoke);
 }
 
+int kvs__master_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
+                        const kvs__lease_release_t *rel, uint32_t n)
+{
+    if (m == NULL || (rel == NULL && n > 0))
+        return KVS_INVALID_PARAMS;
+    for (uint32_t i = 0; i < n; i++) {
+        if (kvs__key_check(rel[i].key.ptr, rel[i].key.len) != KVS_OK)
+            continue;
+        obj_t *o = obj_find(m, rel[i].key, kvs__hash64(rel[i].key.ptr, rel[i].key.len));
+        if (o == NULL || o->token != rel[i].token)
+            continue; /* gone or another version: its lease is not this reader's any more */
+        for (uint32_t j = 0; j < o->nreaders; j++) {
+            reader_t *r = &o->readers[j];
+            if (r->client_id == client_id && r->reads > 0) {
+                r->reads--;
+                break;
+            }
+        }
+        obj_lease_end(o, now_ns);
+        m->c.lease_releases++;
+    }
+    return KVS_OK;
+}
+
 int kvs__master_remove(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
                        kvs__arena_t *arena, kvs__status_list_rsp_t *rsp)
 {
@@ -921,8 +1003,9 @@ int kvs__master_exists(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t 
     return rc;
 }
 
-int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
-                       kvs__arena_t *arena, kvs__placement_rsp_t *rsp)
+int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
+                       const kvs__keys_req_t *req, kvs__arena_t *arena,
+                       kvs__placement_rsp_t *rsp)
 {
     if (m == NULL || req == NULL || arena == NULL || rsp == NULL)
         return KVS_INVALID_PARAMS;
@@ -943,13 +1026,16 @@ int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t 
         d->reps = kvs__arena_alloc(arena, o->nrep * sizeof(*d->reps));
         if (d->reps == NULL)
             return KVS_NO_MEMORY;
+        if (!obj_lease(o, client_id, now_ns + lease_ns)) {
+            d->status = KVS_NO_MEMORY;
+            continue;
+        }
         m->c.lookup_hits++;
-        if (o->lease_until_ns < now_ns + lease_ns)
-            o->lease_until_ns = now_ns + lease_ns;
         list_unlink(o);
         list_push_front(&m->lru, o);
         d->size = o->size;
-        d->lease_ms = (o->lease_until_ns - now_ns) / KVS_NS_PER_MS;
+        d->token = o->token; /* names this version of the object in the release */
+        d->lease_ms = lease_ns / KVS_NS_PER_MS;
         d->nreps = o->nrep;
         for (uint32_t j = 0; j < o->nrep; j++) {
             d->reps[j] = (kvs__replica_t){o->reps[j].seg->id, o->reps[j].offset};

@@ -277,7 +277,10 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
         kvs__keys_req_t req;
         kvs__placement_rsp_t rsp;
         if ((rc = kvs__keys_req_decode(p, len, ver, &arena, &req)) != KVS_OK ||
-            (rc = kvs__master_lookup(s->master, now, &req, &arena, &rsp)) != KVS_OK)
+            (rc = kvs__master_release(s->master, now, c->client_id, req.released,
+                                      req.nreleased)) != KVS_OK ||
+            (rc = kvs__master_lookup(s->master, now, c->client_id, &req, &arena, &rsp)) !=
+                KVS_OK)
             break;
         kvs__placement_rsp_encode(w, &rsp);
         break;
@@ -285,12 +288,19 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     case KVS_MSG_PUT_END:
     case KVS_MSG_PUT_REVOKE:
     case KVS_MSG_EXISTS:
-    case KVS_MSG_REMOVE: {
+    case KVS_MSG_REMOVE:
+    case KVS_MSG_RELEASE: {
         kvs__keys_req_t req;
-        kvs__status_list_rsp_t rsp;
-        if ((rc = kvs__keys_req_decode(p, len, ver, &arena, &req)) != KVS_OK)
+        kvs__status_list_rsp_t rsp = {0};
+        /* The leases of reads the client has finished go first: a REMOVE of a key just read
+         * by this client finds it unleased. */
+        if ((rc = kvs__keys_req_decode(p, len, ver, &arena, &req)) != KVS_OK ||
+            (rc = kvs__master_release(s->master, now, c->client_id, req.released,
+                                      req.nreleased)) != KVS_OK)
             break;
-        if (type == KVS_MSG_PUT_END)
+        if (type == KVS_MSG_RELEASE)
+            rc = req.nkeys == 0 ? KVS_OK : KVS_PROTOCOL_ERROR;
+        else if (type == KVS_MSG_PUT_END)
             rc = kvs__master_put_end(s->master, now, c->client_id, &req, &arena, &rsp);
         else if (type == KVS_MSG_PUT_REVOKE)
             rc = kvs__master_put_revoke(s->master, now, c->client_id, &req, &arena, &rsp);

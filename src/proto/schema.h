@@ -36,6 +36,7 @@
 #define KVS_MAX_COUNTERS    1024u
 #define KVS_MAX_MESSAGE_LEN 4096u
 #define KVS_MAX_FENCES      65536u /* fences in one HEARTBEAT reply (more follow in the next) */
+#define KVS_MAX_RELEASES    4096u  /* lease releases carried by one request */
 
 /* ---- records used inside messages -------------------------------------------------------- */
 
@@ -127,10 +128,17 @@
 /* UNMOUNT: a segment of the connection's client. */
 #define KVS_FIELDS_ids_req(X, R) X(R, U64, segment_id, 2, 0, 0)
 
-/* PUT_END, PUT_REVOKE, LOOKUP, EXISTS, REMOVE: keys and flags (KVS_KEYS_FLAG_*). */
+/* A read done: the lease its lookup took on that version (token) of the key ends. */
+#define KVS_FIELDS_lease_release(X, R)                                                             \
+    X(R, STR, key, 2, KVS_MAX_KEY_LEN, 0)                                                          \
+    X(R, U64, token, 2, 0, 0)
+
+/* PUT_END, PUT_REVOKE, LOOKUP, EXISTS, REMOVE, RELEASE: keys and flags (KVS_KEYS_FLAG_*), and
+ * the leases of reads the client has finished since its last request (applied first). */
 #define KVS_FIELDS_keys_req(X, R)                                                                  \
     X(R, U32, flags, 2, 0, 0)                                                                      \
-    X(R, STRS, keys, 2, KVS_MAX_KEY_LEN, KVS_MAX_BATCH)
+    X(R, STRS, keys, 2, KVS_MAX_KEY_LEN, KVS_MAX_BATCH)                                            \
+    X(R, ARR, released, 2, lease_release, KVS_MAX_RELEASES)
 
 /* One status per key, and the status of the request itself. */
 #define KVS_FIELDS_status_list_rsp(X, R)                                                           \
@@ -196,6 +204,7 @@
     REC(seg_info)                                                                                  \
     REC(obj_desc)                                                                                  \
     REC(put_item)                                                                                  \
+    REC(lease_release)                                                                             \
     REC(list_entry)                                                                                \
     REC(counter)                                                                                   \
     REC(fence)                                                                                     \
@@ -239,7 +248,8 @@
     M(STAT, 12, none, stat_rsp, 0)                                                                 \
     M(ERROR, 13, none, error_rsp, 0)                                                               \
     M(DATA_READ, 14, data_req, data_status, KVS_MSG_RAW_RSP)                                       \
-    M(DATA_WRITE, 15, data_req, data_status, KVS_MSG_RAW_REQ)
+    M(DATA_WRITE, 15, data_req, data_status, KVS_MSG_RAW_REQ)                                      \
+    M(RELEASE, 16, keys_req, status_list_rsp, 0) /* only releases; no keys */
 
 #define KVS_MSG_RAW_REQ 1u
 #define KVS_MSG_RAW_RSP 2u
