@@ -10,13 +10,15 @@
 #   torch          a PyTorch paged KV cache through the Python module, all four read modes
 #   gpu-tests      the GPU path and staging tests only (no memcheck, no benchmark)
 #   store          `kvstash bench store` (the store benchmark); $STORE_ARGS adds its options
+#   contract       the correctness-contract tests on this machine's cores: test_stress and the
+#                  restart, fencing, tombstone and lease cases of test_client
 # $SCATTER_ARGS adds options to `kvstash bench scatter`.
 # Every suite runs even when an earlier one failed; the exit status says whether all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-build-gpu/out}
 mkdir -p "$out"
-(($#)) || { sed -n '2,15p' "$0"; exit 2; }
+(($#)) || { sed -n '2,17p' "$0"; exit 2; }
 {
     date -u +"%Y-%m-%dT%H:%M:%SZ"
     # (no commit line: the device machine's copy of .git may lag behind the tree it runs)
@@ -88,6 +90,13 @@ for suite in "$@"; do
         # shellcheck disable=SC2086 # STORE_ARGS is a list of options
         step store_bench build-gpu/kvstash bench store --csv "$out/store.csv" \
             --table "$out/store.md" --plot "$out/store.png" ${STORE_ARGS:-}
+        ;;
+    contract)
+        step contract_stress build-gpu/tests/test_stress
+        step contract_client build-gpu/tests/test_client \
+            test_restart_on_the_same_ports_under_a_shm_client test_forced_remove_during_a_read \
+            test_stopped_owner_resumes_after_its_put_was_revoked \
+            test_completed_reads_release_their_leases test_owner_killed_during_shm_reads
         ;;
     *) echo "unknown suite '$suite'"; failed+=("$suite") ;;
     esac
