@@ -586,15 +586,27 @@ static void test_forced_remove_keeps_leased_space(void)
     fx_fini(&f);
 }
 
-/* Releases one lease of `client` on (key, token). */
-static void release(fx_t *f, uint64_t client, const char *key, uint64_t token)
+/* Releases lease `lease_id` of `client` on `key`. */
+static void release(fx_t *f, uint64_t client, const char *key, uint64_t lease_id)
 {
-    kvs__lease_release_t r = {kvs__str_c(key), token};
+    kvs__lease_release_t r = {kvs__str_c(key), lease_id};
     CHECK_STATUS(kvs__master_release(f->m, f->now, client, &r, 1), KVS_OK);
 }
 
-/* Each reader holds its own lease, one per lookup; releases end them early, expiry at the
- * latest; a release for another version of the key changes nothing. */
+/* A lookup of `key` by `client`; returns the lease id it granted. */
+static uint64_t lookup_as(fx_t *f, uint64_t client, const char *key)
+{
+    kvs__str_t k = kvs__str_c(key);
+    kvs__keys_req_t req = {0, 1, &k, 0, NULL};
+    kvs__placement_rsp_t rsp;
+    CHECK_STATUS(kvs__master_lookup(f->m, f->now, client, &req, &f->arena, &rsp), KVS_OK);
+    CHECK_STATUS(rsp.objs[0].status, KVS_OK);
+    CHECK(rsp.objs[0].lease_id != 0);
+    return rsp.objs[0].lease_id;
+}
+
+/* Each lookup holds its own lease, named by its id; a release ends that one lease only (not
+ * the client's later ones, not other clients'), expiry ends the rest. */
 static void test_leases_per_reader(void)
 {
     fx_t f;
@@ -603,29 +615,30 @@ static void test_leases_per_reader(void)
     CHECK_STATUS(put_start(&f, "k", 100), KVS_OK);
     CHECK_STATUS(END(&f, "k"), KVS_OK);
     uint64_t other = kvs__master_new_client(f.m);
-    kvs__obj_desc_t d;
-    CHECK_STATUS(lookup(&f, "k", &d), KVS_OK); /* f.client, twice */
-    CHECK(d.token != 0);
-    CHECK_STATUS(lookup(&f, "k", NULL), KVS_OK);
-    kvs__str_t k = kvs__str_c("k");
-    kvs__keys_req_t req = {0, 1, &k, 0, NULL};
-    kvs__placement_rsp_t rsp;
-    CHECK_STATUS(kvs__master_lookup(f.m, f.now, other, &req, &f.arena, &rsp), KVS_OK);
-    release(&f, f.client, "k", d.token);
-    release(&f, f.client, "k", d.token ^ 1); /* another version: ignored */
-    CHECK_STATUS(REMOVE(&f, "k", 0), KVS_OBJECT_HAS_LEASE); /* one lookup of f.client left */
-    release(&f, f.client, "k", d.token);
-    CHECK_STATUS(REMOVE(&f, "k", 0), KVS_OBJECT_HAS_LEASE); /* other's */
-    release(&f, f.client, "k", d.token); /* f.client has none left: changes nothing */
-    CHECK_STATUS(REMOVE(&f, "k", 0), KVS_OBJECT_HAS_LEASE);
-    release(&f, other, "k", d.token);
-    CHECK_EQ_U64(counter(&f, "lease_releases"), 4);
+    uint64_t a = lookup_as(&f, f.client, "k"), b = lookup_as(&f, f.client, "k");
+    uint64_t o = lookup_as(&f, other, "k");
+    CHECK(a != b);
+    release(&f, f.client, "k", a);
+    release(&f, f.client, "k", a); /* twice: the second names no lease */
+    release(&f, f.client, "k", o); /* another client's lease: not ours to end */
+    CHECK_STATUS(REMOVE(&f, "k", 0), KVS_OBJECT_HAS_LEASE); /* b and o */
+    release(&f, f.client, "k", b);
+    CHECK_STATUS(REMOVE(&f, "k", 0), KVS_OBJECT_HAS_LEASE); /* o */
+    release(&f, other, "k", o);
+    CHECK_EQ_U64(counter(&f, "lease_releases"), 3);
     CHECK_STATUS(REMOVE(&f, "k", 0), KVS_OK);
-    /* Unreleased leases still end by expiry, and unleased objects can be evicted. */
+
+    /* A late release of an expired lease must not end a newer lease of the same client on the
+     * same object: the stale read's release used to decrement the count the new read set. */
     CHECK_STATUS(put_start(&f, "e", 100), KVS_OK);
     CHECK_STATUS(END(&f, "e"), KVS_OK);
-    CHECK_STATUS(lookup(&f, "e", NULL), KVS_OK);
+    uint64_t old = lookup_as(&f, f.client, "e");
+    f.now += 1001 * MS; /* old's lease has ended */
+    uint64_t fresh = lookup_as(&f, f.client, "e");
+    CHECK(fresh != old);
+    release(&f, f.client, "e", old);
     CHECK_STATUS(REMOVE(&f, "e", 0), KVS_OBJECT_HAS_LEASE);
+    /* Unreleased leases still end by expiry. */
     f.now += 1000 * MS;
     CHECK_STATUS(REMOVE(&f, "e", 0), KVS_OK);
     fx_fini(&f);

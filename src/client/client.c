@@ -577,11 +577,11 @@ static int batch_call(kvs_client_t *c, const batch_req_t *b, kvs__arena_t *arena
 #define REL_PENDING_CAP (1u << 20)
 
 void kvs__client_release_later(kvs_client_t *c, uint32_t n, const kvs__str_t *keys,
-                               const uint64_t *tokens)
+                               const uint64_t *lease_ids)
 {
     pthread_mutex_lock(&c->rel_lock);
     for (uint32_t i = 0; i < n && c->nrel < REL_PENDING_CAP; i++) {
-        if (tokens[i] == 0)
+        if (lease_ids[i] == 0)
             continue;
         if (c->nrel == c->cap_rel) {
             uint32_t cap = c->cap_rel ? 2 * c->cap_rel : 64;
@@ -594,7 +594,7 @@ void kvs__client_release_later(kvs_client_t *c, uint32_t n, const kvs__str_t *ke
         char *k = kvs__strndup(keys[i].ptr, keys[i].len);
         if (k == NULL)
             break;
-        c->rel[c->nrel++] = (kvs__lease_release_t){{k, keys[i].len}, tokens[i]};
+        c->rel[c->nrel++] = (kvs__lease_release_t){{k, keys[i].len}, lease_ids[i]};
     }
     pthread_mutex_unlock(&c->rel_lock);
 }
@@ -743,7 +743,7 @@ int64_t kvs_client_get_size(kvs_client_t *c, const char *key)
     kvs__placement_rsp_t pr;
     int rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, 1, &k, &arena, NULL, &pr);
     if (rc == KVS_OK)
-        kvs__client_release_later(c, 1, &k, &pr.objs[0].token); /* nothing is read */
+        kvs__client_release_later(c, 1, &k, &pr.objs[0].lease_id); /* nothing is read */
     if (rc == KVS_OK)
         rc = pr.objs[0].status;
     if (rc == KVS_OK)

@@ -117,9 +117,9 @@ int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32
 int kvs__client_put_start(kvs_client_t *c, const kvs__put_start_req_t *ps, kvs__arena_t *arena,
                           kvs__placement_rsp_t *pr);
 
-/* A read of keys[i] (the lookup returned tokens[i]) is over: its lease goes back with the next
- * master request, at the latest at close. Keys with token 0 (not looked up) are skipped. */
+/* A read of keys[i] (its lookup granted lease lease_ids[i]) is over: the lease goes back with
+ * the next master request, at the latest at close. Ids 0 (no lease granted) are skipped. */
 void kvs__client_release_later(kvs_client_t *c, uint32_t n, const kvs__str_t *keys,
-                               const uint64_t *tokens);
+                               const uint64_t *lease_ids);
 
 #endif

@@ -500,11 +500,11 @@ static int cmp_slot_ep(const void *a, const void *b)
 static void release_leases(kvs_client_t *c, const kvs__placement_rsp_t *pr, const kvs__str_t *ks,
                            uint32_t m)
 {
-    uint64_t *tokens = kvs__malloc(KVS_MAX(m, 1) * sizeof(*tokens));
+    uint64_t *tokens = kvs__malloc(KVS_MAX(m, 1) * sizeof(*tokens)); /* lease ids */
     if (tokens == NULL)
         return; /* the leases end by expiry */
     for (uint32_t j = 0; j < m; j++)
-        tokens[j] = pr->objs[j].status == KVS_OK ? pr->objs[j].token : 0;
+        tokens[j] = pr->objs[j].status == KVS_OK ? pr->objs[j].lease_id : 0;
     kvs__client_release_later(c, m, ks, tokens);
     kvs__free(tokens);
 }

@@ -53,11 +53,11 @@ typedef struct {
     uint32_t handle;
 } mrep_t;
 
-/* One client's lease on an object: its lookups not yet released, and when the lease ends. */
+/* One lookup's lease on an object: until it ends or its reader releases it by id. */
 typedef struct reader {
     uint64_t client_id;
+    uint64_t lease_id; /* random: names this grant only, never a later one */
     uint64_t until_ns;
-    uint32_t reads;
 } reader_t;
 
 /* Intrusive list link; it is an object's first member, so a link is also its object. */
@@ -261,7 +261,7 @@ static uint64_t obj_lease_end(obj_t *o, uint64_t now_ns)
     uint64_t end = 0;
     uint32_t kept = 0;
     for (uint32_t i = 0; i < o->nreaders; i++) {
-        if (o->readers[i].until_ns > now_ns && o->readers[i].reads > 0) {
+        if (o->readers[i].until_ns > now_ns) {
             end = KVS_MAX(end, o->readers[i].until_ns);
             o->readers[kept++] = o->readers[i];
         }
@@ -276,30 +276,24 @@ static bool obj_leased(obj_t *o, uint64_t now_ns)
     return o->nreaders > 0 && obj_lease_end(o, now_ns) > now_ns;
 }
 
-/* A lookup by `client`: its lease on the object runs until `until_ns`. Returns false on no
- * memory (the lookup then fails for that key). */
-static bool obj_lease(obj_t *o, uint64_t client_id, uint64_t until_ns)
+/* A lookup by `client`: a lease of its own on the object until `until_ns`. Returns its id, or
+ * 0 on no memory (the lookup then fails for that key). */
+static uint64_t obj_lease(obj_t *o, uint64_t client_id, uint64_t now_ns, uint64_t until_ns)
 {
-    for (uint32_t i = 0; i < o->nreaders; i++) {
-        reader_t *r = &o->readers[i];
-        if (r->client_id == client_id) {
-            r->reads++;
-            r->until_ns = KVS_MAX(r->until_ns, until_ns);
-            o->lease_until_ns = KVS_MAX(o->lease_until_ns, r->until_ns);
-            return true;
-        }
-    }
+    if (o->nreaders == o->cap_readers)
+        obj_lease_end(o, now_ns); /* make room from ended leases first */
     if (o->nreaders == o->cap_readers) {
         uint32_t cap = o->cap_readers ? 2 * o->cap_readers : 2;
         reader_t *r = kvs__realloc(o->readers, cap * sizeof(*r));
         if (r == NULL)
-            return false;
+            return 0;
         o->readers = r;
         o->cap_readers = cap;
     }
-    o->readers[o->nreaders++] = (reader_t){client_id, until_ns, 1};
+    uint64_t id = kvs__random_u64();
+    o->readers[o->nreaders++] = (reader_t){client_id, id, until_ns};
     o->lease_until_ns = KVS_MAX(o->lease_until_ns, until_ns);
-    return true;
+    return id;
 }
 
 /* Asks the owner of `seg` to fence `token`; returns the fence's number, 0 on no memory. */
@@ -968,17 +962,18 @@ int kvs__master_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
         if (kvs__key_check(rel[i].key.ptr, rel[i].key.len) != KVS_OK)
             continue;
         obj_t *o = obj_find(m, rel[i].key, kvs__hash64(rel[i].key.ptr, rel[i].key.len));
-        if (o == NULL || o->token != rel[i].token)
-            continue; /* gone or another version: its lease is not this reader's any more */
+        if (o == NULL)
+            continue; /* gone: its leases went with it */
+        /* Only the grant the release names, and only the client's own. */
         for (uint32_t j = 0; j < o->nreaders; j++) {
             reader_t *r = &o->readers[j];
-            if (r->client_id == client_id && r->reads > 0) {
-                r->reads--;
+            if (r->lease_id == rel[i].lease_id && r->client_id == client_id) {
+                o->readers[j] = o->readers[--o->nreaders];
+                m->c.lease_releases++;
                 break;
             }
         }
         obj_lease_end(o, now_ns);
-        m->c.lease_releases++;
     }
     return KVS_OK;
 }
@@ -1026,7 +1021,8 @@ int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
         d->reps = kvs__arena_alloc(arena, o->nrep * sizeof(*d->reps));
         if (d->reps == NULL)
             return KVS_NO_MEMORY;
-        if (!obj_lease(o, client_id, now_ns + lease_ns)) {
+        d->lease_id = obj_lease(o, client_id, now_ns, now_ns + lease_ns);
+        if (d->lease_id == 0) {
             d->status = KVS_NO_MEMORY;
             continue;
         }
@@ -1034,7 +1030,6 @@ int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
         list_unlink(o);
         list_push_front(&m->lru, o);
         d->size = o->size;
-        d->token = o->token; /* names this version of the object in the release */
         d->lease_ms = lease_ns / KVS_NS_PER_MS;
         d->nreps = o->nrep;
         for (uint32_t j = 0; j < o->nrep; j++) {

@@ -62,14 +62,14 @@ int kvs__master_put_end(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
 int kvs__master_put_revoke(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
                            const kvs__keys_req_t *req, kvs__arena_t *arena,
                            kvs__status_list_rsp_t *rsp);
-/* Lookups grant each complete object a read lease of `client_id` (one per reader, counting its
- * lookups), returned with the object's token. */
+/* Lookups grant each complete object a read lease of `client_id`, one per lookup, named by the
+ * lease id in the reply. */
 int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
                        const kvs__keys_req_t *req, kvs__arena_t *arena,
                        kvs__placement_rsp_t *rsp);
-/* Ends one lookup's lease of `client_id` per entry (key and token of the version read). An
- * object whose readers have all released is no longer leased: it can be removed or evicted.
- * Entries for other versions or absent keys are ignored. */
+/* Ends the leases the entries name (key and lease id), if they are `client_id`'s. An object
+ * whose readers have all released is no longer leased: it can be removed or evicted. Entries
+ * naming no current lease (ended, other clients', absent keys) are ignored. */
 int kvs__master_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
                         const kvs__lease_release_t *rel, uint32_t n);
 /* 1 complete, 0 absent or pending, negative for an invalid key. */

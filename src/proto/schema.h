@@ -57,7 +57,8 @@
     X(R, U64, size, 2, 0, 0)                                                                       \
     X(R, U64, lease_ms, 2, 0, 0) /* lookups: lease time left; puts: 0 */                           \
     X(R, ARR, reps, 2, replica, KVS_MAX_REPLICAS)                                                  \
-    X(R, U64, token, 2, 0, 0) /* PUT_START: the put's token, carried by its writes; lookups: 0 */ \
+    X(R, U64, token, 2, 0, 0)    /* PUT_START: the put's token, carried by its writes */          \
+    X(R, U64, lease_id, 2, 0, 0) /* LOOKUP: this read's lease, named by its release */            \
     X(R, U32, next_probe, KVS_PROTO_V_NEXT_, 0, 0)
 
 #define KVS_FIELDS_put_item(X, R)                                                                  \
@@ -128,10 +129,10 @@
 /* UNMOUNT: a segment of the connection's client. */
 #define KVS_FIELDS_ids_req(X, R) X(R, U64, segment_id, 2, 0, 0)
 
-/* A read done: the lease its lookup took on that version (token) of the key ends. */
+/* A read done: the lease its lookup took on the key ends. */
 #define KVS_FIELDS_lease_release(X, R)                                                             \
     X(R, STR, key, 2, KVS_MAX_KEY_LEN, 0)                                                          \
-    X(R, U64, token, 2, 0, 0)
+    X(R, U64, lease_id, 2, 0, 0)
 
 /* PUT_END, PUT_REVOKE, LOOKUP, EXISTS, REMOVE, RELEASE: keys and flags (KVS_KEYS_FLAG_*), and
  * the leases of reads the client has finished since its last request (applied first). */
