@@ -378,6 +378,76 @@ static void test_stopped_owner_resumes_after_its_put_was_revoked(void)
     server_stop(&m);
 }
 
+/* Where `key` lives: its first replica's segment id and offset (an internal LOOKUP). */
+static void locate(kvs_client_t *c, const char *key, uint64_t *seg_p, uint64_t *off_p)
+{
+    kvs__str_t k = kvs__str_c(key);
+    kvs__arena_t a;
+    kvs__arena_init(&a);
+    kvs__placement_rsp_t pr;
+    CHECK_STATUS(kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, 1, &k, &a, NULL, &pr), KVS_OK);
+    CHECK_STATUS(pr.objs[0].status, KVS_OK);
+    *seg_p = pr.objs[0].reps[0].segment_id;
+    *off_p = pr.objs[0].reps[0].offset;
+    kvs__arena_free(&a);
+}
+
+/* An owner dropped by the master (stopped past the heartbeat time-out) mounts again when it
+ * resumes, under a new id and in fresh memory: a read planned before (a lookup's lease
+ * outlives the master's memory of the segment) that copies from its old shm mapping afterwards
+ * still sees the old object, never the new segment's. (The re-mount used to serve the same
+ * memfd, so the old mapping showed the next object at that offset.) */
+static void test_remounted_segment_gets_fresh_memory(void)
+{
+    server_t m, o;
+    const char *margs[] = {"--master-only", "--heartbeat-timeout-ms", "600", NULL};
+    server_start(&m, margs);
+    char master[64], endpoint[64];
+    snprintf(master, sizeof(master), "127.0.0.1:%u", (unsigned)m.port);
+    const char *oargs[] = {"--owner-only", "--master", master, "--segment-size", "4MiB", NULL};
+    server_start(&o, oargs);
+    snprintf(endpoint, sizeof(endpoint), "127.0.0.1:%u", (unsigned)o.port); /* data port */
+    setenv("KVS_SHM_SWEEP_MS", "0", 1); /* keep the old mapping, as a read in flight would */
+    kvs_client_t *c = client_open_protocol(master, "shm");
+    unsetenv("KVS_SHM_SWEEP_MS");
+    const uint64_t size = 64u << 10;
+    put_pattern(c, "before", size, NULL);
+    uint64_t seg1, off1;
+    locate(c, "before", &seg1, &off1);
+
+    CHECK_EQ_INT(kill(o.pid, SIGSTOP), 0);
+    usleep(1200000); /* the master drops the silent segment */
+    CHECK_EQ_INT(kill(o.pid, SIGCONT), 0);
+    uint64_t seg2 = 0, off2 = 0;
+    for (int i = 0; i < 100; i++) { /* the owner mounts again on its next heartbeat */
+        usleep(50000);
+        if (kvs_client_put(c, "after", "x", 1, NULL) == KVS_OK)
+            break;
+    }
+    CHECK_STATUS(kvs_client_remove(c, "after", true), KVS_OK);
+    put_pattern(c, "after", size, NULL);
+    locate(c, "after", &seg2, &off2);
+    CHECK(seg2 != seg1);
+    CHECK_EQ_U64(off2, off1); /* the new object sits where the old one sat */
+
+    /* The stale read: the old segment id through the cached mapping. */
+    kvs_endpoint_t *ep;
+    CHECK_STATUS(c->shm->ops->ep_open(c->shm, endpoint, &ep), KVS_OK);
+    uint8_t *buf = malloc(size);
+    struct iovec v = {buf, size};
+    kvs_xfer_req_t r = {.op = KVS_XFER_READ, .ep = ep, .segment_id = seg1, .offset = off1,
+                        .length = size, .iov = &v, .iovcnt = 1};
+    kvs_batch_t *b;
+    CHECK_STATUS(c->shm->ops->submit(c->shm, &r, 1, &b), KVS_OK);
+    int rc = c->shm->ops->wait(c->shm, b, kvs__now_ns() + 5 * KVS_NS_PER_S);
+    if (rc == KVS_OK)
+        CHECK_EQ_INT(mismatch("before", 0, buf, size), -1);
+    free(buf);
+    kvs_client_close(c);
+    server_stop(&o);
+    server_stop(&m);
+}
+
 typedef struct {
     kvs_client_t *c;
     const char *key;
@@ -1301,6 +1371,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_largest_legal_batch),
         KVS_TEST_CASE(test_restart_on_the_same_ports_under_a_shm_client),
         KVS_TEST_CASE(test_forced_remove_during_a_read),
+        KVS_TEST_CASE(test_remounted_segment_gets_fresh_memory),
         KVS_TEST_CASE(test_stopped_owner_resumes_after_its_put_was_revoked),
         KVS_TEST_CASE(test_batch_put_from_multi_gathers_in_order),
         KVS_TEST_CASE(test_multi_buffers_direct),

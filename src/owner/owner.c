@@ -34,6 +34,18 @@ static int owner_call(kvs__owner_t *o, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
 
 static int owner_mount(kvs__owner_t *o)
 {
+    /* A re-mount gets fresh memory: readers may still hold mappings of the old segment (a
+     * lookup's lease outlives the master's memory of it), and those must never show the new
+     * segment's objects. The old pages live on in their mappings until those go. */
+    kvs__segment_mem_t fresh = {.fd = -1};
+    if (o->segment_id != 0) {
+        int mrc = kvs__segment_mem_create("kvstash-segment", o->cfg.segment_size, &fresh);
+        if (mrc != KVS_OK) {
+            kvs_error("cannot mount segment '%s' again: no memory for a fresh segment (%s)",
+                      o->name, kvs_status_str(mrc));
+            return mrc;
+        }
+    }
     kvs__wbuf_t req, rsp;
     kvs__wbuf_init(&req);
     kvs__wbuf_init(&rsp);
@@ -48,9 +60,14 @@ static int owner_mount(kvs__owner_t *o)
     if (rc == KVS_OK)
         rc = mr.status;
     if (rc == KVS_OK) {
-        /* A fresh mount starts empty at the master; serve it under its new id. */
-        if (o->segment_id != 0)
-            kvs__data_server_remove(o->data, o->segment_id);
+        /* A fresh mount starts empty at the master; serve it under its new id, in new memory. */
+        if (o->segment_id != 0) {
+            kvs__data_server_remove(o->data, o->segment_id); /* waits for requests using it */
+            kvs__segment_mem_destroy(&o->mem);
+            o->mem = fresh;
+            fresh = (kvs__segment_mem_t){.fd = -1};
+            o->segment_id = 0;
+        }
         rc = kvs__data_server_add(o->data, mr.segment_id, o->mem.base, o->mem.size, o->mem.fd);
         if (rc == KVS_OK) {
             o->segment_id = mr.segment_id;
@@ -59,6 +76,8 @@ static int owner_mount(kvs__owner_t *o)
     }
     kvs__wbuf_free(&req);
     kvs__wbuf_free(&rsp);
+    if (fresh.fd >= 0)
+        kvs__segment_mem_destroy(&fresh);
     if (rc == KVS_OK)
         kvs_info("segment '%s' (%llu bytes) mounted as %llu, served at %s", o->name,
                  (unsigned long long)o->mem.size, (unsigned long long)o->segment_id, o->endpoint);
