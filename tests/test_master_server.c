@@ -176,6 +176,20 @@ static void say_hello(int fd)
     kvs__wbuf_free(&w);
 }
 
+/* Sends a HELLO that must be refused with an ERROR frame. */
+static void say_hello_expect_error(int fd)
+{
+    kvs__wbuf_t w;
+    kvs__wbuf_init(&w);
+    kvs__hello_req_t h = {KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX, kvs__str_c("raw"), 0, 0};
+    kvs__hello_req_encode(&w, &h);
+    raw_frame(fd, KVS_MSG_HELLO, w.data, (uint32_t)w.len);
+    int32_t st;
+    CHECK_EQ_INT(raw_response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
+    CHECK_STATUS(st, KVS_PROTOCOL_ERROR);
+    kvs__wbuf_free(&w);
+}
+
 static void test_serves_valid_requests(void)
 {
     server_t s;
@@ -328,6 +342,18 @@ static void test_versions_and_unknown_types(void)
     raw_frame(fd, KVS_MSG_STAT, NULL, 0);
     CHECK_EQ_INT(raw_response(fd, &st), KVS_MSG_STAT | KVS_RSP_FLAG);
     CHECK_STATUS(st, KVS_OK);
+    /* A second HELLO could rebind the connection's identity: refused, and closed. */
+    say_hello_expect_error(fd);
+    CHECK(raw_closed(fd));
+    close(fd);
+
+    /* Before HELLO even unknown types are refused and the connection closed: a peer that never
+     * says HELLO cannot keep sending. */
+    fd = raw_connect(&s);
+    raw_frame(fd, 0x77, "abcdefgh", 8);
+    CHECK_EQ_INT(raw_response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
+    CHECK_STATUS(st, KVS_PROTOCOL_ERROR);
+    CHECK(raw_closed(fd));
     close(fd);
 
     /* No version in common: refused in words, and the connection closed. */

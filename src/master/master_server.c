@@ -188,16 +188,23 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
         send_error(s, c, c->h.req_id, KVS_PROTOCOL_ERROR, "responses are not requests", true);
         goto out;
     }
+    if (!c->hello_done && type != KVS_MSG_HELLO) {
+        /* Nothing but HELLO is answered before HELLO: bytes before it stay bounded. */
+        send_error(s, c, c->h.req_id, KVS_PROTOCOL_ERROR, "HELLO must come first", true);
+        goto out;
+    }
+    if (c->hello_done && type == KVS_MSG_HELLO) {
+        /* The connection's identity was bound by its HELLO; a second could change it. */
+        send_error(s, c, c->h.req_id, KVS_PROTOCOL_ERROR, "HELLO twice on one connection",
+                   true);
+        goto out;
+    }
     if (!kvs__msg_known(type)) {
         /* The payload was read whole: the stream stays in step and the connection usable. */
         snprintf(msg, sizeof(msg),
                  "unknown message type %u (this master speaks protocol %u..%u, types 1..%u)", type,
                  KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX, KVS_MSG_MAX_ - 1);
         send_error(s, c, c->h.req_id, KVS_UNSUPPORTED, msg, false);
-        goto out;
-    }
-    if (!c->hello_done && type != KVS_MSG_HELLO) {
-        send_error(s, c, c->h.req_id, KVS_PROTOCOL_ERROR, "HELLO must come first", true);
         goto out;
     }
     switch (type) {

@@ -265,7 +265,7 @@ static void serve(kvs__data_server_t *s, int fd)
             return;
         }
         kvs__frame_log("owner", "<-", &h, NULL, 0);
-        if (!kvs__msg_known(h.type)) {
+        if (hello && !kvs__msg_known(h.type)) { /* before HELLO: refused below, and closed */
             /* Skip the payload so the stream stays in step, and say why. */
             atomic_fetch_add(&s->refused, 1);
             if (drain(fd, h.len, deadline + h.len / 256) != KVS_OK)

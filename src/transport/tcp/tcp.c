@@ -5,8 +5,8 @@
  * Cancellation: a wait that reaches its deadline marks the batch cancelled, removes its queued
  * chunks and shuts down the sockets that carry its in-flight chunks, then waits for the
  * workers to let go of them. A shut-down socket can deliver nothing more, so once the wait
- * returns no byte of that batch can land in the caller's memory. Chunks of other batches that
- * shared such a socket are retried once on a fresh connection. */
+ * returns no byte of that batch can land in the caller's memory. Read chunks of other batches
+ * that shared such a socket are retried once on a fresh connection; their write chunks fail. */
 #define _GNU_SOURCE
 #include "tcp_int.h"
 #include "../../gpu/gpu_copy.h"
@@ -338,17 +338,21 @@ static bool batch_cancelled(kvs_batch_t *b)
     return c;
 }
 
-/* After an I/O error: fail or retry chunks [from, n) of the window. */
+/* After an I/O error: fail or retry chunks [from, n) of the window. Writes are never sent
+ * twice: the first copy may still sit in the owner's socket and land later, after the put
+ * completed and its space was reused; failing the put instead makes the client revoke it,
+ * and the master then fences its token before the space is reused. */
 static void window_fail(tcp_conn_t *c, chunk_t **win, uint32_t from, uint32_t n, int err)
 {
     chunk_t *retry[MAX_WINDOW];
     uint32_t nretry = 0;
     for (uint32_t i = from; i < n; i++) {
         chunk_t *ch = win[i];
+        bool write = ch->b->reqs[ch->req].op == KVS_XFER_WRITE;
         if (batch_cancelled(ch->b))
             chunk_complete(ch, KVS_TIMED_OUT);
-        else if (ch->retries++ < 1 && err != KVS_INVALID_PARAMS)
-            retry[nretry++] = ch;
+        else if (!write && ch->retries++ < 1 && err != KVS_INVALID_PARAMS)
+            retry[nretry++] = ch; /* reads only: see below */
         else
             chunk_complete(ch, err == KVS_TIMED_OUT ? KVS_TIMED_OUT : KVS_TRANSFER_FAIL);
     }
