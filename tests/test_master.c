@@ -154,13 +154,13 @@ static void test_two_phase_put(void)
     fx_fini(&f);
 }
 
-/* A heartbeat of `client` acknowledging fence `seq` of segment `seg` (0: none); returns the
- * fences the reply lists, in *fences_p (from the fixture's arena). */
+/* A heartbeat of `client` serving segment `seg` and acknowledging its fences up to `seq`;
+ * returns the fences the reply lists, in *fences_p (from the fixture's arena). */
 static uint32_t heartbeat_ack(fx_t *f, uint64_t client, uint64_t seg, uint64_t seq,
                               kvs__fence_t **fences_p)
 {
     kvs__fence_ack_t ack = {seg, seq};
-    kvs__heartbeat_req_t req = {seg ? 1 : 0, &ack};
+    kvs__heartbeat_req_t req = {1, &ack};
     kvs__heartbeat_rsp_t rsp;
     CHECK_STATUS(kvs__master_heartbeat(f->m, f->now, client, &req, &f->arena, &rsp), KVS_OK);
     CHECK_STATUS(rsp.status, KVS_OK);
@@ -185,15 +185,20 @@ static void test_revoke_frees_space(void)
     CHECK_EQ_U64(counter(&f, "used_bytes"), 1 << 20); /* held for the fence */
     CHECK_STATUS(put_start(&f, "k2", 1), KVS_NO_AVAILABLE_HANDLE);
     kvs__fence_t *fences;
-    CHECK_EQ_INT(heartbeat_ack(&f, f.client, 0, 0, &fences), 1);
+    CHECK_EQ_INT(heartbeat_ack(&f, f.client, s1, 0, &fences), 1);
     CHECK_EQ_U64(fences[0].segment_id, s1);
     CHECK_EQ_U64(fences[0].token, d.token);
     kvs__master_tick(f.m, f.now);
     CHECK_EQ_U64(counter(&f, "used_bytes"), 1 << 20); /* asked, not yet applied */
-    /* Another client cannot acknowledge it; the owner can. */
+    /* Another client cannot acknowledge it (its heartbeat does not keep s1 either); the
+     * owner can. */
     uint64_t other = kvs__master_new_client(f.m);
-    mount(&f, other, "s-other", "n", 1 << 16);
-    CHECK_EQ_INT(heartbeat_ack(&f, other, s1, fences[0].seq, NULL), 0);
+    uint64_t s_other = mount(&f, other, "s-other", "n", 1 << 16);
+    kvs__fence_ack_t bad[2] = {{s_other, 0}, {s1, fences[0].seq}};
+    kvs__heartbeat_req_t breq = {2, bad};
+    kvs__heartbeat_rsp_t brsp;
+    CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, other, &breq, &f.arena, &brsp), KVS_OK);
+    CHECK_EQ_INT(brsp.nfences, 0);
     CHECK_EQ_U64(counter(&f, "used_bytes"), (1 << 20) + 0);
     CHECK_EQ_INT(heartbeat_ack(&f, f.client, s1, fences[0].seq, NULL), 0);
     CHECK_EQ_U64(counter(&f, "used_bytes"), 0);
@@ -409,7 +414,7 @@ static void test_put_discard(void)
 {
     fx_t f;
     fx_init(&f, 100);
-    mount(&f, f.client, "s1", "n", 1 << 20);
+    uint64_t s1 = mount(&f, f.client, "s1", "n", 1 << 20);
     CHECK_STATUS(put_start(&f, "old", 1000), KVS_OK);
     f.now += 1000 * MS;
     CHECK_STATUS(put_start(&f, "young", 1000), KVS_OK);
@@ -422,7 +427,7 @@ static void test_put_discard(void)
     /* The discarded put's space waits for its fence. */
     CHECK_EQ_U64(counter(&f, "used_bytes"), 2048);
     kvs__fence_t *fences;
-    CHECK_EQ_INT(heartbeat_ack(&f, f.client, 0, 0, &fences), 1);
+    CHECK_EQ_INT(heartbeat_ack(&f, f.client, s1, 0, &fences), 1);
     CHECK_EQ_INT(heartbeat_ack(&f, f.client, fences[0].segment_id, fences[0].seq, NULL), 0);
     CHECK_EQ_U64(counter(&f, "used_bytes"), 1024);
     fx_fini(&f);

@@ -475,15 +475,38 @@ static void test_liveness_over_the_network(void)
     master_start(&s, extra);
     kvs__rpc_t *rpc = client(&s);
     mount_and_put(rpc, "seg", "k");
-    CHECK_EQ_U64(rpc_stat_counter(rpc, "segments"), 1);
-    /* Heartbeats keep it. */
+    mount_and_put(rpc, "seg-unnamed", "k2"); /* its heartbeats will not name this one */
+    CHECK_EQ_U64(rpc_stat_counter(rpc, "segments"), 2);
+    uint64_t seg_id = 0;
+    {
+        kvs__wbuf_t req, rsp;
+        kvs__wbuf_init(&req);
+        kvs__wbuf_init(&rsp);
+        kvs__rpc_begin(rpc, &req, KVS_MSG_STAT);
+        CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
+        CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
+        kvs__arena_t a;
+        kvs__arena_init(&a);
+        kvs__stat_rsp_t st;
+        CHECK_STATUS(kvs__stat_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &st), KVS_OK);
+        for (uint32_t i = 0; i < st.nsegs; i++) {
+            if (kvs__str_eq(st.segs[i].name, kvs__str_c("seg")))
+                seg_id = st.segs[i].id;
+        }
+        kvs__arena_free(&a);
+        kvs__wbuf_free(&req);
+        kvs__wbuf_free(&rsp);
+    }
+    CHECK(seg_id != 0);
+    /* Heartbeats keep the segment they name, and only that one. */
     for (int i = 0; i < 6; i++) {
         usleep(100000);
         kvs__wbuf_t req, rsp;
         kvs__wbuf_init(&req);
         kvs__wbuf_init(&rsp);
         kvs__rpc_begin(rpc, &req, KVS_MSG_HEARTBEAT);
-        kvs__heartbeat_req_t hb = {0, NULL};
+        kvs__fence_ack_t ack = {seg_id, 0};
+        kvs__heartbeat_req_t hb = {1, &ack};
         kvs__heartbeat_req_encode(&req, &hb);
         CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
         CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
@@ -495,7 +518,7 @@ static void test_liveness_over_the_network(void)
     usleep(700000);
     CHECK_EQ_U64(rpc_stat_counter(rpc, "segments"), 0);
     CHECK_EQ_U64(rpc_stat_counter(rpc, "objects"), 0);
-    CHECK_EQ_U64(rpc_stat_counter(rpc, "segments_expired"), 1);
+    CHECK_EQ_U64(rpc_stat_counter(rpc, "segments_expired"), 2);
     kvs__rpc_close(rpc);
     server_stop(&s);
 }

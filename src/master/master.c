@@ -598,12 +598,20 @@ int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
         seg_t *s = m->segs[i];
         if (s->client_id != client_id)
             continue;
+        /* A heartbeat names the segments its owner serves (one ack each): only those stay
+         * mounted. A segment the owner does not know it has (a MOUNT whose reply was lost)
+         * expires instead of holding space and unacknowledged fences for ever. */
+        bool served = req == NULL;
+        for (uint32_t j = 0; req != NULL && j < req->nacks; j++) {
+            if (req->acks[j].segment_id == s->id) {
+                served = true;
+                fence_acked(m, s, req->acks[j].seq, now_ns);
+            }
+        }
+        if (!served)
+            continue;
         s->last_heartbeat_ns = now_ns;
         found++;
-        for (uint32_t j = 0; req != NULL && j < req->nacks; j++) {
-            if (req->acks[j].segment_id == s->id)
-                fence_acked(m, s, req->acks[j].seq, now_ns);
-        }
         nfences += s->nfences;
     }
     if (rsp == NULL)
@@ -617,7 +625,10 @@ int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
         return KVS_NO_MEMORY;
     for (uint32_t i = 0; i < m->nseg && rsp->nfences < nfences; i++) {
         seg_t *s = m->segs[i];
-        for (uint32_t j = 0; s->client_id == client_id && j < s->nfences &&
+        bool served = req == NULL;
+        for (uint32_t j = 0; req != NULL && j < req->nacks; j++)
+            served |= req->acks[j].segment_id == s->id;
+        for (uint32_t j = 0; served && s->client_id == client_id && j < s->nfences &&
                              rsp->nfences < nfences;
              j++)
             rsp->fences[rsp->nfences++] =

@@ -41,8 +41,9 @@ int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
                       const kvs__mount_req_t *req, uint64_t *segment_id_p);
 /* Unmounts a segment of that client: its replicas vanish and objects left without one go. */
 int kvs__master_unmount(kvs__master_t *m, uint64_t client_id, uint64_t segment_id);
-/* Refreshes every segment of the client. SEGMENT_NOT_FOUND when it owns none (it was dropped
- * and should mount again). `req` (may be NULL) acknowledges fences the owner has applied;
+/* Refreshes the client's segments that `req` names (every one when `req` is NULL).
+ * SEGMENT_NOT_FOUND when none is left (it was dropped and should mount again). `req`
+ * acknowledges, per segment, the fences the owner has applied;
  * with `rsp` (and `arena` for its arrays) the reply lists the fences it has not yet
  * acknowledged: the puts whose space waits for them. */
 int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,

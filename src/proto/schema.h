@@ -120,6 +120,7 @@
     X(R, U64, segment_id, 2, 0, 0)                                                                 \
     X(R, U64, seq, 2, 0, 0) /* every fence of the segment up to this one is applied */
 
+/* One ack per segment the owner serves: only the segments named stay mounted. */
 #define KVS_FIELDS_heartbeat_req(X, R) X(R, ARR, acks, 2, fence_ack, KVS_MAX_SEGMENTS)
 
 #define KVS_FIELDS_heartbeat_rsp(X, R)                                                             \
