@@ -510,9 +510,21 @@ static int placement_join(kvs__placement_rsp_t *all, const kvs__placement_rsp_t 
     return KVS_OK;
 }
 
+/* Keys [first, first + count) of a batch whose part failed with `rc`. */
+static void fail_part(kvs__status_list_rsp_t *sl, kvs__placement_rsp_t *pr, uint32_t first,
+                      uint32_t count, int rc)
+{
+    for (uint32_t i = first; i < first + count; i++) {
+        if (sl != NULL)
+            sl->results[i] = rc;
+        else
+            pr->objs[i] = (kvs__obj_desc_t){.status = rc};
+    }
+}
+
 /* One batch call: answers in `sl` (status lists) or `pr` (placements), one entry per element,
- * everything owned by `arena`. Returns the call's status; a part the master refused or that
- * failed in transport fails the whole call. */
+ * everything owned by `arena`. A part the master refused or that failed in transport gives
+ * its keys that status; the call fails (with the first such status) only if every part did. */
 static int batch_call(kvs_client_t *c, const batch_req_t *b, kvs__arena_t *arena,
                       kvs__status_list_rsp_t *sl, kvs__placement_rsp_t *pr)
 {
@@ -530,12 +542,18 @@ static int batch_call(kvs_client_t *c, const batch_req_t *b, kvs__arena_t *arena
     kvs__wbuf_t req, rsp;
     kvs__wbuf_init(&req);
     kvs__wbuf_init(&rsp);
-    int rc = KVS_OK;
-    /* At least one frame: a RELEASE has no keys, only releases. */
-    for (uint32_t first = 0; rc == KVS_OK && (first < n || (first == 0 && n == 0));) {
+    int rc = KVS_OK, first_err = KVS_OK;
+    uint32_t parts_ok = 0;
+    /* At least one frame: a RELEASE has no keys, only releases. A part that fails fails its
+     * own keys; what the other parts did stands and is reported per key, so a caller can
+     * finish (end, revoke, release) exactly what happened. */
+    for (uint32_t first = 0; first < n || (first == 0 && n == 0);) {
         uint32_t count = batch_fit(b, first);
         if (count == 0 && n > 0) {
             rc = KVS_INVALID_PARAMS; /* one element larger than a frame: validation missed it */
+            first_err = first_err ? first_err : rc;
+            count = n - first;
+            fail_part(sl, pr, first, count, rc);
             break;
         }
         kvs__rpc_begin(c->rpc, &req, b->type);
@@ -562,10 +580,18 @@ static int batch_call(kvs_client_t *c, const batch_req_t *b, kvs__arena_t *arena
             else if ((rc = part.status) == KVS_OK)
                 rc = placement_join(pr, &part, first, arena);
         }
+        if (rc == KVS_OK) {
+            parts_ok++;
+        } else {
+            first_err = first_err ? first_err : rc;
+            fail_part(sl, pr, first, count, rc);
+        }
         first += count;
         if (n == 0)
             break;
     }
+    /* The call fails as a whole only when no part got through. */
+    rc = parts_ok > 0 ? KVS_OK : first_err;
     kvs__wbuf_free(&req);
     kvs__wbuf_free(&rsp);
     return rc;

@@ -109,8 +109,9 @@ int kvs__client_call(kvs_client_t *c, kvs__wbuf_t *req, kvs__wbuf_t *rsp);
 /* Master calls over a batch, split into as many frames as the frame limit needs and joined
  * again: one status per key into `sl` (PUT_END, PUT_REVOKE, EXISTS, REMOVE; `pr` NULL), one
  * placement per key into `pr` (LOOKUP; `sl` NULL) or per item (PUT_START). Every answer lives
- * in `arena`. Returns the transport's failure, PROTOCOL_ERROR for a malformed answer or one of
- * another length, else the status of the master's answer. */
+ * in `arena`. A part (frame) that fails — the transport's failure, PROTOCOL_ERROR for a
+ * malformed answer or one of another length, or the master's refusal — gives each of its keys
+ * that status; the call returns it only if every part failed, else OK. */
 int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
                           const kvs__str_t *keys, kvs__arena_t *arena, kvs__status_list_rsp_t *sl,
                           kvs__placement_rsp_t *pr);

@@ -430,6 +430,7 @@ void kvs__master_destroy(kvs__master_t *m)
         while (o != NULL) {
             obj_t *next = o->hnext;
             kvs__free(o->reps);
+            kvs__free(o->readers);
             kvs__free(o);
             o = next;
         }
