@@ -591,6 +591,38 @@ static void test_forced_remove_keeps_leased_space(void)
     fx_fini(&f);
 }
 
+/* A pending put removed by someone else: its writer may still be copying into a same-host
+ * mapping, which no owner fence stops. The space waits for the fence and for the writer to be
+ * done (its end or revoke of that key, or its connection gone). */
+static void test_pending_remove_waits_for_the_writer(void)
+{
+    fx_t f;
+    fx_init(&f, 10000);
+    uint64_t s1 = mount(&f, f.client, "s1", "n", 1 << 20);
+    uint64_t writer = kvs__master_new_client(f.m);
+    for (int how = 0; how < 2; how++) {
+        kvs__put_item_t it = {kvs__str_c("p"), 1 << 20};
+        kvs__put_start_req_t ps = {kvs__str_c("n"), 1, kvs__str_c(""), 0, 1, &it};
+        kvs__placement_rsp_t pr;
+        CHECK_STATUS(kvs__master_put_start(f.m, f.now, writer, &ps, &f.arena, &pr), KVS_OK);
+        CHECK_STATUS(pr.objs[0].status, KVS_OK);
+        CHECK_STATUS(REMOVE(&f, "p", KVS_KEYS_FLAG_FORCE), KVS_OK); /* by another client */
+        kvs__fence_t *fences;
+        CHECK_EQ_INT(heartbeat_ack(&f, f.client, s1, 0, &fences), 1);
+        CHECK_EQ_INT(heartbeat_ack(&f, f.client, s1, fences[0].seq, NULL), 0);
+        CHECK_EQ_U64(counter(&f, "used_bytes"), 1 << 20); /* fenced, the writer not done */
+        CHECK_STATUS(put_start(&f, "q", 1), KVS_NO_AVAILABLE_HANDLE);
+        if (how == 0) {
+            /* The writer's end of the key (refused: the put is gone) says it is done. */
+            CHECK_STATUS(writer_op(&f, kvs__master_put_end, "p", writer), KVS_OBJECT_NOT_FOUND);
+        } else {
+            kvs__master_client_gone(f.m, f.now, writer);
+        }
+        CHECK_EQ_U64(counter(&f, "used_bytes"), 0);
+    }
+    fx_fini(&f);
+}
+
 /* Releases lease `lease_id` of `client` on `key`. */
 static void release(fx_t *f, uint64_t client, const char *key, uint64_t lease_id)
 {
@@ -677,6 +709,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_segment_ids_are_never_reused),
         KVS_TEST_CASE(test_forced_remove_keeps_leased_space),
         KVS_TEST_CASE(test_leases_per_reader),
+        KVS_TEST_CASE(test_pending_remove_waits_for_the_writer),
         KVS_TEST_CASE(test_two_phase_put),
         KVS_TEST_CASE(test_revoke_frees_space),
         KVS_TEST_CASE(test_leases_block_remove),

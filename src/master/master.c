@@ -94,6 +94,13 @@ typedef struct limbo {
     uint32_t handle;
     uint64_t until_ns;
     uint64_t fence_seq; /* 0: no fence needed */
+    /* A put's writer may still be copying into a same-host mapping, which no owner fence can
+     * stop: the space also waits until the writer is known to be done with it (it ended or
+     * revoked that key, or its connection closed). */
+    uint64_t writer;
+    bool writer_done;
+    uint32_t key_len;
+    char *key;
 } limbo_t;
 
 struct kvs__master {
@@ -314,7 +321,7 @@ static uint64_t fence_issue(struct seg *sg, uint64_t token)
 /* Removes an object whose space a reader may still read or a writer still write: each
  * replica's space waits in limbo for the lease to end (complete objects) or for the owner to
  * fence the put (pending ones). NO_MEMORY, with nothing changed, when that cannot be set up. */
-static int obj_retire(kvs__master_t *m, uint64_t now_ns, obj_t *o)
+static int obj_retire(kvs__master_t *m, uint64_t now_ns, obj_t *o, bool writer_done)
 {
     bool pending = o->state == KVS_OBJ_PENDING;
     bool leased = !pending && obj_leased(o, now_ns);
@@ -322,8 +329,12 @@ static int obj_retire(kvs__master_t *m, uint64_t now_ns, obj_t *o)
         limbo_t *l[KVS_MAX_REPLICAS];
         uint32_t n = 0;
         for (; n < o->nrep; n++) {
-            if ((l[n] = kvs__malloc(sizeof(*l[n]))) == NULL)
+            if ((l[n] = kvs__calloc(1, sizeof(*l[n]))) == NULL)
                 break;
+            if (pending && !writer_done && (l[n]->key = kvs__strndup(o->key, o->key_len)) == NULL) {
+                kvs__free(l[n]);
+                break;
+            }
         }
         bool fenced = true;
         if (n == o->nrep && pending) {
@@ -335,8 +346,10 @@ static int obj_retire(kvs__master_t *m, uint64_t now_ns, obj_t *o)
         }
         if (n < o->nrep || !fenced) {
             /* Fences already issued stay harmless: their token belongs to no live put. */
-            for (uint32_t i = 0; i < n; i++)
+            for (uint32_t i = 0; i < n; i++) {
+                kvs__free(l[i]->key);
                 kvs__free(l[i]);
+            }
             return KVS_NO_MEMORY;
         }
         for (uint32_t i = 0; i < n; i++) {
@@ -345,6 +358,9 @@ static int obj_retire(kvs__master_t *m, uint64_t now_ns, obj_t *o)
             l[i]->until_ns = leased ? o->lease_until_ns : 0;
             if (!pending)
                 l[i]->fence_seq = 0;
+            l[i]->writer = o->writer;
+            l[i]->writer_done = !pending || writer_done;
+            l[i]->key_len = o->key_len;
             l[i]->next = m->limbo;
             m->limbo = l[i];
         }
@@ -361,16 +377,40 @@ static void limbo_sweep(kvs__master_t *m, uint64_t now_ns, bool all)
 {
     for (limbo_t **pp = &m->limbo; *pp != NULL;) {
         limbo_t *l = *pp;
-        bool due = l->until_ns <= now_ns && l->fence_seq <= l->seg->fence_acked;
+        bool due = l->until_ns <= now_ns && l->fence_seq <= l->seg->fence_acked && l->writer_done;
         if (all || due) {
             if (!all)
                 kvs__seg_alloc_free(l->seg->alloc, l->handle);
             *pp = l->next;
+            kvs__free(l->key);
             kvs__free(l);
         } else {
             pp = &l->next;
         }
     }
+}
+
+/* The writer `client_id` is done with its puts of `key` (NULL: all of them): it ended or
+ * revoked the key, which it does only after its transfers returned, or it is gone. */
+static void limbo_writer_done(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
+                              const kvs__str_t *key)
+{
+    bool any = false;
+    for (limbo_t *l = m->limbo; l != NULL; l = l->next) {
+        if (l->writer_done || l->writer != client_id ||
+            (key != NULL && !kvs__str_eq(*key, (kvs__str_t){l->key, l->key_len})))
+            continue;
+        l->writer_done = true;
+        any = true;
+    }
+    if (any)
+        limbo_sweep(m, now_ns, false);
+}
+
+void kvs__master_client_gone(kvs__master_t *m, uint64_t now_ns, uint64_t client_id)
+{
+    if (m != NULL && client_id != 0)
+        limbo_writer_done(m, now_ns, client_id, NULL);
 }
 
 /* A segment going away takes its limbo space with it: nothing can read or write it any more. */
@@ -380,6 +420,7 @@ static void limbo_drop_segment(kvs__master_t *m, const struct seg *s)
         limbo_t *l = *pp;
         if (l->seg == s) {
             *pp = l->next;
+            kvs__free(l->key);
             kvs__free(l);
         } else {
             pp = &l->next;
@@ -923,7 +964,7 @@ static int op_put_revoke(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
 {
     if (o->state != KVS_OBJ_PENDING || o->writer != k->client_id)
         return KVS_INVALID_WRITE;
-    int rc = obj_retire(m, k->now_ns, o);
+    int rc = obj_retire(m, k->now_ns, o, true); /* the writer itself, after its transfers */
     if (rc == KVS_OK)
         m->c.puts_revoked++;
     return rc;
@@ -943,7 +984,7 @@ static int op_remove(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
         return KVS_REPLICA_IS_NOT_READY;
     if (!force && obj_leased(o, k->now_ns))
         return KVS_OBJECT_HAS_LEASE;
-    int rc = obj_retire(m, k->now_ns, o);
+    int rc = obj_retire(m, k->now_ns, o, false);
     if (rc == KVS_OK)
         m->c.removes++;
     return rc;
@@ -954,7 +995,10 @@ int kvs__master_put_end(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
                         kvs__status_list_rsp_t *rsp)
 {
     key_ctx_t k = {now_ns, req ? req->flags : 0, client_id};
-    return for_each_key(m, &k, req, arena, rsp, op_put_end);
+    int rc = for_each_key(m, &k, req, arena, rsp, op_put_end);
+    for (uint32_t i = 0; rc == KVS_OK && i < req->nkeys; i++)
+        limbo_writer_done(m, now_ns, client_id, &req->keys[i]);
+    return rc;
 }
 
 int kvs__master_put_revoke(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
@@ -962,7 +1006,10 @@ int kvs__master_put_revoke(kvs__master_t *m, uint64_t now_ns, uint64_t client_id
                            kvs__status_list_rsp_t *rsp)
 {
     key_ctx_t k = {now_ns, req ? req->flags : 0, client_id};
-    return for_each_key(m, &k, req, arena, rsp, op_put_revoke);
+    int rc = for_each_key(m, &k, req, arena, rsp, op_put_revoke);
+    for (uint32_t i = 0; rc == KVS_OK && i < req->nkeys; i++)
+        limbo_writer_done(m, now_ns, client_id, &req->keys[i]);
+    return rc;
 }
 
 int kvs__master_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
@@ -1160,7 +1207,7 @@ void kvs__master_tick(kvs__master_t *m, uint64_t now_ns)
         obj_t *o = link_obj(m->pending.next);
         kvs_warn("discarding put of '%.*s': not ended within %llu ms", (int)o->key_len, o->key,
                  (unsigned long long)m->cfg.put_discard_ms);
-        if (obj_retire(m, now_ns, o) != KVS_OK)
+        if (obj_retire(m, now_ns, o, false) != KVS_OK)
             break; /* out of memory: the next tick tries again */
         m->c.puts_discarded++;
     }

@@ -114,6 +114,8 @@ uint16_t kvs__master_server_port(const kvs__master_server_t *s)
 
 static void conn_close(kvs__master_server_t *s, conn_t *c)
 {
+    if (c->hello_done)
+        kvs__master_client_gone(s->master, kvs__now_ns(), c->client_id);
     epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     if (c->prev)
