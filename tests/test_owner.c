@@ -231,7 +231,8 @@ static int32_t write_with_token(int fd, uint64_t seg, uint64_t token, uint8_t fi
     return st;
 }
 
-/* A fenced put's writes are refused, including ones sent before the fence; others go on. */
+/* A fenced put's writes are refused, including ones already queued in the owner's socket when
+ * the fence comes; others go on. */
 static void test_fenced_writes_are_refused(void)
 {
     kvs__data_server_config_t cfg;
@@ -254,7 +255,42 @@ static void test_fenced_writes_are_refused(void)
     CHECK_EQ_INT(seg[0], 0xA1);
     CHECK_STATUS(write_with_token(fd, 77, 6, 0xC3, 64), KVS_OK); /* another put's */
     CHECK_EQ_INT(seg[63], 0xC3);
+    close(fd);
+    kvs__data_server_destroy(srv);
+
+    /* Queued bytes: writes of token 7 sent before the fence, served (the owner stalls 300 ms
+     * per request) only after it. */
+    cfg.inject_delay_us = 300000;
+    CHECK_STATUS(kvs__data_server_create(&cfg, &srv), KVS_OK);
+    memset(seg, 0x11, sizeof(seg));
+    CHECK_STATUS(kvs__data_server_add(srv, 77, seg, sizeof(seg), -1), KVS_OK);
+    f.port = kvs__data_server_port(srv);
+    fd = dial(&f);
+    hello(fd);
+    uint8_t payload[KVS_DATA_REQ_LEN + 64];
+    for (int i = 0; i < 2; i++) {
+        data_req_token(payload, 77, 0, 64, 7);
+        memset(payload + KVS_DATA_REQ_LEN, 0xE5, 64);
+        send_frame(fd, KVS_MSG_DATA_WRITE, sizeof(payload), payload, sizeof(payload));
+    }
+    usleep(50000); /* both are in the socket; the first waits out its stall */
+    CHECK_STATUS(kvs__data_server_fence(srv, 77, (const uint64_t[]){7}, 1), KVS_OK);
+    for (int i = 0; i < 2; i++) {
+        int32_t st;
+        CHECK_EQ_INT(response(fd, &st), KVS_MSG_DATA_WRITE | KVS_RSP_FLAG);
+        CHECK_STATUS(st, KVS_INVALID_WRITE);
+    }
+    CHECK_EQ_INT(seg[0], 0x11); /* nothing of the fenced put landed */
+    close(fd);
+    kvs__data_server_destroy(srv);
+    cfg.inject_delay_us = 0;
+    CHECK_STATUS(kvs__data_server_create(&cfg, &srv), KVS_OK);
+    CHECK_STATUS(kvs__data_server_add(srv, 77, seg, sizeof(seg), -1), KVS_OK);
+    f.port = kvs__data_server_port(srv);
+    fd = dial(&f);
+    hello(fd);
     /* Many fences (the set grows) and the first ones still hold. */
+    CHECK_STATUS(kvs__data_server_fence(srv, 77, (const uint64_t[]){5}, 1), KVS_OK);
     for (uint64_t t = 100; t < 5000; t++)
         CHECK_STATUS(kvs__data_server_fence(srv, 77, &t, 1), KVS_OK);
     CHECK_STATUS(write_with_token(fd, 77, 5, 0xD4, 64), KVS_INVALID_WRITE);

@@ -275,10 +275,20 @@ static PyObject *store_setup(store_t *self, PyObject *args, PyObject *kw)
     pthread_mutex_unlock(&self->lock);
     if (already)
         return PyLong_FromLong(KVS_INVALID_PARAMS);
+    /* Copies: the GIL is released while they are used, and another thread could change the
+     * dict (or its strings) meanwhile. */
+    char masterbuf[512], protobuf[32];
+    if (snprintf(masterbuf, sizeof(masterbuf), "%s", master) >= (int)sizeof(masterbuf) ||
+        snprintf(protobuf, sizeof(protobuf), "%s", proto) >= (int)sizeof(protobuf)) {
+        pthread_mutex_lock(&self->lock);
+        self->opening = false;
+        pthread_mutex_unlock(&self->lock);
+        return PyLong_FromLong(KVS_INVALID_PARAMS);
+    }
     kvs_client_config_t ccfg;
     kvs_client_config_init(&ccfg);
-    ccfg.master = master;
-    ccfg.protocol = proto;
+    ccfg.master = masterbuf;
+    ccfg.protocol = protobuf;
     ccfg.local_hostname = host && *host ? host : NULL;
     /* A "host:port" local_hostname names the host only. */
     char hostbuf[256] = "";
