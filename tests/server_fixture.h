@@ -85,6 +85,29 @@ static inline void server_stop(server_t *s)
     kvs_test_fail(__FILE__, __LINE__, "server ignored SIGTERM");
 }
 
+#ifdef KVS_CLI_PATH
+/* Runs the command line `kvstash --master M args...` (args NULL-terminated); returns its exit
+ * status. */
+static inline int run_cli(const char *master, const char *const *args)
+{
+    const char *argv[16] = {KVS_CLI_PATH, "--master", master};
+    int n = 3;
+    for (int i = 0; args[i] && n < 15; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0;
+    CHECK_EQ_INT(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+#endif
+
 static inline void server_kill(server_t *s)
 {
     kill(s->pid, SIGKILL);

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "kvs_test.h"
 #include "server_fixture.h"
+#include "client_fixture.h"
 #include "client/client_int.h"
 #include "common/common_int.h"
 
@@ -240,19 +241,6 @@ static int64_t get_copy(kvs_client_t *c, const char *key, void *buf, size_t cap)
     memcpy(buf, p, n);
     kvs_free(p);
     return (int64_t)n;
-}
-
-static kvs_client_t *client_open_protocol(const char *master, const char *protocol)
-{
-    kvs_client_config_t cfg;
-    CHECK_STATUS(kvs_client_config_init(&cfg), KVS_OK);
-    cfg.master = master;
-    cfg.protocol = protocol;
-    cfg.rpc_timeout_ms = 3000;
-    cfg.transfer_timeout_ms = 3000;
-    kvs_client_t *c = NULL;
-    CHECK_STATUS(kvs_client_open(&cfg, &c), KVS_OK);
-    return c;
 }
 
 /* A store killed (-9) and restarted on the same ports under a client that lives through it:
@@ -1002,26 +990,6 @@ static void test_leases_protect_reads_and_expire(void)
     kvs_client_close(c);
     free(buf);
     server_stop(&st.srv);
-}
-
-/* Runs `kvstash --master M args...`; returns its exit status. */
-static int run_cli(const char *master, const char *const *args)
-{
-    const char *argv[16] = {KVS_CLI_PATH, "--master", master};
-    int n = 3;
-    for (int i = 0; args[i] && n < 15; i++)
-        argv[n++] = args[i];
-    argv[n] = NULL;
-    fflush(stdout);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int st = 0;
-    CHECK_EQ_INT(waitpid(pid, &st, 0), pid);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
 /* A finished read gives its lease back without an extra round trip on the read path: with the

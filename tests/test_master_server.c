@@ -163,7 +163,8 @@ static bool raw_closed(int fd)
     }
 }
 
-static void say_hello(int fd)
+/* Sends a HELLO; the reply must be of type `want` with status `want_status`. */
+static void hello_expect(int fd, unsigned want, int want_status)
 {
     kvs__wbuf_t w;
     kvs__wbuf_init(&w);
@@ -171,23 +172,20 @@ static void say_hello(int fd)
     kvs__hello_req_encode(&w, &h);
     raw_frame(fd, KVS_MSG_HELLO, w.data, (uint32_t)w.len);
     int32_t st;
-    CHECK_EQ_INT(raw_response(fd, &st), KVS_MSG_HELLO | KVS_RSP_FLAG);
-    CHECK_STATUS(st, KVS_OK);
+    CHECK_EQ_INT(raw_response(fd, &st), want | KVS_RSP_FLAG);
+    CHECK_STATUS(st, want_status);
     kvs__wbuf_free(&w);
+}
+
+static void say_hello(int fd)
+{
+    hello_expect(fd, KVS_MSG_HELLO, KVS_OK);
 }
 
 /* Sends a HELLO that must be refused with an ERROR frame. */
 static void say_hello_expect_error(int fd)
 {
-    kvs__wbuf_t w;
-    kvs__wbuf_init(&w);
-    kvs__hello_req_t h = {KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX, kvs__str_c("raw"), 0, 0};
-    kvs__hello_req_encode(&w, &h);
-    raw_frame(fd, KVS_MSG_HELLO, w.data, (uint32_t)w.len);
-    int32_t st;
-    CHECK_EQ_INT(raw_response(fd, &st), KVS_MSG_ERROR | KVS_RSP_FLAG);
-    CHECK_STATUS(st, KVS_PROTOCOL_ERROR);
-    kvs__wbuf_free(&w);
+    hello_expect(fd, KVS_MSG_ERROR, KVS_PROTOCOL_ERROR);
 }
 
 static void test_serves_valid_requests(void)
@@ -405,15 +403,9 @@ static void test_identity_comes_from_the_connection(void)
     CHECK_STATUS(keys_call_one(b, KVS_MSG_EXISTS, "open"), 1);
     /* b cannot unmount a's segment, whatever id it names. */
     CHECK_EQ_U64(rpc_stat_counter(b, "segments"), 1);
-    kvs__rpc_begin(b, &req, KVS_MSG_STAT);
-    CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
-    CHECK_STATUS(kvs__rpc_call(b, &req, &rsp), KVS_OK);
     kvs__arena_t ar;
     kvs__arena_init(&ar);
-    kvs__stat_rsp_t st;
-    CHECK_STATUS(kvs__stat_rsp_decode(rsp.data, rsp.len, rsp.version, &ar, &st), KVS_OK);
-    CHECK_EQ_INT(st.nsegs, 1);
-    kvs__ids_req_t u = {st.segs[0].id};
+    kvs__ids_req_t u = {rpc_stat_segment_id(b, "seg-a")};
     kvs__rpc_begin(b, &req, KVS_MSG_UNMOUNT);
     kvs__ids_req_encode(&req, &u);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
@@ -477,26 +469,7 @@ static void test_liveness_over_the_network(void)
     mount_and_put(rpc, "seg", "k");
     mount_and_put(rpc, "seg-unnamed", "k2"); /* its heartbeats will not name this one */
     CHECK_EQ_U64(rpc_stat_counter(rpc, "segments"), 2);
-    uint64_t seg_id = 0;
-    {
-        kvs__wbuf_t req, rsp;
-        kvs__wbuf_init(&req);
-        kvs__wbuf_init(&rsp);
-        kvs__rpc_begin(rpc, &req, KVS_MSG_STAT);
-        CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
-        CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
-        kvs__arena_t a;
-        kvs__arena_init(&a);
-        kvs__stat_rsp_t st;
-        CHECK_STATUS(kvs__stat_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &st), KVS_OK);
-        for (uint32_t i = 0; i < st.nsegs; i++) {
-            if (kvs__str_eq(st.segs[i].name, kvs__str_c("seg")))
-                seg_id = st.segs[i].id;
-        }
-        kvs__arena_free(&a);
-        kvs__wbuf_free(&req);
-        kvs__wbuf_free(&rsp);
-    }
+    uint64_t seg_id = rpc_stat_segment_id(rpc, "seg");
     CHECK(seg_id != 0);
     /* Heartbeats keep the segment they name, and only that one. */
     for (int i = 0; i < 6; i++) {
@@ -523,7 +496,7 @@ static void test_liveness_over_the_network(void)
     server_stop(&s);
 }
 
-static int run_cli(const char *args)
+static int run_cli_line(const char *args)
 {
     char cmd[512];
     snprintf(cmd, sizeof(cmd), "%s %s >/dev/null 2>&1", KVS_CLI_PATH, args);
@@ -539,12 +512,12 @@ static void test_cli(void)
     mount_and_put(rpc, "seg", "cli-key");
     char args[128];
     snprintf(args, sizeof(args), "--master 127.0.0.1:%u stat", (unsigned)s.port);
-    CHECK_EQ_INT(run_cli(args), 0);
+    CHECK_EQ_INT(run_cli_line(args), 0);
     snprintf(args, sizeof(args), "--master 127.0.0.1:%u ls cli-", (unsigned)s.port);
-    CHECK_EQ_INT(run_cli(args), 0);
-    CHECK(run_cli("--master 127.0.0.1:1 --timeout-ms 500 stat") != 0); /* nobody there */
-    CHECK_EQ_INT(run_cli("frobnicate"), 2);
-    CHECK_EQ_INT(run_cli("--master nonsense stat"), 2);
+    CHECK_EQ_INT(run_cli_line(args), 0);
+    CHECK(run_cli_line("--master 127.0.0.1:1 --timeout-ms 500 stat") != 0); /* nobody there */
+    CHECK_EQ_INT(run_cli_line("frobnicate"), 2);
+    CHECK_EQ_INT(run_cli_line("--master nonsense stat"), 2);
     kvs__rpc_close(rpc);
     server_stop(&s);
     /* The server refuses bad options with a usage error. */

@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "kvs_test.h"
 #include "server_fixture.h"
+#include "client_fixture.h"
 #include "client/client_int.h"
 #include "proto/net_int.h"
 
@@ -27,19 +28,6 @@ static void start(server_t *s, const char *path, char *master, size_t cap)
     const char *args[] = {"--segment-size", "64MiB", NULL};
     server_start_path(s, path, args);
     snprintf(master, cap, "127.0.0.1:%u", (unsigned)s->port);
-}
-
-static kvs_client_t *open_client(const char *master, const char *protocol)
-{
-    kvs_client_config_t cfg;
-    CHECK_STATUS(kvs_client_config_init(&cfg), KVS_OK);
-    cfg.master = master;
-    cfg.protocol = protocol;
-    cfg.rpc_timeout_ms = 3000;
-    cfg.transfer_timeout_ms = 3000;
-    kvs_client_t *c = NULL;
-    CHECK_STATUS(kvs_client_open(&cfg, &c), KVS_OK);
-    return c;
 }
 
 static void fill(uint8_t *p, size_t n, unsigned seed)
@@ -89,7 +77,7 @@ static void newer_client_with(const char *server_path, unsigned want_version)
     start(&s, server_path, master, sizeof(master));
     static const char *const protocols[] = {"tcp", "shm"};
     for (size_t i = 0; i < KVS_ARRAY_SIZE(protocols); i++) {
-        kvs_client_t *c = open_client(master, protocols[i]);
+        kvs_client_t *c = client_open_protocol(master, protocols[i]);
         CHECK_EQ_INT(kvs__rpc_version(c->rpc), want_version);
         /* Only a peer of the next version echoes the next version's HELLO field. */
         CHECK_EQ_U64(kvs__rpc_hello(c->rpc)->next_probe,
@@ -110,26 +98,6 @@ static void test_newer_client_older_store(void)
 static void test_newer_client_newer_store(void)
 {
     newer_client_with(KVS_SERVER_NEXT_PATH, NEXT_VERSION);
-}
-
-/* Runs the older build's command line; returns its exit status. */
-static int run_cli(const char *master, const char *const *args)
-{
-    const char *argv[16] = {KVS_CLI_PATH, "--master", master};
-    int n = 3;
-    for (int i = 0; args[i] && n < 15; i++)
-        argv[n++] = args[i];
-    argv[n] = NULL;
-    fflush(stdout);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int st = 0;
-    CHECK_EQ_INT(waitpid(pid, &st, 0), pid);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
 static void test_older_cli_newer_store(void)
@@ -157,7 +125,7 @@ static void test_older_cli_newer_store(void)
     const char *ls[] = {"ls", "cli/", NULL};
     CHECK_EQ_INT(run_cli(master, ls), 0);
     /* And the newer client sees what the older one wrote. */
-    kvs_client_t *c = open_client(master, "tcp");
+    kvs_client_t *c = client_open_protocol(master, "tcp");
     CHECK_EQ_INT(kvs__rpc_version(c->rpc), NEXT_VERSION);
     CHECK_EQ_INT(kvs_client_get_size(c, "cli/obj"), SIZE);
     kvs_client_close(c);

@@ -990,26 +990,31 @@ static int op_remove(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
     return rc;
 }
 
+/* PUT_END or PUT_REVOKE by the writer `client_id`: the op per key, after which the writer is
+ * known to be done with those keys (it ends or revokes them only after its transfers). */
+static int writer_keys(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
+                       const kvs__keys_req_t *req, kvs__arena_t *arena,
+                       kvs__status_list_rsp_t *rsp, key_op_fn fn)
+{
+    key_ctx_t k = {now_ns, req ? req->flags : 0, client_id};
+    int rc = for_each_key(m, &k, req, arena, rsp, fn);
+    for (uint32_t i = 0; rc == KVS_OK && i < req->nkeys; i++)
+        limbo_writer_done(m, now_ns, client_id, &req->keys[i]);
+    return rc;
+}
+
 int kvs__master_put_end(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
                         const kvs__keys_req_t *req, kvs__arena_t *arena,
                         kvs__status_list_rsp_t *rsp)
 {
-    key_ctx_t k = {now_ns, req ? req->flags : 0, client_id};
-    int rc = for_each_key(m, &k, req, arena, rsp, op_put_end);
-    for (uint32_t i = 0; rc == KVS_OK && i < req->nkeys; i++)
-        limbo_writer_done(m, now_ns, client_id, &req->keys[i]);
-    return rc;
+    return writer_keys(m, now_ns, client_id, req, arena, rsp, op_put_end);
 }
 
 int kvs__master_put_revoke(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
                            const kvs__keys_req_t *req, kvs__arena_t *arena,
                            kvs__status_list_rsp_t *rsp)
 {
-    key_ctx_t k = {now_ns, req ? req->flags : 0, client_id};
-    int rc = for_each_key(m, &k, req, arena, rsp, op_put_revoke);
-    for (uint32_t i = 0; rc == KVS_OK && i < req->nkeys; i++)
-        limbo_writer_done(m, now_ns, client_id, &req->keys[i]);
-    return rc;
+    return writer_keys(m, now_ns, client_id, req, arena, rsp, op_put_revoke);
 }
 
 int kvs__master_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
