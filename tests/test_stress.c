@@ -205,14 +205,25 @@ static void test_concurrent_puts_removes_and_reads(void)
         }
         close(pipes[i][1]);
     }
-    /* Chaos: the owner stops now and then, with writes queued in its sockets. */
+    /* Chaos: the owner stops now and then, with writes queued in its sockets; once, the shm
+     * writer stops for longer than the put discard time, possibly in the middle of copying
+     * into its mapping, and resumes after the master discarded its put. */
     unsigned stops = 0;
+    bool writer_stopped = false;
+    uint64_t start_ns = kvs__now_ns();
     while (kvs__now_ns() + 1500 * KVS_NS_PER_MS < end_ns) {
         usleep(1000000);
         CHECK_EQ_INT(kill(o.pid, SIGSTOP), 0);
         usleep(400000);
         CHECK_EQ_INT(kill(o.pid, SIGCONT), 0);
         stops++;
+        if (!writer_stopped && kvs__now_ns() - start_ns > (end_ns - start_ns) / 3 &&
+            kvs__now_ns() + 4 * KVS_NS_PER_S < end_ns) {
+            CHECK_EQ_INT(kill(pids[1], SIGSTOP), 0); /* plan[1]: the shm writer */
+            usleep(2600000);
+            CHECK_EQ_INT(kill(pids[1], SIGCONT), 0);
+            writer_stopped = true;
+        }
     }
     tally_t sum = {0};
     for (unsigned i = 0; i < NW; i++) {
@@ -230,9 +241,9 @@ static void test_concurrent_puts_removes_and_reads(void)
         sum.puts_failed += t.puts_failed;
         sum.removes_ok += t.removes_ok;
     }
-    printf("  %llu s, %u owner stops: %llu reads exact, %llu failed, %llu wrong; %llu puts, %llu "
+    printf("  %llu s, %u owner stops, writer stopped %d: %llu reads exact, %llu failed, %llu wrong; %llu puts, %llu "
            "failed; %llu forced removes\n",
-           (unsigned long long)seconds, stops, (unsigned long long)sum.reads_ok,
+           (unsigned long long)seconds, stops, writer_stopped, (unsigned long long)sum.reads_ok,
            (unsigned long long)sum.reads_failed, (unsigned long long)sum.wrong,
            (unsigned long long)sum.puts_ok, (unsigned long long)sum.puts_failed,
            (unsigned long long)sum.removes_ok);
