@@ -1245,6 +1245,15 @@ static void owner_killed_case(const char *protocol)
     CHECK(prc == KVS_TRANSFER_FAIL || prc == KVS_NO_AVAILABLE_HANDLE);
     CHECK_EQ_INT(kvs_client_exists(w, "late"), 0);
     usleep(1200000); /* past the heartbeat time-out: the master drops B */
+    /* Each reader completes a whole call begun after that (slow under sanitizers). */
+    int after[3];
+    for (int i = 0; i < 3; i++)
+        after[i] = atomic_load(&r[i].completed) + 2;
+    for (int i = 0; i < 3; i++) {
+        for (int t_ = 0; t_ < 6000 && atomic_load(&r[i].completed) < after[i]; t_++)
+            usleep(10000);
+        CHECK(atomic_load(&r[i].completed) >= after[i]);
+    }
     atomic_store(&stop, 1);
     int ok_a = 0, failed_a = 0, ok_b = 0, failed_b = 0, calls = 0;
     for (int i = 0; i < 3; i++) {
