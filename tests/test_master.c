@@ -72,7 +72,7 @@ typedef int (*keys_fn)(kvs__master_t *, uint64_t, const kvs__keys_req_t *, kvs__
 static int key_op(fx_t *f, keys_fn fn, const char *key, uint32_t flags)
 {
     kvs__str_t k = kvs__str_c(key);
-    kvs__keys_req_t req = {flags, 1, &k, 0, NULL};
+    kvs__keys_req_t req = {flags, 1, &k, 0, NULL, 0, NULL};
     kvs__status_list_rsp_t rsp;
     CHECK_STATUS(fn(f->m, f->now, &req, &f->arena, &rsp), KVS_OK);
     CHECK_EQ_INT(rsp.nresults, 1);
@@ -86,7 +86,7 @@ typedef int (*writer_fn)(kvs__master_t *, uint64_t, uint64_t, const kvs__keys_re
 static int writer_op(fx_t *f, writer_fn fn, const char *key, uint64_t client)
 {
     kvs__str_t k = kvs__str_c(key);
-    kvs__keys_req_t req = {0, 1, &k, 0, NULL};
+    kvs__keys_req_t req = {0, 1, &k, 0, NULL, 0, NULL};
     kvs__status_list_rsp_t rsp;
     CHECK_STATUS(fn(f->m, f->now, client, &req, &f->arena, &rsp), KVS_OK);
     CHECK_EQ_INT(rsp.nresults, 1);
@@ -101,7 +101,7 @@ static int writer_op(fx_t *f, writer_fn fn, const char *key, uint64_t client)
 static int lookup(fx_t *f, const char *key, kvs__obj_desc_t *d_p)
 {
     kvs__str_t k = kvs__str_c(key);
-    kvs__keys_req_t req = {0, 1, &k, 0, NULL};
+    kvs__keys_req_t req = {0, 1, &k, 0, NULL, 0, NULL};
     kvs__placement_rsp_t rsp;
     CHECK_STATUS(kvs__master_lookup(f->m, f->now, f->client, &req, &f->arena, &rsp), KVS_OK);
     if (d_p)
@@ -616,7 +616,27 @@ static void test_pending_remove_waits_for_the_writer(void)
             /* The writer's end of the key (refused: the put is gone) says it is done. */
             CHECK_STATUS(writer_op(&f, kvs__master_put_end, "p", writer), KVS_OBJECT_NOT_FOUND);
         } else {
-            kvs__master_client_gone(f.m, f.now, writer);
+            /* A reconnection is no departure; the put discard time (2 s) without a connection
+             * is. */
+            kvs__master_client_connected(f.m, f.now, writer);
+            kvs__master_client_disconnected(f.m, f.now, writer);
+            kvs__master_client_connected(f.m, f.now, writer);
+            for (int t = 0; t < 10; t++) {
+                f.now += 500 * MS;
+                CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, f.client, NULL, NULL, NULL), KVS_OK);
+                kvs__master_tick(f.m, f.now);
+            }
+            CHECK_EQ_U64(counter(&f, "used_bytes"), 1 << 20); /* 5 s, still connected */
+            kvs__master_client_disconnected(f.m, f.now, writer);
+            for (int t = 0; t < 3; t++) {
+                f.now += 500 * MS;
+                CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, f.client, NULL, NULL, NULL), KVS_OK);
+                kvs__master_tick(f.m, f.now);
+            }
+            CHECK_EQ_U64(counter(&f, "used_bytes"), 1 << 20); /* gone 1.5 s */
+            f.now += 600 * MS;
+            CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, f.client, NULL, NULL, NULL), KVS_OK);
+            kvs__master_tick(f.m, f.now);
         }
         CHECK_EQ_U64(counter(&f, "used_bytes"), 0);
     }
@@ -634,7 +654,7 @@ static void release(fx_t *f, uint64_t client, const char *key, uint64_t lease_id
 static uint64_t lookup_as(fx_t *f, uint64_t client, const char *key)
 {
     kvs__str_t k = kvs__str_c(key);
-    kvs__keys_req_t req = {0, 1, &k, 0, NULL};
+    kvs__keys_req_t req = {0, 1, &k, 0, NULL, 0, NULL};
     kvs__placement_rsp_t rsp;
     CHECK_STATUS(kvs__master_lookup(f->m, f->now, client, &req, &f->arena, &rsp), KVS_OK);
     CHECK_STATUS(rsp.objs[0].status, KVS_OK);

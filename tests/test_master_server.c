@@ -64,7 +64,7 @@ static void mount_and_put(kvs__rpc_t *rpc, const char *seg, const char *key)
     CHECK_EQ_U64(pr.segs[0].id, mr.segment_id);
 
     kvs__str_t k = kvs__str_c(key);
-    kvs__keys_req_t kr = {0, 1, &k, 0, NULL};
+    kvs__keys_req_t kr = {0, 1, &k, 0, NULL, 0, NULL};
     kvs__rpc_begin(rpc, &req, KVS_MSG_PUT_END);
     kvs__keys_req_encode(&req, &kr);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
@@ -92,7 +92,7 @@ static int32_t keys_call_one(kvs__rpc_t *rpc, uint16_t type, const char *key)
     kvs__wbuf_init(&req);
     kvs__wbuf_init(&rsp);
     kvs__str_t k = kvs__str_c(key);
-    kvs__keys_req_t kr = {0, 1, &k, 0, NULL};
+    kvs__keys_req_t kr = {0, 1, &k, 0, NULL, 0, NULL};
     kvs__rpc_begin(rpc, &req, type);
     kvs__keys_req_encode(&req, &kr);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);

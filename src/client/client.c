@@ -461,7 +461,8 @@ static uint32_t batch_fit(const batch_req_t *b, uint32_t first)
         bytes += releases_bytes(b->keys, 0, b->keys->nreleased);
     uint32_t n = batch_len(b), i = first;
     for (; i < n; i++) {
-        bytes += b->keys ? 4u + b->keys->keys[i].len
+        bytes += b->keys ? 4u + b->keys->keys[i].len +
+                               (b->keys->ntokens ? KVS__MIN_BYTES_put_token : 0u)
                          : KVS__MIN_BYTES_put_item + b->put->items[i].key.len;
         if (bytes > KVS_FRAME_MAX_PAYLOAD)
             break;
@@ -475,6 +476,10 @@ static void batch_encode(const batch_req_t *b, uint32_t first, uint32_t count, k
         kvs__keys_req_t part = *b->keys;
         part.nkeys = count;
         part.keys += first;
+        if (part.ntokens) {
+            part.ntokens = count;
+            part.tokens += first;
+        }
         if (first > 0)
             part.nreleased = 0; /* the first frame carries them */
         kvs__keys_req_encode(w, &part);
@@ -658,7 +663,7 @@ static void releases_flush(kvs_client_t *c)
         uint32_t n = releases_take(c, &rel);
         if (n == 0)
             return;
-        kvs__keys_req_t kr = {0, 0, NULL, n, rel};
+        kvs__keys_req_t kr = {0, 0, NULL, n, rel, 0, NULL};
         batch_req_t b = {KVS_MSG_RELEASE, &kr, NULL};
         kvs__arena_t arena;
         kvs__arena_init(&arena);
@@ -672,12 +677,14 @@ static void releases_flush(kvs_client_t *c)
 }
 
 int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
-                          const kvs__str_t *keys, kvs__arena_t *arena, kvs__status_list_rsp_t *sl,
+                          const kvs__str_t *keys, const kvs__put_token_t *tokens,
+                          kvs__arena_t *arena, kvs__status_list_rsp_t *sl,
                           kvs__placement_rsp_t *pr)
 {
     kvs__lease_release_t *rel;
     uint32_t nrel = releases_take(c, &rel);
-    kvs__keys_req_t kr = {flags, n, (kvs__str_t *)keys, nrel, rel};
+    kvs__keys_req_t kr = {flags, n,   (kvs__str_t *)keys, nrel,
+                          rel,   tokens ? n : 0, (kvs__put_token_t *)tokens};
     batch_req_t b = {type, &kr, NULL};
     int rc = batch_call(c, &b, arena, sl, pr);
     releases_free(rel, nrel); /* sent, or lost with the call: the leases then expire */
@@ -712,7 +719,7 @@ static int status_list_call(kvs_client_t *c, uint16_t type, uint32_t flags, size
     kvs__arena_t arena;
     kvs__arena_init(&arena);
     kvs__status_list_rsp_t sl;
-    int rc = kvs__client_keys_call(c, type, flags, (uint32_t)n, ks, &arena, &sl, NULL);
+    int rc = kvs__client_keys_call(c, type, flags, (uint32_t)n, ks, NULL, &arena, &sl, NULL);
     if (rc == KVS_OK) {
         for (size_t i = 0; i < n; i++)
             results[i] = sl.results[i];
@@ -767,7 +774,7 @@ int64_t kvs_client_get_size(kvs_client_t *c, const char *key)
     kvs__arena_init(&arena);
     int64_t result;
     kvs__placement_rsp_t pr;
-    int rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, 1, &k, &arena, NULL, &pr);
+    int rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, 1, &k, NULL, &arena, NULL, &pr);
     if (rc == KVS_OK)
         kvs__client_release_later(c, 1, &k, &pr.objs[0].lease_id); /* nothing is read */
     if (rc == KVS_OK)

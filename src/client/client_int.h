@@ -107,13 +107,14 @@ void kvs__hist_add(kvs__hist_t *h, uint64_t ns);
 /* One request/response with the master; counts failures. `req` holds a begun frame. */
 int kvs__client_call(kvs_client_t *c, kvs__wbuf_t *req, kvs__wbuf_t *rsp);
 /* Master calls over a batch, split into as many frames as the frame limit needs and joined
- * again: one status per key into `sl` (PUT_END, PUT_REVOKE, EXISTS, REMOVE; `pr` NULL), one
+ * again (`tokens`, one per key or NULL, names the puts of PUT_END and PUT_REVOKE): one status per key into `sl` (PUT_END, PUT_REVOKE, EXISTS, REMOVE; `pr` NULL), one
  * placement per key into `pr` (LOOKUP; `sl` NULL) or per item (PUT_START). Every answer lives
  * in `arena`. A part (frame) that fails — the transport's failure, PROTOCOL_ERROR for a
  * malformed answer or one of another length, or the master's refusal — gives each of its keys
  * that status; the call returns it only if every part failed, else OK. */
 int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
-                          const kvs__str_t *keys, kvs__arena_t *arena, kvs__status_list_rsp_t *sl,
+                          const kvs__str_t *keys, const kvs__put_token_t *tokens,
+                          kvs__arena_t *arena, kvs__status_list_rsp_t *sl,
                           kvs__placement_rsp_t *pr);
 int kvs__client_put_start(kvs_client_t *c, const kvs__put_start_req_t *ps, kvs__arena_t *arena,
                           kvs__placement_rsp_t *pr);

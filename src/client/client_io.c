@@ -223,8 +223,10 @@ static uint64_t deadline_after_ms(uint64_t ms)
 
 /* ---- puts ------------------------------------------------------------------------------------ */
 
-/* Ends (ok) or revokes the listed keys; a failed PUT_END becomes the key's result. */
-static void put_finish(kvs_client_t *c, call_t *k, const size_t *idx, uint32_t m, bool ok)
+/* Ends (ok) or revokes the listed keys, each naming its put (`tokens`, parallel to idx); a
+ * failed PUT_END becomes the key's result. */
+static void put_finish(kvs_client_t *c, call_t *k, const size_t *idx, const kvs__put_token_t *tokens,
+                       uint32_t m, bool ok)
 {
     if (m == 0)
         return;
@@ -236,7 +238,7 @@ static void put_finish(kvs_client_t *c, call_t *k, const size_t *idx, uint32_t m
         ks[j] = kvs__str_c(k->keys[idx[j]]);
     kvs__status_list_rsp_t sl;
     if (rc == KVS_OK)
-        rc = kvs__client_keys_call(c, ok ? KVS_MSG_PUT_END : KVS_MSG_PUT_REVOKE, 0, m, ks,
+        rc = kvs__client_keys_call(c, ok ? KVS_MSG_PUT_END : KVS_MSG_PUT_REVOKE, 0, m, ks, tokens,
                                    &arena, &sl, NULL);
     if (ok) {
         /* A put whose end was not confirmed is not readable; the master revokes it in time. */
@@ -268,6 +270,7 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
     kvs_xfer_req_t *reqs = NULL;
     kvs_transport_t **req_t = NULL;
     size_t *req_key = NULL, *done = NULL;
+    kvs__put_token_t *done_tok = NULL;
     kvs__arena_t arena;
     kvs__arena_init(&arena);
     if (rc != KVS_OK || (m && items == NULL)) {
@@ -299,7 +302,8 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
     req_t = kvs__malloc(KVS_MAX(nreq, 1) * sizeof(*req_t));
     req_key = kvs__malloc(KVS_MAX(nreq, 1) * sizeof(*req_key));
     done = kvs__malloc(m * sizeof(*done));
-    if (reqs == NULL || req_t == NULL || req_key == NULL || done == NULL) {
+    done_tok = kvs__malloc(m * sizeof(*done_tok));
+    if (reqs == NULL || req_t == NULL || req_key == NULL || done == NULL || done_tok == NULL) {
         rc = kvs__fail(KVS_NO_MEMORY, "put: out of memory");
         /* The placements stay pending until the master discards them. */
         goto out;
@@ -340,21 +344,26 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
                 k->res[req_key[q]] = st == KVS_TIMED_OUT ? st : KVS_TRANSFER_FAIL;
         }
     }
-    /* Every key that got a placement is either ended or revoked. */
+    /* Every key that got a placement is either ended or revoked, naming its put. */
     uint32_t nok = 0, nbad = 0;
     for (uint32_t j = 0; j < m; j++) {
-        if (pr.objs[j].status == KVS_OK && k->res[map[j]] == 0)
+        if (pr.objs[j].status == KVS_OK && k->res[map[j]] == 0) {
+            done_tok[nok] = (kvs__put_token_t){pr.objs[j].token};
             done[nok++] = map[j];
+        }
     }
     for (uint32_t j = 0; j < m; j++) {
-        if (pr.objs[j].status == KVS_OK && k->res[map[j]] != 0)
+        if (pr.objs[j].status == KVS_OK && k->res[map[j]] != 0) {
+            done_tok[nok + nbad] = (kvs__put_token_t){pr.objs[j].token};
             done[nok + nbad++] = map[j];
+        }
     }
-    put_finish(c, k, done, nok, true);
-    put_finish(c, k, done + nok, nbad, false);
+    put_finish(c, k, done, done_tok, nok, true);
+    put_finish(c, k, done + nok, done_tok + nok, nbad, false);
 out:
     kvs__arena_free(&arena);
     kvs__free(done);
+    kvs__free(done_tok);
     kvs__free(req_key);
     kvs__free(req_t);
     kvs__free(reqs);
@@ -584,7 +593,7 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
         goto out;
     /* Leases run from before the lookup was sent: never later than the master's clock. */
     uint64_t t_lookup = kvs__now_ns();
-    rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, m, ks, &arena, NULL, &pr);
+    rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, m, ks, NULL, &arena, NULL, &pr);
     t_after = kvs__now_ns();
     looked_up = rc == KVS_OK;
     if (rc != KVS_OK) {

@@ -99,13 +99,26 @@ typedef struct limbo {
      * revoked that key, or its connection closed). */
     uint64_t writer;
     bool writer_done;
+    uint64_t token;              /* the put's */
+    uint64_t writer_deadline_ns; /* the wait for the writer ends here at the latest */
     uint32_t key_len;
     char *key;
 } limbo_t;
 
+/* A client as the master's connections see it: a writer whose last connection closed more
+ * than the put discard time ago is gone (a reconnection within it is not). */
+typedef struct {
+    uint64_t id;
+    uint32_t nconns;
+    uint64_t gone_since_ns;
+} client_rec_t;
+
 struct kvs__master {
     kvs__master_config_t cfg;
     limbo_t *limbo;
+    uint32_t limbo_writers; /* limbo entries still waiting for their writer */
+    client_rec_t *clients;
+    uint32_t nclients, cap_clients;
     obj_t **buckets;
     size_t nbuckets; /* power of two */
     size_t nobjs;
@@ -360,6 +373,10 @@ static int obj_retire(kvs__master_t *m, uint64_t now_ns, obj_t *o, bool writer_d
                 l[i]->fence_seq = 0;
             l[i]->writer = o->writer;
             l[i]->writer_done = !pending || writer_done;
+            l[i]->token = o->token;
+            /* A writer stalled this long in a copy is not waited for any more (bounded). */
+            l[i]->writer_deadline_ns = now_ns + 10 * m->cfg.put_discard_ms * KVS_NS_PER_MS;
+            m->limbo_writers += !l[i]->writer_done;
             l[i]->key_len = o->key_len;
             l[i]->next = m->limbo;
             m->limbo = l[i];
@@ -371,16 +388,57 @@ static int obj_retire(kvs__master_t *m, uint64_t now_ns, obj_t *o, bool writer_d
     return KVS_OK;
 }
 
-/* Returns to the allocators the limbo space whose lease has ended and whose fence the owner
- * has applied (all of it, without freeing, when `all`: the allocators go too). */
+static client_rec_t *client_rec(kvs__master_t *m, uint64_t id)
+{
+    for (uint32_t i = 0; i < m->nclients; i++) {
+        if (m->clients[i].id == id)
+            return &m->clients[i];
+    }
+    return NULL;
+}
+
+/* The record of `id`, made (as disconnected since `now_ns`) if there is none; NULL on no
+ * memory. */
+static client_rec_t *client_rec_add(kvs__master_t *m, uint64_t now_ns, uint64_t id)
+{
+    client_rec_t *r = client_rec(m, id);
+    if (r != NULL)
+        return r;
+    if (m->nclients == m->cap_clients) {
+        uint32_t cap = m->cap_clients ? 2 * m->cap_clients : 16;
+        client_rec_t *c = kvs__realloc(m->clients, cap * sizeof(*c));
+        if (c == NULL)
+            return NULL;
+        m->clients = c;
+        m->cap_clients = cap;
+    }
+    m->clients[m->nclients] = (client_rec_t){id, 0, now_ns};
+    return &m->clients[m->nclients++];
+}
+
+/* Whether writes of `id` can no longer be in progress: it has had no connection for the put
+ * discard time (an unknown client is one whose record went after that). */
+static bool writer_gone(kvs__master_t *m, uint64_t id, uint64_t now_ns)
+{
+    const client_rec_t *r = client_rec(m, id);
+    return r == NULL ||
+           (r->nconns == 0 && now_ns - r->gone_since_ns >= m->cfg.put_discard_ms * KVS_NS_PER_MS);
+}
+
+/* Returns to the allocators the limbo space whose lease has ended, whose fence the owner has
+ * applied and whose writer is done (all of it, without freeing, when `all`: the allocators go
+ * too). */
 static void limbo_sweep(kvs__master_t *m, uint64_t now_ns, bool all)
 {
     for (limbo_t **pp = &m->limbo; *pp != NULL;) {
         limbo_t *l = *pp;
-        bool due = l->until_ns <= now_ns && l->fence_seq <= l->seg->fence_acked && l->writer_done;
+        bool writer_ok = l->writer_done || now_ns >= l->writer_deadline_ns ||
+                         writer_gone(m, l->writer, now_ns);
+        bool due = l->until_ns <= now_ns && l->fence_seq <= l->seg->fence_acked && writer_ok;
         if (all || due) {
             if (!all)
                 kvs__seg_alloc_free(l->seg->alloc, l->handle);
+            m->limbo_writers -= !l->writer_done;
             *pp = l->next;
             kvs__free(l->key);
             kvs__free(l);
@@ -390,27 +448,50 @@ static void limbo_sweep(kvs__master_t *m, uint64_t now_ns, bool all)
     }
 }
 
-/* The writer `client_id` is done with its puts of `key` (NULL: all of them): it ended or
- * revoked the key, which it does only after its transfers returned, or it is gone. */
+/* The writer `client_id` is done with its put of `key` named by `token` (0: any of that key):
+ * it ended or revoked it, which it does only after its transfers returned. */
 static void limbo_writer_done(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
-                              const kvs__str_t *key)
+                              const kvs__str_t *key, uint64_t token)
 {
     bool any = false;
     for (limbo_t *l = m->limbo; l != NULL; l = l->next) {
-        if (l->writer_done || l->writer != client_id ||
-            (key != NULL && !kvs__str_eq(*key, (kvs__str_t){l->key, l->key_len})))
+        if (l->writer_done || l->writer != client_id)
+            continue;
+        if (token != 0 ? l->token != token
+                       : !kvs__str_eq(*key, (kvs__str_t){l->key, l->key_len}))
             continue;
         l->writer_done = true;
+        m->limbo_writers--;
         any = true;
     }
     if (any)
         limbo_sweep(m, now_ns, false);
 }
 
-void kvs__master_client_gone(kvs__master_t *m, uint64_t now_ns, uint64_t client_id)
+void kvs__master_client_connected(kvs__master_t *m, uint64_t now_ns, uint64_t client_id)
 {
-    if (m != NULL && client_id != 0)
-        limbo_writer_done(m, now_ns, client_id, NULL);
+    client_rec_t *r = m && client_id ? client_rec_add(m, now_ns, client_id) : NULL;
+    if (r != NULL)
+        r->nconns++;
+}
+
+void kvs__master_client_disconnected(kvs__master_t *m, uint64_t now_ns, uint64_t client_id)
+{
+    client_rec_t *r = m && client_id ? client_rec(m, client_id) : NULL;
+    if (r != NULL && r->nconns > 0 && --r->nconns == 0)
+        r->gone_since_ns = now_ns;
+}
+
+/* Forgets clients gone for good (their limbo entries then count them gone, which they are). */
+static void clients_prune(kvs__master_t *m, uint64_t now_ns)
+{
+    for (uint32_t i = 0; i < m->nclients;) {
+        client_rec_t *r = &m->clients[i];
+        if (r->nconns == 0 && now_ns - r->gone_since_ns > 2 * m->cfg.put_discard_ms * KVS_NS_PER_MS)
+            m->clients[i] = m->clients[--m->nclients];
+        else
+            i++;
+    }
 }
 
 /* A segment going away takes its limbo space with it: nothing can read or write it any more. */
@@ -420,6 +501,7 @@ static void limbo_drop_segment(kvs__master_t *m, const struct seg *s)
         limbo_t *l = *pp;
         if (l->seg == s) {
             *pp = l->next;
+            m->limbo_writers -= !l->writer_done;
             kvs__free(l->key);
             kvs__free(l);
         } else {
@@ -478,6 +560,7 @@ void kvs__master_destroy(kvs__master_t *m)
     }
     kvs__free(m->buckets);
     limbo_sweep(m, 0, true);
+    kvs__free(m->clients);
     for (uint32_t i = 0; i < m->nseg; i++)
         seg_destroy(m->segs[i]);
     kvs__free(m->segs);
@@ -875,6 +958,9 @@ int kvs__master_put_start(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
 {
     if (m == NULL || req == NULL || arena == NULL || rsp == NULL || client_id == 0)
         return KVS_INVALID_PARAMS;
+    /* Writers are known, so that their puts' limbo space can tell when they are gone. */
+    if (client_rec_add(m, now_ns, client_id) == NULL)
+        return KVS_NO_MEMORY;
     int rc = placement_rsp_init(m, req->nitems, arena, rsp);
     if (rc != KVS_OK)
         return rc;
@@ -928,29 +1014,39 @@ static obj_t *key_lookup(kvs__master_t *m, kvs__str_t key, int *rc_p)
 typedef struct {
     uint64_t now_ns;
     uint32_t flags;
-    uint64_t client_id; /* the connection's */
+    uint64_t client_id;  /* the connection's */
+    uint64_t token;      /* PUT_END/PUT_REVOKE: the put the key's entry names (0: any) */
 } key_ctx_t;
 
 typedef int (*key_op_fn)(kvs__master_t *m, const key_ctx_t *k, obj_t *o);
 
-static int for_each_key(kvs__master_t *m, const key_ctx_t *ctx, const kvs__keys_req_t *req,
+static int for_each_key(kvs__master_t *m, key_ctx_t *ctx, const kvs__keys_req_t *req,
                         kvs__arena_t *arena, kvs__status_list_rsp_t *rsp, key_op_fn fn)
 {
-    if (m == NULL || req == NULL || arena == NULL || rsp == NULL)
+    if (m == NULL || req == NULL || arena == NULL || rsp == NULL ||
+        (req->ntokens != 0 && req->ntokens != req->nkeys))
         return KVS_INVALID_PARAMS;
     int rc = status_rsp_init(req->nkeys, arena, rsp);
     if (rc != KVS_OK)
         return rc;
     for (uint32_t i = 0; i < req->nkeys; i++) {
+        ctx->token = req->ntokens ? req->tokens[i].token : 0;
         obj_t *o = key_lookup(m, req->keys[i], &rc);
         rsp->results[i] = o ? fn(m, ctx, o) : rc;
     }
     return KVS_OK;
 }
 
+/* Whether the request names this very put: its writer, and its token when one is given. */
+static bool is_the_put(const key_ctx_t *k, const obj_t *o)
+{
+    return o->state == KVS_OBJ_PENDING && o->writer == k->client_id &&
+           (k->token == 0 || k->token == o->token);
+}
+
 static int op_put_end(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
 {
-    if (o->state != KVS_OBJ_PENDING || o->writer != k->client_id)
+    if (!is_the_put(k, o))
         return KVS_INVALID_WRITE;
     list_unlink(o);
     o->state = KVS_OBJ_COMPLETE;
@@ -962,7 +1058,7 @@ static int op_put_end(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
 
 static int op_put_revoke(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
 {
-    if (o->state != KVS_OBJ_PENDING || o->writer != k->client_id)
+    if (!is_the_put(k, o))
         return KVS_INVALID_WRITE;
     int rc = obj_retire(m, k->now_ns, o, true); /* the writer itself, after its transfers */
     if (rc == KVS_OK)
@@ -996,10 +1092,11 @@ static int writer_keys(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
                        const kvs__keys_req_t *req, kvs__arena_t *arena,
                        kvs__status_list_rsp_t *rsp, key_op_fn fn)
 {
-    key_ctx_t k = {now_ns, req ? req->flags : 0, client_id};
+    key_ctx_t k = {now_ns, req ? req->flags : 0, client_id, 0};
     int rc = for_each_key(m, &k, req, arena, rsp, fn);
-    for (uint32_t i = 0; rc == KVS_OK && i < req->nkeys; i++)
-        limbo_writer_done(m, now_ns, client_id, &req->keys[i]);
+    for (uint32_t i = 0; rc == KVS_OK && m->limbo_writers > 0 && i < req->nkeys; i++)
+        limbo_writer_done(m, now_ns, client_id, &req->keys[i],
+                          req->ntokens ? req->tokens[i].token : 0);
     return rc;
 }
 
@@ -1045,14 +1142,14 @@ int kvs__master_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
 int kvs__master_remove(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
                        kvs__arena_t *arena, kvs__status_list_rsp_t *rsp)
 {
-    key_ctx_t k = {now_ns, req ? req->flags : 0, 0};
+    key_ctx_t k = {now_ns, req ? req->flags : 0, 0, 0};
     return for_each_key(m, &k, req, arena, rsp, op_remove);
 }
 
 int kvs__master_exists(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
                        kvs__arena_t *arena, kvs__status_list_rsp_t *rsp)
 {
-    key_ctx_t k = {now_ns, req ? req->flags : 0, 0};
+    key_ctx_t k = {now_ns, req ? req->flags : 0, 0, 0};
     int rc = for_each_key(m, &k, req, arena, rsp, op_exists);
     /* A missing object is an answer (0), not an error. */
     for (uint32_t i = 0; rc == KVS_OK && i < rsp->nresults; i++) {
@@ -1206,6 +1303,7 @@ uint64_t kvs__master_counter(kvs__master_t *m, const char *name)
 void kvs__master_tick(kvs__master_t *m, uint64_t now_ns)
 {
     limbo_sweep(m, now_ns, false);
+    clients_prune(m, now_ns);
     uint64_t discard_ns = m->cfg.put_discard_ms * KVS_NS_PER_MS;
     while (m->pending.next != &m->pending &&
            link_obj(m->pending.next)->started_ns + discard_ns <= now_ns) {

@@ -84,9 +84,11 @@ int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t 
                      kvs__list_rsp_t *rsp);
 int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs__stat_rsp_t *rsp);
 
-/* The client's connection closed: none of its writes can still be in progress, so the space
- * of its puts ended early no longer waits for it. */
-void kvs__master_client_gone(kvs__master_t *m, uint64_t now_ns, uint64_t client_id);
+/* A connection of the client said HELLO, or closed. A client without connections for the put
+ * discard time is gone: the space of its puts ended early no longer waits for it (a reconnection
+ * within that time, after a failed call, is not a departure). */
+void kvs__master_client_connected(kvs__master_t *m, uint64_t now_ns, uint64_t client_id);
+void kvs__master_client_disconnected(kvs__master_t *m, uint64_t now_ns, uint64_t client_id);
 
 /* Time-driven work: discards stale puts and drops silent owners. Cheap when nothing is due. */
 void kvs__master_tick(kvs__master_t *m, uint64_t now_ns);

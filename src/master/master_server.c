@@ -115,7 +115,7 @@ uint16_t kvs__master_server_port(const kvs__master_server_t *s)
 static void conn_close(kvs__master_server_t *s, conn_t *c)
 {
     if (c->hello_done)
-        kvs__master_client_gone(s->master, kvs__now_ns(), c->client_id);
+        kvs__master_client_disconnected(s->master, kvs__now_ns(), c->client_id);
     epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     if (c->prev)
@@ -239,6 +239,7 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
                                 .next_probe = req.next_probe};
         c->client_id = req.client_id ? req.client_id : kvs__master_new_client(s->master);
         c->hello_done = true;
+        kvs__master_client_connected(s->master, now, c->client_id);
         rsp.client_id = c->client_id;
         kvs__frame_begin(w, (uint16_t)(type | KVS_RSP_FLAG), c->h.req_id, v);
         kvs__hello_rsp_encode(w, &rsp);

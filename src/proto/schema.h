@@ -135,12 +135,17 @@
     X(R, STR, key, 2, KVS_MAX_KEY_LEN, 0)                                                          \
     X(R, U64, lease_id, 2, 0, 0)
 
+#define KVS_FIELDS_put_token(X, R) X(R, U64, token, 2, 0, 0)
+
 /* PUT_END, PUT_REVOKE, LOOKUP, EXISTS, REMOVE, RELEASE: keys and flags (KVS_KEYS_FLAG_*), and
- * the leases of reads the client has finished since its last request (applied first). */
+ * the leases of reads the client has finished since its last request (applied first).
+ * PUT_END and PUT_REVOKE name each key's put by its token (same order as the keys), so a late
+ * end can never complete another put of the same key. */
 #define KVS_FIELDS_keys_req(X, R)                                                                  \
     X(R, U32, flags, 2, 0, 0)                                                                      \
     X(R, STRS, keys, 2, KVS_MAX_KEY_LEN, KVS_MAX_BATCH)                                            \
-    X(R, ARR, released, 2, lease_release, KVS_MAX_RELEASES)
+    X(R, ARR, released, 2, lease_release, KVS_MAX_RELEASES)                                        \
+    X(R, ARR, tokens, 2, put_token, KVS_MAX_BATCH)
 
 /* One status per key, and the status of the request itself. */
 #define KVS_FIELDS_status_list_rsp(X, R)                                                           \
@@ -207,6 +212,7 @@
     REC(obj_desc)                                                                                  \
     REC(put_item)                                                                                  \
     REC(lease_release)                                                                             \
+    REC(put_token)                                                                                 \
     REC(list_entry)                                                                                \
     REC(counter)                                                                                   \
     REC(fence)                                                                                     \
