@@ -21,8 +21,7 @@ static void usage(void)
 }
 
 /* Builds a LOOKUP reply of `n` objects with `nrep` replicas each over `nseg` segments. */
-static int build_sample(kvs__arena_t *a, uint32_t n, uint32_t nrep, uint32_t nseg,
-                        kvs__wbuf_t *w)
+static int build_sample(kvs__arena_t *a, uint32_t n, uint32_t nrep, uint32_t nseg, kvs__wbuf_t *w)
 {
     kvs__seg_info_t *segs = kvs__arena_alloc(a, nseg * sizeof(*segs));
     kvs__obj_desc_t *objs = kvs__arena_alloc(a, n * sizeof(*objs));
@@ -30,8 +29,12 @@ static int build_sample(kvs__arena_t *a, uint32_t n, uint32_t nrep, uint32_t nse
     if (segs == NULL || objs == NULL || reps == NULL)
         return KVS_NO_MEMORY;
     for (uint32_t s = 0; s < nseg; s++)
-        segs[s] = (kvs__seg_info_t){s + 1, kvs__str_c("owner-segment"), kvs__str_c("node-1"),
-                                    kvs__str_c("10.0.0.1:50100"), 1ull << 34, 1ull << 33};
+        segs[s] = (kvs__seg_info_t){s + 1,
+                                    kvs__str_c("owner-segment"),
+                                    kvs__str_c("node-1"),
+                                    kvs__str_c("10.0.0.1:50100"),
+                                    1ull << 34,
+                                    1ull << 33};
     for (uint32_t i = 0; i < n; i++) {
         for (uint32_t j = 0; j < nrep; j++)
             reps[i * nrep + j] = (kvs__replica_t){(i + j) % nseg + 1, (uint64_t)i << 24};

@@ -424,8 +424,13 @@ static void test_remounted_segment_gets_fresh_memory(void)
     CHECK_STATUS(c->shm->ops->ep_open(c->shm, endpoint, &ep), KVS_OK);
     uint8_t *buf = malloc(size);
     struct iovec v = {buf, size};
-    kvs_xfer_req_t r = {.op = KVS_XFER_READ, .ep = ep, .segment_id = seg1, .offset = off1,
-                        .length = size, .iov = &v, .iovcnt = 1};
+    kvs_xfer_req_t r = {.op = KVS_XFER_READ,
+                        .ep = ep,
+                        .segment_id = seg1,
+                        .offset = off1,
+                        .length = size,
+                        .iov = &v,
+                        .iovcnt = 1};
     kvs_batch_t *b;
     CHECK_STATUS(c->shm->ops->submit(c->shm, &r, 1, &b), KVS_OK);
     int rc = c->shm->ops->wait(c->shm, b, kvs__now_ns() + 5 * KVS_NS_PER_S);
@@ -462,8 +467,8 @@ static void test_forced_remove_during_a_read(void)
     store_t st;
     store_start(&st, "16MiB", NULL);
     unsetenv("KVS_DATA_INJECT_DELAY_US");
-    kvs_client_t *w = client_open_protocol(st.master, "shm"), *r = client_open_protocol(
-                                                                     st.master, "tcp");
+    kvs_client_t *w = client_open_protocol(st.master, "shm"),
+                 *r = client_open_protocol(st.master, "tcp");
     const uint64_t size = 1u << 20;
     put_pattern(w, "victim", size, NULL);
     copy_read_t sr = {r, "victim", malloc(size), size, 0};

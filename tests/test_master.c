@@ -400,7 +400,8 @@ static void test_liveness(void)
     kvs__obj_desc_t d;
     CHECK_STATUS(lookup(&f, "k", &d), KVS_OK); /* its other replica survives */
     CHECK_EQ_INT(d.nreps, 1);
-    CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, f.client, NULL, NULL, NULL), KVS_SEGMENT_NOT_FOUND);
+    CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, f.client, NULL, NULL, NULL),
+                 KVS_SEGMENT_NOT_FOUND);
     CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, 0, NULL, NULL, NULL), KVS_INVALID_PARAMS);
     f.now = t0 + 1900 * MS;
     kvs__master_tick(f.m, f.now);

@@ -75,12 +75,24 @@ static void rnd_field(const kvs__field_desc_t *f, char *m, unsigned v, kvs__aren
     uint64_t x = kvs_test_rand();
     uint32_t n;
     switch (f->kind) {
-    case KVS__KIND_U8: *(uint8_t *)p = (uint8_t)x; break;
-    case KVS__KIND_U16: *(uint16_t *)p = (uint16_t)x; break;
-    case KVS__KIND_U32: *(uint32_t *)p = (uint32_t)x; break;
-    case KVS__KIND_U64: *(uint64_t *)p = x; break;
-    case KVS__KIND_I32: *(int32_t *)p = (int32_t)(uint32_t)x; break;
-    case KVS__KIND_I64: *(int64_t *)p = (int64_t)x; break;
+    case KVS__KIND_U8:
+        *(uint8_t *)p = (uint8_t)x;
+        break;
+    case KVS__KIND_U16:
+        *(uint16_t *)p = (uint16_t)x;
+        break;
+    case KVS__KIND_U32:
+        *(uint32_t *)p = (uint32_t)x;
+        break;
+    case KVS__KIND_U64:
+        *(uint64_t *)p = x;
+        break;
+    case KVS__KIND_I32:
+        *(int32_t *)p = (int32_t)(uint32_t)x;
+        break;
+    case KVS__KIND_I64:
+        *(int64_t *)p = (int64_t)x;
+        break;
     case KVS__KIND_STR:
         n = rnd_len(f->max_len);
         *(kvs__str_t *)p = (kvs__str_t){rnd_bytes(a, n), n};
@@ -143,12 +155,20 @@ static bool record_eq(const kvs__rec_desc_t *d, const void *x, const void *y, co
             ok = nx == ny;
         }
         switch (f->kind) {
-        case KVS__KIND_U8: ok = *(const uint8_t *)p == *(const uint8_t *)q; break;
-        case KVS__KIND_U16: ok = *(const uint16_t *)p == *(const uint16_t *)q; break;
+        case KVS__KIND_U8:
+            ok = *(const uint8_t *)p == *(const uint8_t *)q;
+            break;
+        case KVS__KIND_U16:
+            ok = *(const uint16_t *)p == *(const uint16_t *)q;
+            break;
         case KVS__KIND_U32:
-        case KVS__KIND_I32: ok = *(const uint32_t *)p == *(const uint32_t *)q; break;
+        case KVS__KIND_I32:
+            ok = *(const uint32_t *)p == *(const uint32_t *)q;
+            break;
         case KVS__KIND_U64:
-        case KVS__KIND_I64: ok = *(const uint64_t *)p == *(const uint64_t *)q; break;
+        case KVS__KIND_I64:
+            ok = *(const uint64_t *)p == *(const uint64_t *)q;
+            break;
         case KVS__KIND_STR: {
             const kvs__str_t *s = (const void *)p, *t = (const void *)q;
             ok = bytes_eq(s->ptr, s->len, t->ptr, t->len);
@@ -213,8 +233,8 @@ static void roundtrip_record(const kvs__rec_desc_t *d)
             CHECK(!w.failed && !w.invalid);
             int rc = d->decode(w.data, w.len, v, &a, back);
             if (rc != KVS_OK)
-                kvs_test_fail(__FILE__, __LINE__, "%s v%u: %zu bytes do not decode: %s", d->name,
-                              v, w.len, kvs_status_name(rc));
+                kvs_test_fail(__FILE__, __LINE__, "%s v%u: %zu bytes do not decode: %s", d->name, v,
+                              w.len, kvs_status_name(rc));
             const char *why = NULL;
             if (!record_eq(d, m, back, &why))
                 kvs_test_fail(__FILE__, __LINE__, "%s v%u: field %s differs after a round trip",
@@ -249,12 +269,11 @@ static void truncate_record(const kvs__rec_desc_t *d)
         for (size_t cut = 0; cut < w.len; cut++) {
             int rc = d->decode(w.data, cut, KVS_PROTO_VERSION_MAX, &a, back);
             if (rc != KVS_PROTOCOL_ERROR)
-                kvs_test_fail(__FILE__, __LINE__, "%s decoded from %zu of %zu bytes: %s",
-                              d->name, cut, w.len, kvs_status_name(rc));
+                kvs_test_fail(__FILE__, __LINE__, "%s decoded from %zu of %zu bytes: %s", d->name,
+                              cut, w.len, kvs_status_name(rc));
         }
         kvs__wbuf_put_u8(&w, 0x5a);
-        CHECK_STATUS(d->decode(w.data, w.len, KVS_PROTO_VERSION_MAX, &a, back),
-                     KVS_PROTOCOL_ERROR);
+        CHECK_STATUS(d->decode(w.data, w.len, KVS_PROTO_VERSION_MAX, &a, back), KVS_PROTOCOL_ERROR);
         CHECK_STATUS(d->decode(w.data, w.len, KVS_PROTO_VERSION_MAX + 1, &a, back), KVS_OK);
         const char *why = NULL;
         CHECK(record_eq(d, m, back, &why));
@@ -280,14 +299,13 @@ static void test_newer_peer_field_skipped(void)
         rnd_record(&kvs__t_all_desc, &n, KVS_PROTO_VERSION_MAX, &a);
         n.added = kvs_test_rand() | 1;
         /* What the newer peer sends: our fields, then its own. */
-        kvs__wbuf_t w = kvs__wbuf_over(kvs__arena_alloc(&a, 65536), 65536,
-                                       KVS_PROTO_VERSION_MAX + 1);
+        kvs__wbuf_t w =
+            kvs__wbuf_over(kvs__arena_alloc(&a, 65536), 65536, KVS_PROTO_VERSION_MAX + 1);
         kvs__t_newer_encode(&w, &n);
         CHECK(!w.failed);
         size_t known = w.len - 8;
         kvs__t_all_t old;
-        CHECK_STATUS(kvs__t_all_decode(w.data, w.len, KVS_PROTO_VERSION_MAX + 1, &a, &old),
-                     KVS_OK);
+        CHECK_STATUS(kvs__t_all_decode(w.data, w.len, KVS_PROTO_VERSION_MAX + 1, &a, &old), KVS_OK);
         const char *why = NULL;
         CHECK(record_eq(&kvs__t_all_desc, &n, &old, &why));
         /* In a frame of our own version the same bytes are one field too many. */
@@ -461,8 +479,8 @@ static void test_limits_derived_from_schema(void)
         if (handled)
             CHECK_CMP_U64(max, >, KVS_FRAME_MAX_PAYLOAD); /* else it needs no handling */
         else if (max > KVS_FRAME_MAX_PAYLOAD)
-            kvs_test_fail(__FILE__, __LINE__, "%s can take %llu bytes, more than a frame",
-                          d->name, (unsigned long long)max);
+            kvs_test_fail(__FILE__, __LINE__, "%s can take %llu bytes, more than a frame", d->name,
+                          (unsigned long long)max);
     }
     /* One key per frame always fits (the client's split cannot get stuck). */
     CHECK_CMP_U64(KVS__MIN_BYTES_put_start_req + 2 * KVS_MAX_NAME_LEN + KVS__MIN_BYTES_put_item +

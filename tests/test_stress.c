@@ -136,15 +136,14 @@ static void worker(enum role role, unsigned id, const char *master, const char *
                 for (uint64_t p = 0; left > 0; p++) {
                     uint64_t l = left < 4096 ? left : 4096;
                     /* page p of key j lives at slot (p * NKEYS + j): interleaved keys */
-                    frags[j][nbufs[j]++] =
-                        (kvs_buf_t){buf + (p * NKEYS + j) * 4096, (size_t)l};
+                    frags[j][nbufs[j]++] = (kvs_buf_t){buf + (p * NKEYS + j) * 4096, (size_t)l};
                     left -= l;
                 }
                 bufs[j] = frags[j];
             }
             int64_t res[NKEYS];
-            if (kvs_client_batch_get_into_multi_buffers(c, NKEYS, keys, bufs, nbufs,
-                                                        seq % 2 == 0, res) != KVS_OK)
+            if (kvs_client_batch_get_into_multi_buffers(c, NKEYS, keys, bufs, nbufs, seq % 2 == 0,
+                                                        res) != KVS_OK)
                 continue;
             static uint8_t flat[MAX_SIZE];
             for (unsigned j = 0; j < NKEYS; j++) {
@@ -184,8 +183,8 @@ static void test_concurrent_puts_removes_and_reads(void)
         enum role role;
         const char *protocol;
     } plan[] = {
-        {WRITER, "tcp"},       {WRITER, "shm"},       {REMOVER, "tcp"}, {READER, "tcp"},
-        {READER, "shm"},       {MULTI_READER, "tcp"}, {MULTI_READER, "shm"},
+        {WRITER, "tcp"}, {WRITER, "shm"},       {REMOVER, "tcp"},      {READER, "tcp"},
+        {READER, "shm"}, {MULTI_READER, "tcp"}, {MULTI_READER, "shm"},
     };
     enum { NW = sizeof(plan) / sizeof(plan[0]) };
     uint64_t end_ns = kvs__now_ns() + seconds * KVS_NS_PER_S;
@@ -241,7 +240,8 @@ static void test_concurrent_puts_removes_and_reads(void)
         sum.puts_failed += t.puts_failed;
         sum.removes_ok += t.removes_ok;
     }
-    printf("  %llu s, %u owner stops, writer stopped %d: %llu reads exact, %llu failed, %llu wrong; %llu puts, %llu "
+    printf("  %llu s, %u owner stops, writer stopped %d: %llu reads exact, %llu failed, %llu "
+           "wrong; %llu puts, %llu "
            "failed; %llu forced removes\n",
            (unsigned long long)seconds, stops, writer_stopped, (unsigned long long)sum.reads_ok,
            (unsigned long long)sum.reads_failed, (unsigned long long)sum.wrong,

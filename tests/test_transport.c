@@ -235,8 +235,8 @@ static void *concurrent_worker(void *p)
             uint64_t len = 1 + (uint64_t)((i * 7919 + round * 31 + a->thread * 101) % 65536);
             uint64_t off = (uint64_t)((i * 104729 + a->thread * 7) % ((8u << 20) - 65536));
             iov[i] = (struct iovec){dst + (size_t)i * 65536, len};
-            reqs[i] =
-                (kvs_xfer_req_t){KVS_XFER_READ, a->ep, FIX_SEGMENT_ID, off, len, &iov[i], 1, 0, 0, 0};
+            reqs[i] = (kvs_xfer_req_t){
+                KVS_XFER_READ, a->ep, FIX_SEGMENT_ID, off, len, &iov[i], 1, 0, 0, 0};
         }
         kvs_batch_t *b;
         if (a->t->ops->submit(a->t, reqs, N, &b) != KVS_OK)
@@ -331,8 +331,8 @@ static void test_tcp_cancel_after_a_window_neighbour_completed(void)
     kvs_xfer_req_t r[3];
     kvs_batch_t *b[3];
     for (int i = 0; i < 3; i++)
-        r[i] = (kvs_xfer_req_t){KVS_XFER_READ, ep, FIX_SEGMENT_ID, 4096u * (unsigned)i, 4096,
-                                &v[i], 1, 0, 0, 0};
+        r[i] = (kvs_xfer_req_t){
+            KVS_XFER_READ, ep, FIX_SEGMENT_ID, 4096u * (unsigned)i, 4096, &v[i], 1, 0, 0, 0};
     /* C keeps the connection busy while A and B queue up behind it: they share a window. */
     CHECK_STATUS(t->ops->submit(t, &r[0], 1, &b[0]), KVS_OK);
     usleep(50000);

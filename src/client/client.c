@@ -454,16 +454,16 @@ static uint32_t batch_len(const batch_req_t *b)
 /* The first `count` elements from `first` fit one frame's payload. */
 static uint32_t batch_fit(const batch_req_t *b, uint32_t first)
 {
-    uint64_t bytes = b->keys ? KVS__MIN_BYTES_keys_req
-                             : KVS__MIN_BYTES_put_start_req + b->put->node.len +
-                                   b->put->preferred_segment.len;
+    uint64_t bytes =
+        b->keys ? KVS__MIN_BYTES_keys_req
+                : KVS__MIN_BYTES_put_start_req + b->put->node.len + b->put->preferred_segment.len;
     if (b->keys && first == 0)
         bytes += releases_bytes(b->keys, 0, b->keys->nreleased);
     uint32_t n = batch_len(b), i = first;
     for (; i < n; i++) {
-        bytes += b->keys ? 4u + b->keys->keys[i].len +
-                               (b->keys->ntokens ? KVS__MIN_BYTES_put_token : 0u)
-                         : KVS__MIN_BYTES_put_item + b->put->items[i].key.len;
+        bytes +=
+            b->keys ? 4u + b->keys->keys[i].len + (b->keys->ntokens ? KVS__MIN_BYTES_put_token : 0u)
+                    : KVS__MIN_BYTES_put_item + b->put->items[i].key.len;
         if (bytes > KVS_FRAME_MAX_PAYLOAD)
             break;
     }
@@ -572,7 +572,8 @@ static int batch_call(kvs_client_t *c, const batch_req_t *b, kvs__arena_t *arena
             memcpy(payload, rsp.data, rsp.len);
         if (rc == KVS_OK && sl != NULL) {
             kvs__status_list_rsp_t part;
-            if (kvs__status_list_rsp_decode(payload, rsp.len, rsp.version, arena, &part) != KVS_OK ||
+            if (kvs__status_list_rsp_decode(payload, rsp.len, rsp.version, arena, &part) !=
+                    KVS_OK ||
                 (part.status == KVS_OK && part.nresults != count))
                 rc = KVS_PROTOCOL_ERROR;
             else if ((rc = part.status) == KVS_OK)
@@ -678,13 +679,12 @@ static void releases_flush(kvs_client_t *c)
 
 int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
                           const kvs__str_t *keys, const kvs__put_token_t *tokens,
-                          kvs__arena_t *arena, kvs__status_list_rsp_t *sl,
-                          kvs__placement_rsp_t *pr)
+                          kvs__arena_t *arena, kvs__status_list_rsp_t *sl, kvs__placement_rsp_t *pr)
 {
     kvs__lease_release_t *rel;
     uint32_t nrel = releases_take(c, &rel);
-    kvs__keys_req_t kr = {flags, n,   (kvs__str_t *)keys, nrel,
-                          rel,   tokens ? n : 0, (kvs__put_token_t *)tokens};
+    kvs__keys_req_t kr = {
+        flags, n, (kvs__str_t *)keys, nrel, rel, tokens ? n : 0, (kvs__put_token_t *)tokens};
     batch_req_t b = {type, &kr, NULL};
     int rc = batch_call(c, &b, arena, sl, pr);
     releases_free(rel, nrel); /* sent, or lost with the call: the leases then expire */
@@ -805,7 +805,8 @@ void kvs__client_sweep(kvs_client_t *c)
     kvs__rpc_begin(c->rpc, &req, KVS_MSG_STAT);
     kvs__stat_rsp_t sr;
     if (kvs__client_call(c, &req, &rsp) == KVS_OK &&
-        kvs__stat_rsp_decode(rsp.data, rsp.len, rsp.version, &arena, &sr) == KVS_OK && sr.status == KVS_OK) {
+        kvs__stat_rsp_decode(rsp.data, rsp.len, rsp.version, &arena, &sr) == KVS_OK &&
+        sr.status == KVS_OK) {
         uint64_t *ids = kvs__malloc(KVS_MAX(sr.nsegs, 1) * sizeof(*ids));
         for (uint32_t i = 0; ids != NULL && i < sr.nsegs; i++)
             ids[i] = sr.segs[i].id;

@@ -56,7 +56,7 @@ struct kvs_client {
     uint64_t sweep_ms;    /* how often mapped segments are checked against the master */
     atomic_uint_fast64_t last_sweep_ns;
     atomic_uint_fast64_t incarnation; /* of the master, as last seen */
-    kvs__staging_t *staging; /* NULL unless MC_STORE_GPU_STAGING is on */
+    kvs__staging_t *staging;          /* NULL unless MC_STORE_GPU_STAGING is on */
 
     /* Registered buffers, sorted by start, never overlapping. */
     pthread_rwlock_t reg_lock;
@@ -107,11 +107,12 @@ void kvs__hist_add(kvs__hist_t *h, uint64_t ns);
 /* One request/response with the master; counts failures. `req` holds a begun frame. */
 int kvs__client_call(kvs_client_t *c, kvs__wbuf_t *req, kvs__wbuf_t *rsp);
 /* Master calls over a batch, split into as many frames as the frame limit needs and joined
- * again (`tokens`, one per key or NULL, names the puts of PUT_END and PUT_REVOKE): one status per key into `sl` (PUT_END, PUT_REVOKE, EXISTS, REMOVE; `pr` NULL), one
- * placement per key into `pr` (LOOKUP; `sl` NULL) or per item (PUT_START). Every answer lives
- * in `arena`. A part (frame) that fails — the transport's failure, PROTOCOL_ERROR for a
- * malformed answer or one of another length, or the master's refusal — gives each of its keys
- * that status; the call returns it only if every part failed, else OK. */
+ * again (`tokens`, one per key or NULL, names the puts of PUT_END and PUT_REVOKE): one status per
+ * key into `sl` (PUT_END, PUT_REVOKE, EXISTS, REMOVE; `pr` NULL), one placement per key into `pr`
+ * (LOOKUP; `sl` NULL) or per item (PUT_START). Every answer lives in `arena`. A part (frame) that
+ * fails — the transport's failure, PROTOCOL_ERROR for a malformed answer or one of another length,
+ * or the master's refusal — gives each of its keys that status; the call returns it only if every
+ * part failed, else OK. */
 int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
                           const kvs__str_t *keys, const kvs__put_token_t *tokens,
                           kvs__arena_t *arena, kvs__status_list_rsp_t *sl,

@@ -225,8 +225,8 @@ static uint64_t deadline_after_ms(uint64_t ms)
 
 /* Ends (ok) or revokes the listed keys, each naming its put (`tokens`, parallel to idx); a
  * failed PUT_END becomes the key's result. */
-static void put_finish(kvs_client_t *c, call_t *k, const size_t *idx, const kvs__put_token_t *tokens,
-                       uint32_t m, bool ok)
+static void put_finish(kvs_client_t *c, call_t *k, const size_t *idx,
+                       const kvs__put_token_t *tokens, uint32_t m, bool ok)
 {
     if (m == 0)
         return;

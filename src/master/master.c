@@ -432,8 +432,8 @@ static void limbo_sweep(kvs__master_t *m, uint64_t now_ns, bool all)
 {
     for (limbo_t **pp = &m->limbo; *pp != NULL;) {
         limbo_t *l = *pp;
-        bool writer_ok = l->writer_done || now_ns >= l->writer_deadline_ns ||
-                         writer_gone(m, l->writer, now_ns);
+        bool writer_ok =
+            l->writer_done || now_ns >= l->writer_deadline_ns || writer_gone(m, l->writer, now_ns);
         bool due = l->until_ns <= now_ns && l->fence_seq <= l->seg->fence_acked && writer_ok;
         if (all || due) {
             if (!all)
@@ -457,8 +457,7 @@ static void limbo_writer_done(kvs__master_t *m, uint64_t now_ns, uint64_t client
     for (limbo_t *l = m->limbo; l != NULL; l = l->next) {
         if (l->writer_done || l->writer != client_id)
             continue;
-        if (token != 0 ? l->token != token
-                       : !kvs__str_eq(*key, (kvs__str_t){l->key, l->key_len}))
+        if (token != 0 ? l->token != token : !kvs__str_eq(*key, (kvs__str_t){l->key, l->key_len}))
             continue;
         l->writer_done = true;
         m->limbo_writers--;
@@ -614,9 +613,8 @@ static uint64_t new_segment_id(kvs__master_t *m)
 int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
                       const kvs__mount_req_t *req, uint64_t *segment_id_p)
 {
-    if (m == NULL || req == NULL || segment_id_p == NULL || client_id == 0 ||
-        !name_ok(req->name) || !name_ok(req->node) || !name_ok(req->endpoint) ||
-        req->size < KVS_SEG_ALLOC_ALIGN)
+    if (m == NULL || req == NULL || segment_id_p == NULL || client_id == 0 || !name_ok(req->name) ||
+        !name_ok(req->node) || !name_ok(req->endpoint) || req->size < KVS_SEG_ALLOC_ALIGN)
         return KVS_INVALID_PARAMS;
     if (seg_by_name(m, req->name) != NULL)
         return KVS_SEGMENT_ALREADY_EXISTS;
@@ -753,9 +751,8 @@ int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
         bool served = req == NULL;
         for (uint32_t j = 0; req != NULL && j < req->nacks; j++)
             served |= req->acks[j].segment_id == s->id;
-        for (uint32_t j = 0; served && s->client_id == client_id && j < s->nfences &&
-                             rsp->nfences < nfences;
-             j++)
+        for (uint32_t j = 0;
+             served && s->client_id == client_id && j < s->nfences && rsp->nfences < nfences; j++)
             rsp->fences[rsp->nfences++] =
                 (kvs__fence_t){s->id, s->fences[j].token, s->fences[j].seq};
     }
@@ -973,8 +970,8 @@ int kvs__master_put_start(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
     for (uint32_t i = 0; i < req->nitems; i++) {
         kvs__obj_desc_t *d = &rsp->objs[i];
         d->status = bad ? KVS_INVALID_PARAMS
-                        : put_start_one(m, now_ns, client_id, req, &req->items[i], cand,
-                                        &batch_seg, arena, d);
+                        : put_start_one(m, now_ns, client_id, req, &req->items[i], cand, &batch_seg,
+                                        arena, d);
     }
     /* Eviction after the whole batch: the batch's own objects are pending and never evicted,
      * and the segment table then reports the state the writer will find. */
@@ -1014,8 +1011,8 @@ static obj_t *key_lookup(kvs__master_t *m, kvs__str_t key, int *rc_p)
 typedef struct {
     uint64_t now_ns;
     uint32_t flags;
-    uint64_t client_id;  /* the connection's */
-    uint64_t token;      /* PUT_END/PUT_REVOKE: the put the key's entry names (0: any) */
+    uint64_t client_id; /* the connection's */
+    uint64_t token;     /* PUT_END/PUT_REVOKE: the put the key's entry names (0: any) */
 } key_ctx_t;
 
 typedef int (*key_op_fn)(kvs__master_t *m, const key_ctx_t *k, obj_t *o);
@@ -1089,8 +1086,8 @@ static int op_remove(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
 /* PUT_END or PUT_REVOKE by the writer `client_id`: the op per key, after which the writer is
  * known to be done with those keys (it ends or revokes them only after its transfers). */
 static int writer_keys(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
-                       const kvs__keys_req_t *req, kvs__arena_t *arena,
-                       kvs__status_list_rsp_t *rsp, key_op_fn fn)
+                       const kvs__keys_req_t *req, kvs__arena_t *arena, kvs__status_list_rsp_t *rsp,
+                       key_op_fn fn)
 {
     key_ctx_t k = {now_ns, req ? req->flags : 0, client_id, 0};
     int rc = for_each_key(m, &k, req, arena, rsp, fn);
@@ -1160,8 +1157,7 @@ int kvs__master_exists(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t 
 }
 
 int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
-                       const kvs__keys_req_t *req, kvs__arena_t *arena,
-                       kvs__placement_rsp_t *rsp)
+                       const kvs__keys_req_t *req, kvs__arena_t *arena, kvs__placement_rsp_t *rsp)
 {
     if (m == NULL || req == NULL || arena == NULL || rsp == NULL)
         return KVS_INVALID_PARAMS;

@@ -66,8 +66,7 @@ int kvs__master_put_revoke(kvs__master_t *m, uint64_t now_ns, uint64_t client_id
 /* Lookups grant each complete object a read lease of `client_id`, one per lookup, named by the
  * lease id in the reply. */
 int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
-                       const kvs__keys_req_t *req, kvs__arena_t *arena,
-                       kvs__placement_rsp_t *rsp);
+                       const kvs__keys_req_t *req, kvs__arena_t *arena, kvs__placement_rsp_t *rsp);
 /* Ends the leases the entries name (key and lease id), if they are `client_id`'s. An object
  * whose readers have all released is no longer leased: it can be removed or evicted. Entries
  * naming no current lease (ended, other clients', absent keys) are ignored. */

@@ -197,8 +197,7 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     }
     if (c->hello_done && type == KVS_MSG_HELLO) {
         /* The connection's identity was bound by its HELLO; a second could change it. */
-        send_error(s, c, c->h.req_id, KVS_PROTOCOL_ERROR, "HELLO twice on one connection",
-                   true);
+        send_error(s, c, c->h.req_id, KVS_PROTOCOL_ERROR, "HELLO twice on one connection", true);
         goto out;
     }
     if (!kvs__msg_known(type)) {
@@ -287,10 +286,9 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
         kvs__keys_req_t req;
         kvs__placement_rsp_t rsp;
         if ((rc = kvs__keys_req_decode(p, len, ver, &arena, &req)) != KVS_OK ||
-            (rc = kvs__master_release(s->master, now, c->client_id, req.released,
-                                      req.nreleased)) != KVS_OK ||
-            (rc = kvs__master_lookup(s->master, now, c->client_id, &req, &arena, &rsp)) !=
-                KVS_OK)
+            (rc = kvs__master_release(s->master, now, c->client_id, req.released, req.nreleased)) !=
+                KVS_OK ||
+            (rc = kvs__master_lookup(s->master, now, c->client_id, &req, &arena, &rsp)) != KVS_OK)
             break;
         kvs__placement_rsp_encode(w, &rsp);
         break;
@@ -305,8 +303,8 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
         /* The leases of reads the client has finished go first: a REMOVE of a key just read
          * by this client finds it unleased. */
         if ((rc = kvs__keys_req_decode(p, len, ver, &arena, &req)) != KVS_OK ||
-            (rc = kvs__master_release(s->master, now, c->client_id, req.released,
-                                      req.nreleased)) != KVS_OK)
+            (rc = kvs__master_release(s->master, now, c->client_id, req.released, req.nreleased)) !=
+                KVS_OK)
             break;
         if (type == KVS_MSG_RELEASE)
             rc = req.nkeys == 0 ? KVS_OK : KVS_PROTOCOL_ERROR;

@@ -38,7 +38,8 @@ static bool fence_has(const fence_set_t *f, uint64_t token)
 {
     if (f->cap == 0)
         return false;
-    for (size_t i = kvs__hash64(&token, sizeof(token)) & (f->cap - 1);; i = (i + 1) & (f->cap - 1)) {
+    for (size_t i = kvs__hash64(&token, sizeof(token)) & (f->cap - 1);;
+         i = (i + 1) & (f->cap - 1)) {
         if (f->slots[i] == token)
             return true;
         if (f->slots[i] == 0)
@@ -259,7 +260,8 @@ static void serve(kvs__data_server_t *s, int fd)
             atomic_fetch_add(&s->refused, 1);
             char msg[128] = "bad frame header (magic, type or size)";
             if (rc == KVS_INVALID_VERSION)
-                snprintf(msg, sizeof(msg), "unsupported protocol version (this owner speaks %u..%u)",
+                snprintf(msg, sizeof(msg),
+                         "unsupported protocol version (this owner speaks %u..%u)",
                          KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX);
             send_error(fd, ver, 0, rc, msg, deadline);
             return;
@@ -271,8 +273,8 @@ static void serve(kvs__data_server_t *s, int fd)
             if (drain(fd, h.len, deadline + h.len / 256) != KVS_OK)
                 return;
             char msg[96];
-            snprintf(msg, sizeof(msg), "unknown message type %u (this owner speaks %u..%u)",
-                     h.type, KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX);
+            snprintf(msg, sizeof(msg), "unknown message type %u (this owner speaks %u..%u)", h.type,
+                     KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX);
             send_error(fd, ver, h.req_id, KVS_UNSUPPORTED, msg, deadline);
             continue;
         }

@@ -44,9 +44,9 @@ void kvs__rpc_begin(kvs__rpc_t *rpc, kvs__wbuf_t *req, uint16_t type);
 
 /* Sends `req` (a frame built with kvs__frame_begin/end; its request id is filled in) and waits
  * for the response of the same type, whose payload replaces the contents of `rsp` (caller
- * owns both buffers; rsp->version is the version the reply is encoded in). Transport failures give RPC_FAIL or TIMED_OUT and close the connection;
- * the next call reconnects and says HELLO again with the same client id. An ERROR frame from
- * the master gives its status. */
+ * owns both buffers; rsp->version is the version the reply is encoded in). Transport failures give
+ * RPC_FAIL or TIMED_OUT and close the connection; the next call reconnects and says HELLO again
+ * with the same client id. An ERROR frame from the master gives its status. */
 int kvs__rpc_call(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp);
 
 #endif

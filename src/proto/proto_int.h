@@ -24,7 +24,7 @@ typedef enum {
 #define KVS_MSG_ENUM_(name, num, req, rsp, raw) KVS_MSG_##name = (num),
     KVS_SCHEMA_MESSAGES(KVS_MSG_ENUM_)
 #undef KVS_MSG_ENUM_
-    KVS_MSG_MAX_ /* one past the highest number */
+        KVS_MSG_MAX_ /* one past the highest number */
 } kvs_msg_type_t;
 
 /* "LOOKUP", or "UNKNOWN" for a type this build does not know (the response flag is ignored). */
@@ -254,7 +254,7 @@ typedef struct {
     uint32_t max_len;   /* STR, BLOB, STRS: bytes per string */
     uint32_t max_count; /* STRS, I32S, ARR */
     size_t offset;
-    size_t count_offset;        /* arrays: where the uint32_t count lives */
+    size_t count_offset;         /* arrays: where the uint32_t count lives */
     const kvs__rec_desc_t *elem; /* ARR: the element record */
 } kvs__field_desc_t;
 
@@ -273,9 +273,9 @@ KVS_SCHEMA_RECORDS(KVS_GEN_DECLARE)
 
 /* The fixed part of a data request, and the largest data chunk of one frame (transports split
  * longer transfers). */
-#define KVS_DATA_REQ_LEN     32u
-#define KVS_DATA_STATUS_LEN  4u
-#define KVS_DATA_MAX_CHUNK   (16u << 20)
+#define KVS_DATA_REQ_LEN    32u
+#define KVS_DATA_STATUS_LEN 4u
+#define KVS_DATA_MAX_CHUNK  (16u << 20)
 
 /* Every message type with its request and response records (NULL: empty payload). */
 typedef struct {

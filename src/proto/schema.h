@@ -57,8 +57,8 @@
     X(R, U64, size, 2, 0, 0)                                                                       \
     X(R, U64, lease_ms, 2, 0, 0) /* lookups: lease time left; puts: 0 */                           \
     X(R, ARR, reps, 2, replica, KVS_MAX_REPLICAS)                                                  \
-    X(R, U64, token, 2, 0, 0)    /* PUT_START: the put's token, carried by its writes */          \
-    X(R, U64, lease_id, 2, 0, 0) /* LOOKUP: this read's lease, named by its release */            \
+    X(R, U64, token, 2, 0, 0)    /* PUT_START: the put's token, carried by its writes */           \
+    X(R, U64, lease_id, 2, 0, 0) /* LOOKUP: this read's lease, named by its release */             \
     X(R, U32, next_probe, KVS_PROTO_V_NEXT_, 0, 0)
 
 #define KVS_FIELDS_put_item(X, R)                                                                  \
@@ -245,7 +245,7 @@
     M(HELLO, 1, hello_req, hello_rsp, 0)                                                           \
     M(MOUNT, 2, mount_req, mount_rsp, 0)                                                           \
     M(UNMOUNT, 3, ids_req, status_list_rsp, 0)                                                     \
-    M(HEARTBEAT, 4, heartbeat_req, heartbeat_rsp, 0)                                                   \
+    M(HEARTBEAT, 4, heartbeat_req, heartbeat_rsp, 0)                                               \
     M(PUT_START, 5, put_start_req, placement_rsp, 0)                                               \
     M(PUT_END, 6, keys_req, status_list_rsp, 0)                                                    \
     M(PUT_REVOKE, 7, keys_req, status_list_rsp, 0)                                                 \

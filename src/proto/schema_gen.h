@@ -60,17 +60,17 @@
 #define KVS_GEN_FIELD_MIN_(R, kind, name, since, a, b)                                             \
     +((since) <= KVS_PROTO_VERSION_MIN ? KVS_F_MIN_##kind(a, b) : 0)
 
-#define KVS_F_MAX_U8(a, b)   1u
-#define KVS_F_MAX_U16(a, b)  2u
-#define KVS_F_MAX_U32(a, b)  4u
-#define KVS_F_MAX_U64(a, b)  8u
-#define KVS_F_MAX_I32(a, b)  4u
-#define KVS_F_MAX_I64(a, b)  8u
-#define KVS_F_MAX_STR(a, b)  (4u + (uint64_t)(a))
-#define KVS_F_MAX_BLOB(a, b) (4u + (uint64_t)(a))
-#define KVS_F_MAX_STRS(a, b) (4u + (uint64_t)(b) * (4u + (uint64_t)(a)))
-#define KVS_F_MAX_I32S(a, b) (4u + (uint64_t)(b)*4u)
-#define KVS_F_MAX_ARR(a, b)  (4u + (uint64_t)(b)*kvs__##a##_max_bytes())
+#define KVS_F_MAX_U8(a, b)                             1u
+#define KVS_F_MAX_U16(a, b)                            2u
+#define KVS_F_MAX_U32(a, b)                            4u
+#define KVS_F_MAX_U64(a, b)                            8u
+#define KVS_F_MAX_I32(a, b)                            4u
+#define KVS_F_MAX_I64(a, b)                            8u
+#define KVS_F_MAX_STR(a, b)                            (4u + (uint64_t)(a))
+#define KVS_F_MAX_BLOB(a, b)                           (4u + (uint64_t)(a))
+#define KVS_F_MAX_STRS(a, b)                           (4u + (uint64_t)(b) * (4u + (uint64_t)(a)))
+#define KVS_F_MAX_I32S(a, b)                           (4u + (uint64_t)(b)*4u)
+#define KVS_F_MAX_ARR(a, b)                            (4u + (uint64_t)(b)*kvs__##a##_max_bytes())
 #define KVS_GEN_FIELD_MAX_(R, kind, name, since, a, b) +KVS_F_MAX_##kind(a, b)
 
 /* Declarations: the struct, its bounds, codec and descriptor. */
@@ -152,17 +152,18 @@
 /* ---- descriptors -------------------------------------------------------------------------- */
 
 #define KVS_F_DESC_(R, kind, name, since, a, b, count_off, elem)                                   \
-    {#name, KVS__KIND_##kind, (since), (uint32_t)(a), (uint32_t)(b),                               \
-     offsetof(kvs__##R##_t, name), (count_off), (elem)},
-#define KVS_F_DESC_U8(R, name, since, a, b)  KVS_F_DESC_(R, U8, name, since, 0, 0, 0, NULL)
-#define KVS_F_DESC_U16(R, name, since, a, b) KVS_F_DESC_(R, U16, name, since, 0, 0, 0, NULL)
-#define KVS_F_DESC_U32(R, name, since, a, b) KVS_F_DESC_(R, U32, name, since, 0, 0, 0, NULL)
-#define KVS_F_DESC_U64(R, name, since, a, b) KVS_F_DESC_(R, U64, name, since, 0, 0, 0, NULL)
-#define KVS_F_DESC_I32(R, name, since, a, b) KVS_F_DESC_(R, I32, name, since, 0, 0, 0, NULL)
-#define KVS_F_DESC_I64(R, name, since, a, b) KVS_F_DESC_(R, I64, name, since, 0, 0, 0, NULL)
-#define KVS_F_DESC_STR(R, name, since, a, b) KVS_F_DESC_(R, STR, name, since, a, 0, 0, NULL)
-#define KVS_F_DESC_BLOB(R, name, since, a, b)                                                      \
-    KVS_F_DESC_(R, BLOB, name, since, a, 0, 0, NULL)
+    {#name,         KVS__KIND_##kind,                                                              \
+     (since),       (uint32_t)(a),                                                                 \
+     (uint32_t)(b), offsetof(kvs__##R##_t, name),                                                  \
+     (count_off),   (elem)},
+#define KVS_F_DESC_U8(R, name, since, a, b)   KVS_F_DESC_(R, U8, name, since, 0, 0, 0, NULL)
+#define KVS_F_DESC_U16(R, name, since, a, b)  KVS_F_DESC_(R, U16, name, since, 0, 0, 0, NULL)
+#define KVS_F_DESC_U32(R, name, since, a, b)  KVS_F_DESC_(R, U32, name, since, 0, 0, 0, NULL)
+#define KVS_F_DESC_U64(R, name, since, a, b)  KVS_F_DESC_(R, U64, name, since, 0, 0, 0, NULL)
+#define KVS_F_DESC_I32(R, name, since, a, b)  KVS_F_DESC_(R, I32, name, since, 0, 0, 0, NULL)
+#define KVS_F_DESC_I64(R, name, since, a, b)  KVS_F_DESC_(R, I64, name, since, 0, 0, 0, NULL)
+#define KVS_F_DESC_STR(R, name, since, a, b)  KVS_F_DESC_(R, STR, name, since, a, 0, 0, NULL)
+#define KVS_F_DESC_BLOB(R, name, since, a, b) KVS_F_DESC_(R, BLOB, name, since, a, 0, 0, NULL)
 #define KVS_F_DESC_STRS(R, name, since, a, b)                                                      \
     KVS_F_DESC_(R, STRS, name, since, a, b, offsetof(kvs__##R##_t, n##name), NULL)
 #define KVS_F_DESC_I32S(R, name, since, a, b)                                                      \

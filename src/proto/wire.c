@@ -7,7 +7,6 @@
 
 /* ---- little-endian primitives ---------------------------------------------------------- */
 
-
 void kvs__frame_hdr_encode(const kvs__frame_hdr_t *hdr, uint8_t out[KVS_FRAME_HDR_LEN])
 {
     kvs__le_store(out, hdr->magic, 4);
@@ -383,12 +382,24 @@ static void fmt_field(fmt_t *f, const kvs__field_desc_t *fd, const void *m, unsi
         fmt_add(f, "[%u:", n);
     }
     switch (fd->kind) {
-    case KVS__KIND_U8: fmt_add(f, "%u", *(const uint8_t *)base); break;
-    case KVS__KIND_U16: fmt_add(f, "%u", *(const uint16_t *)base); break;
-    case KVS__KIND_U32: fmt_add(f, "%u", *(const uint32_t *)base); break;
-    case KVS__KIND_U64: fmt_add(f, "%llu", (unsigned long long)*(const uint64_t *)base); break;
-    case KVS__KIND_I32: fmt_add(f, "%d", *(const int32_t *)base); break;
-    case KVS__KIND_I64: fmt_add(f, "%lld", (long long)*(const int64_t *)base); break;
+    case KVS__KIND_U8:
+        fmt_add(f, "%u", *(const uint8_t *)base);
+        break;
+    case KVS__KIND_U16:
+        fmt_add(f, "%u", *(const uint16_t *)base);
+        break;
+    case KVS__KIND_U32:
+        fmt_add(f, "%u", *(const uint32_t *)base);
+        break;
+    case KVS__KIND_U64:
+        fmt_add(f, "%llu", (unsigned long long)*(const uint64_t *)base);
+        break;
+    case KVS__KIND_I32:
+        fmt_add(f, "%d", *(const int32_t *)base);
+        break;
+    case KVS__KIND_I64:
+        fmt_add(f, "%lld", (long long)*(const int64_t *)base);
+        break;
     case KVS__KIND_STR: {
         const kvs__str_t *s = (const kvs__str_t *)base;
         fmt_str(f, s->ptr, s->len);
@@ -486,17 +497,28 @@ void kvs__frame_log(const char *who, const char *dir, const kvs__frame_hdr_t *h,
 static const char *kind_name(kvs__kind_t k)
 {
     switch (k) {
-    case KVS__KIND_U8: return "u8";
-    case KVS__KIND_U16: return "u16";
-    case KVS__KIND_U32: return "u32";
-    case KVS__KIND_U64: return "u64";
-    case KVS__KIND_I32: return "i32";
-    case KVS__KIND_I64: return "i64";
-    case KVS__KIND_STR: return "string";
-    case KVS__KIND_BLOB: return "bytes";
-    case KVS__KIND_STRS: return "array of string";
-    case KVS__KIND_I32S: return "array of i32";
-    case KVS__KIND_ARR: return "array of";
+    case KVS__KIND_U8:
+        return "u8";
+    case KVS__KIND_U16:
+        return "u16";
+    case KVS__KIND_U32:
+        return "u32";
+    case KVS__KIND_U64:
+        return "u64";
+    case KVS__KIND_I32:
+        return "i32";
+    case KVS__KIND_I64:
+        return "i64";
+    case KVS__KIND_STR:
+        return "string";
+    case KVS__KIND_BLOB:
+        return "bytes";
+    case KVS__KIND_STRS:
+        return "array of string";
+    case KVS__KIND_I32S:
+        return "array of i32";
+    case KVS__KIND_ARR:
+        return "array of";
     }
     return "?";
 }

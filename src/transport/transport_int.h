@@ -45,8 +45,8 @@ typedef struct {
     uint64_t length;
     const struct iovec *iov;
     uint32_t iovcnt;
-    int status;   /* out: OK, TIMED_OUT, TRANSFER_FAIL, or the owner's refusal */
-    uint32_t gpu; /* 0: the fragments are host memory; d + 1: memory of CUDA device d */
+    int status;     /* out: OK, TIMED_OUT, TRANSFER_FAIL, or the owner's refusal */
+    uint32_t gpu;   /* 0: the fragments are host memory; d + 1: memory of CUDA device d */
     uint64_t token; /* writes: the put's token (owners refuse fenced ones and 0); reads: 0 */
 } kvs_xfer_req_t;
 

@@ -56,8 +56,8 @@ struct tcp_conn {
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    int fd;         /* -1 while disconnected; closed only under lock */
-    int opening_fd; /* the socket of a handshake in progress (cancel shuts it down), or -1 */
+    int fd;           /* -1 while disconnected; closed only under lock */
+    int opening_fd;   /* the socket of a handshake in progress (cancel shuts it down), or -1 */
     unsigned version; /* negotiated at HELLO */
     chunk_t *head, *tail;
     /* The batches of the chunks in the worker's window, for cancellation to compare against.
