@@ -125,7 +125,7 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
     }
     pthread_rwlock_init(&c->reg_lock, NULL);
     pthread_mutex_init(&c->wait_lock, NULL);
-    pthread_cond_init(&c->wait_cond, NULL);
+    kvs__cond_init(&c->wait_cond);
     pthread_mutex_init(&c->owners_lock, NULL);
     pthread_mutex_init(&c->rel_lock, NULL);
     *client_p = c;

@@ -5,6 +5,7 @@
 
 #include <kvstash/status.h>
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -75,6 +76,14 @@ void kvs__alloc_inject_failure(long n, bool sticky);
 uint64_t kvs__now_ns(void);
 #define KVS_NS_PER_MS 1000000ull
 #define KVS_NS_PER_S  1000000000ull
+
+/* Condition variables whose timed waits run on the kvs__now_ns() clock, so that a change of the
+ * wall clock neither stops nor hurries them (pthread_cond_t initialised with CLOCK_MONOTONIC). */
+void kvs__cond_init(pthread_cond_t *cond);
+/* Waits until signalled or until deadline_ns (kvs__now_ns() clock; UINT64_MAX: no bound).
+ * Returns false once the deadline has passed. Spurious wake-ups return true: callers loop on
+ * their predicate. */
+bool kvs__cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *mutex, uint64_t deadline_ns);
 
 /* A random, non-zero 64-bit value from the kernel (getrandom): ids and incarnations. */
 uint64_t kvs__random_u64(void);

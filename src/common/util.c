@@ -35,6 +35,29 @@ uint64_t kvs__now_ns(void)
     return (uint64_t)ts.tv_sec * KVS_NS_PER_S + (uint64_t)ts.tv_nsec;
 }
 
+void kvs__cond_init(pthread_cond_t *cond)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(cond, &a);
+    pthread_condattr_destroy(&a);
+}
+
+bool kvs__cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *mutex, uint64_t deadline_ns)
+{
+    if (deadline_ns == UINT64_MAX) {
+        pthread_cond_wait(cond, mutex);
+        return true;
+    }
+    if (kvs__now_ns() >= deadline_ns)
+        return false;
+    struct timespec ts = {.tv_sec = (time_t)(deadline_ns / KVS_NS_PER_S),
+                          .tv_nsec = (long)(deadline_ns % KVS_NS_PER_S)};
+    pthread_cond_timedwait(cond, mutex, &ts);
+    return true;
+}
+
 int kvs__parse_u64(const char *text, uint64_t max, uint64_t *value_p)
 {
     if (text == NULL || value_p == NULL || !isdigit((unsigned char)text[0]))

@@ -161,12 +161,9 @@ static void *heartbeat_thread(void *arg)
         period_ms = 1;
     pthread_mutex_lock(&o->lock);
     while (!o->stopping) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + period_ms * KVS_NS_PER_MS;
-        ts.tv_sec += (time_t)(ns / KVS_NS_PER_S);
-        ts.tv_nsec = (long)(ns % KVS_NS_PER_S);
-        pthread_cond_timedwait(&o->cond, &o->lock, &ts);
+        uint64_t until = kvs__now_ns() + period_ms * KVS_NS_PER_MS;
+        while (!o->stopping && kvs__cond_wait_until(&o->cond, &o->lock, until))
+            ;
         if (o->stopping)
             break;
         pthread_mutex_unlock(&o->lock);
@@ -194,7 +191,7 @@ int kvs__owner_create(const kvs__owner_config_t *cfg, kvs__owner_t **owner_p)
         return KVS_NO_MEMORY;
     o->cfg = *cfg;
     pthread_mutex_init(&o->lock, NULL);
-    pthread_cond_init(&o->cond, NULL);
+    kvs__cond_init(&o->cond);
     o->mem.fd = -1;
     int rc = kvs__segment_mem_create("kvstash-segment", cfg->segment_size, &o->mem);
     if (rc != KVS_OK)

@@ -101,7 +101,7 @@ int kvs__staging_create(const kvs__staging_config_t *cfg, kvs__staging_t **st_p)
 #endif
     st->hooks.fail_receive_key = -1;
     pthread_mutex_init(&st->lock, NULL);
-    pthread_cond_init(&st->cond, NULL);
+    kvs__cond_init(&st->cond);
     if (st->be == &kvs__staging_backend_none)
         kvs_warn("GPU read staging was asked for, but this build has no GPU staging backend: "
                  "reads take the direct path");
@@ -137,12 +137,8 @@ static bool buffer_acquire(kvs__staging_t *st)
 {
     pthread_mutex_lock(&st->lock);
     if (st->busy && st->cfg.busy_wait_us > 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + st->cfg.busy_wait_us * 1000;
-        ts.tv_sec += (time_t)(ns / KVS_NS_PER_S);
-        ts.tv_nsec = (long)(ns % KVS_NS_PER_S);
-        while (st->busy && pthread_cond_timedwait(&st->cond, &st->lock, &ts) == 0)
+        uint64_t until = kvs__now_ns() + st->cfg.busy_wait_us * 1000;
+        while (st->busy && kvs__cond_wait_until(&st->cond, &st->lock, until))
             ;
     }
     bool got = !st->busy;

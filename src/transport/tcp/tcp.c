@@ -585,7 +585,7 @@ static int tcp_ep_open(kvs_transport_t *base, const char *endpoint, kvs_endpoint
         c->fd = -1;
         c->opening_fd = -1;
         pthread_mutex_init(&c->lock, NULL);
-        pthread_cond_init(&c->cond, NULL);
+        kvs__cond_init(&c->cond);
         if (pthread_create(&c->thread, NULL, conn_thread, c) != 0) {
             pthread_mutex_destroy(&c->lock);
             pthread_cond_destroy(&c->cond);
@@ -652,7 +652,7 @@ static int tcp_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n,
     b->nchunks = nchunks;
     b->outstanding = nchunks;
     pthread_mutex_init(&b->lock, NULL);
-    pthread_cond_init(&b->cond, NULL);
+    kvs__cond_init(&b->cond);
     uint64_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         kvs_xfer_req_t *r = &reqs[i];
@@ -718,17 +718,8 @@ static int tcp_wait(kvs_transport_t *base, kvs_batch_t *b, uint64_t deadline_ns)
     if (base == NULL || b == NULL)
         return KVS_INVALID_PARAMS;
     pthread_mutex_lock(&b->lock);
-    while (b->outstanding > 0) {
-        uint64_t now = kvs__now_ns();
-        if (now >= deadline_ns)
-            break;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + KVS_MIN(deadline_ns - now, 1000 * KVS_NS_PER_MS);
-        ts.tv_sec += (time_t)(ns / KVS_NS_PER_S);
-        ts.tv_nsec = (long)(ns % KVS_NS_PER_S);
-        pthread_cond_timedwait(&b->cond, &b->lock, &ts);
-    }
+    while (b->outstanding > 0 && kvs__cond_wait_until(&b->cond, &b->lock, deadline_ns))
+        ;
     if (b->outstanding > 0) {
         b->cancelled = true;
         pthread_mutex_unlock(&b->lock);
