@@ -125,7 +125,7 @@ int kvs__bench_transport_main(int argc, char **argv)
         kvs_transport_t *t;
         kvs_endpoint_t *ep;
         if (kvs__tcp_transport_create(&tcfg, &t) != KVS_OK ||
-            t->ops->ep_open(t, ep_name, &ep) != KVS_OK)
+            t->ops->ep_open(t, ep_name, UINT64_MAX, &ep) != KVS_OK)
             return 1;
         double *gt = calloc(reps, sizeof(double)), *gb = calloc(reps, sizeof(double));
         for (uint64_t r = 0; r <= reps; r++) {

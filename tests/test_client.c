@@ -374,7 +374,8 @@ static void locate(kvs_client_t *c, const char *key, uint64_t *seg_p, uint64_t *
     kvs__arena_t a;
     kvs__arena_init(&a);
     kvs__placement_rsp_t pr;
-    CHECK_STATUS(kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, 1, &k, NULL, &a, NULL, &pr), KVS_OK);
+    CHECK_STATUS(kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, 1, &k, NULL, &a, NULL, &pr,
+                                       kvs__client_rpc_deadline(c)), KVS_OK);
     CHECK_STATUS(pr.objs[0].status, KVS_OK);
     *seg_p = pr.objs[0].reps[0].segment_id;
     *off_p = pr.objs[0].reps[0].offset;
@@ -421,7 +422,7 @@ static void test_remounted_segment_gets_fresh_memory(void)
 
     /* The stale read: the old segment id through the cached mapping. */
     kvs_endpoint_t *ep;
-    CHECK_STATUS(c->shm->ops->ep_open(c->shm, endpoint, &ep), KVS_OK);
+    CHECK_STATUS(c->shm->ops->ep_open(c->shm, endpoint, UINT64_MAX, &ep), KVS_OK);
     uint8_t *buf = malloc(size);
     struct iovec v = {buf, size};
     kvs_xfer_req_t r = {.op = KVS_XFER_READ,

@@ -31,7 +31,7 @@ static kvs__rpc_t *client(server_t *s)
         .host = "127.0.0.1", .port = s->port, .node = "testnode", .timeout_ms = 3000};
     kvs__rpc_t *rpc = NULL;
     CHECK_STATUS(kvs__rpc_open(&cfg, &rpc), KVS_OK);
-    CHECK(kvs__rpc_hello(rpc)->client_id != 0);
+    CHECK(kvs__rpc_hello(rpc).client_id != 0);
     return rpc;
 }
 
@@ -385,7 +385,7 @@ static void test_identity_comes_from_the_connection(void)
     server_t s;
     master_start(&s, NULL);
     kvs__rpc_t *a = client(&s), *b = client(&s);
-    CHECK(kvs__rpc_hello(a)->client_id != kvs__rpc_hello(b)->client_id);
+    CHECK(kvs__rpc_hello(a).client_id != kvs__rpc_hello(b).client_id);
     mount_and_put(a, "seg-a", "done");
     kvs__wbuf_t req, rsp;
     kvs__wbuf_init(&req);

@@ -80,9 +80,9 @@ static void newer_client_with(const char *server_path, unsigned want_version)
         kvs_client_t *c = client_open_protocol(master, protocols[i]);
         CHECK_EQ_INT(kvs__rpc_version(c->rpc), want_version);
         /* Only a peer of the next version echoes the next version's HELLO field. */
-        CHECK_EQ_U64(kvs__rpc_hello(c->rpc)->next_probe,
+        CHECK_EQ_U64(kvs__rpc_hello(c->rpc).next_probe,
                      want_version == NEXT_VERSION ? NEXT_VERSION : 0);
-        CHECK(kvs__rpc_hello(c->rpc)->incarnation != 0);
+        CHECK(kvs__rpc_hello(c->rpc).incarnation != 0);
         put_get(c, protocols[i]);
         kvs_client_close(c);
     }

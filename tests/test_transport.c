@@ -106,7 +106,7 @@ static void test_sizes_and_offsets(void)
     FOR_EACH_TRANSPORT(t)
     {
         kvs_endpoint_t *ep;
-        CHECK_STATUS(t->ops->ep_open(t, f.endpoint, &ep), KVS_OK);
+        CHECK_STATUS(t->ops->ep_open(t, f.endpoint, UINT64_MAX, &ep), KVS_OK);
         for (size_t i = 0; i < KVS_ARRAY_SIZE(sizes); i++) {
             uint64_t n = sizes[i], off = offsets[i % KVS_ARRAY_SIZE(offsets)] + (i & 1);
             if (off + n > seg_size)
@@ -192,7 +192,7 @@ static void test_fragmented_destinations(void)
     FOR_EACH_TRANSPORT(t)
     {
         kvs_endpoint_t *ep;
-        CHECK_STATUS(t->ops->ep_open(t, f.endpoint, &ep), KVS_OK);
+        CHECK_STATUS(t->ops->ep_open(t, f.endpoint, UINT64_MAX, &ep), KVS_OK);
         memset(buf, 0x5C, buf_len);
         CHECK_STATUS(xfer(t, ep, KVS_XFER_READ, FIX_SEGMENT_ID, 3, iov, n, 10000), KVS_OK);
         uint64_t off = 3;
@@ -262,7 +262,7 @@ static void test_many_concurrent_requests(void)
     FOR_EACH_TRANSPORT(t)
     {
         kvs_endpoint_t *ep;
-        CHECK_STATUS(t->ops->ep_open(t, f.endpoint, &ep), KVS_OK);
+        CHECK_STATUS(t->ops->ep_open(t, f.endpoint, UINT64_MAX, &ep), KVS_OK);
         pthread_t th[4];
         worker_arg_t args[4];
         for (int i = 0; i < 4; i++) {
@@ -285,7 +285,7 @@ static void test_deadline_leaves_no_late_write(void)
     FOR_EACH_TRANSPORT(t)
     {
         kvs_endpoint_t *ep;
-        CHECK_STATUS(t->ops->ep_open(t, f.endpoint, &ep), KVS_OK);
+        CHECK_STATUS(t->ops->ep_open(t, f.endpoint, UINT64_MAX, &ep), KVS_OK);
         memset(dst, 0, n);
         struct iovec v = {dst, n};
         if (same_host(t)) {
@@ -325,7 +325,7 @@ static void test_tcp_cancel_after_a_window_neighbour_completed(void)
     kvs_transport_t *t = NULL;
     CHECK_STATUS(kvs__tcp_transport_create(&cfg, &t), KVS_OK);
     kvs_endpoint_t *ep;
-    CHECK_STATUS(t->ops->ep_open(t, f.endpoint, &ep), KVS_OK);
+    CHECK_STATUS(t->ops->ep_open(t, f.endpoint, UINT64_MAX, &ep), KVS_OK);
     static unsigned char bufs[3][4096];
     struct iovec v[3] = {{bufs[0], 4096}, {bufs[1], 4096}, {bufs[2], 4096}};
     kvs_xfer_req_t r[3];
@@ -358,7 +358,7 @@ static void test_peer_death_mid_transfer(void)
         owner_fixture_t f;
         owner_fixture_start(&f, 64u << 20, 100000);
         kvs_endpoint_t *ep;
-        CHECK_STATUS(t->ops->ep_open(t, f.endpoint, &ep), KVS_OK);
+        CHECK_STATUS(t->ops->ep_open(t, f.endpoint, UINT64_MAX, &ep), KVS_OK);
         size_t n = 64u << 20;
         unsigned char *dst = malloc(n);
         struct iovec v = {dst, n};
@@ -393,7 +393,7 @@ static void test_out_of_segment_refused(void)
     FOR_EACH_TRANSPORT(t)
     {
         kvs_endpoint_t *ep;
-        CHECK_STATUS(t->ops->ep_open(t, f.endpoint, &ep), KVS_OK);
+        CHECK_STATUS(t->ops->ep_open(t, f.endpoint, UINT64_MAX, &ep), KVS_OK);
         struct iovec v = {buf, 20};
         CHECK_STATUS(xfer(t, ep, KVS_XFER_READ, FIX_SEGMENT_ID, size - 10, &v, 1, 5000),
                      KVS_INVALID_PARAMS);
@@ -436,11 +436,11 @@ static void test_shm_handshake_refusals_and_unmapping(void)
     CHECK_STATUS(make_shm(&t), KVS_OK);
     kvs_endpoint_t *ep;
     /* No socket there: not on this host as far as shm can tell. */
-    CHECK_STATUS(t->ops->ep_open(t, "127.0.0.1:1", &ep), KVS_UNSUPPORTED);
-    CHECK_STATUS(t->ops->ep_open(t, f.endpoint, &ep), KVS_OK);
+    CHECK_STATUS(t->ops->ep_open(t, "127.0.0.1:1", UINT64_MAX, &ep), KVS_UNSUPPORTED);
+    CHECK_STATUS(t->ops->ep_open(t, f.endpoint, UINT64_MAX, &ep), KVS_OK);
     /* The owner hands out only the segments it serves. */
-    CHECK_STATUS(kvs__shm_map_segment(t, ep, FIX_SEGMENT_ID + 1), KVS_SEGMENT_NOT_FOUND);
-    CHECK_STATUS(kvs__shm_map_segment(t, ep, FIX_SEGMENT_ID), KVS_OK);
+    CHECK_STATUS(kvs__shm_map_segment(t, ep, FIX_SEGMENT_ID + 1, UINT64_MAX), KVS_SEGMENT_NOT_FOUND);
+    CHECK_STATUS(kvs__shm_map_segment(t, ep, FIX_SEGMENT_ID, UINT64_MAX), KVS_OK);
     CHECK_EQ_U64(kvs__shm_mapped(t), 1);
     /* The master no longer lists it: unmapped, and a later read maps it afresh. */
     uint64_t live[1] = {FIX_SEGMENT_ID + 5};
@@ -480,13 +480,13 @@ static void test_shm_from_another_network_namespace(void)
         kvs_xfer_req_t r = {KVS_XFER_READ, NULL, FIX_SEGMENT_ID, 0, 4u << 20, &v, 1, 0, 0, 0};
         kvs_batch_t *b;
         /* tcp: the loopback of the test's namespace is not here. */
-        if (tcp->ops->ep_open(tcp, f.endpoint, &ep) == KVS_OK) {
+        if (tcp->ops->ep_open(tcp, f.endpoint, UINT64_MAX, &ep) == KVS_OK) {
             r.ep = ep;
             if (tcp->ops->submit(tcp, &r, 1, &b) != KVS_OK ||
                 tcp->ops->wait(tcp, b, kvs__now_ns() + 2 * KVS_NS_PER_S) == KVS_OK)
                 _exit(3);
         }
-        if (shm->ops->ep_open(shm, f.endpoint, &ep) != KVS_OK)
+        if (shm->ops->ep_open(shm, f.endpoint, UINT64_MAX, &ep) != KVS_OK)
             _exit(4);
         r.ep = ep;
         if (shm->ops->submit(shm, &r, 1, &b) != KVS_OK ||

@@ -110,8 +110,17 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
                            "variables)");
         goto err_tcp;
     }
-    kvs__rpc_config_t rcfg = {c->master_host, c->master_port, cfg->local_hostname,
-                              cfg->rpc_timeout_ms};
+    uint64_t conns = KVS_RPC_DEFAULT_CONNS;
+    if (kvs__env_u64("KVS_RPC_CONNECTIONS", KVS_RPC_MAX_CONNS, &conns) != KVS_OK || conns == 0) {
+        kvs_warn("KVS_RPC_CONNECTIONS must be 1..%u; using %u", KVS_RPC_MAX_CONNS,
+                 KVS_RPC_DEFAULT_CONNS);
+        conns = KVS_RPC_DEFAULT_CONNS;
+    }
+    kvs__rpc_config_t rcfg = {.host = c->master_host,
+                              .port = c->master_port,
+                              .node = cfg->local_hostname,
+                              .timeout_ms = cfg->rpc_timeout_ms,
+                              .max_conns = (uint32_t)conns};
     rc = kvs__rpc_open(&rcfg, &c->rpc);
     if (rc != KVS_OK) {
         rc = kvs__fail(rc, "cannot reach the master at %s: %s", master, kvs_status_str(rc));
@@ -128,6 +137,7 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
     kvs__cond_init(&c->wait_cond);
     pthread_mutex_init(&c->owners_lock, NULL);
     pthread_mutex_init(&c->rel_lock, NULL);
+    pthread_mutex_init(&c->eps_lock, NULL);
     *client_p = c;
     return KVS_OK;
 
@@ -177,6 +187,12 @@ void kvs_client_close(kvs_client_t *c)
     for (size_t i = 0; i < c->nowners; i++)
         kvs__owner_destroy(c->owners[i]);
     kvs__free(c->owners);
+    for (size_t i = 0; i < c->neps; i++) {
+        c->eps[i].t->ops->ep_close(c->eps[i].t, c->eps[i].ep);
+        kvs__free(c->eps[i].name);
+    }
+    kvs__free(c->eps);
+    pthread_mutex_destroy(&c->eps_lock);
     if (c->tcp != NULL)
         c->tcp->ops->destroy(c->tcp);
     if (c->shm != NULL)
@@ -408,11 +424,16 @@ static void check_incarnation(kvs_client_t *c)
         kvs__shm_retain(c->shm, NULL, 0);
 }
 
-int kvs__client_call(kvs_client_t *c, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
+uint64_t kvs__client_rpc_deadline(const kvs_client_t *c)
+{
+    return kvs__rpc_deadline(c->rpc);
+}
+
+int kvs__client_call(kvs_client_t *c, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint64_t deadline_ns)
 {
     int rc = kvs__frame_end(req);
     if (rc == KVS_OK)
-        rc = kvs__rpc_call(c->rpc, req, rsp);
+        rc = kvs__rpc_call_until(c->rpc, req, rsp, deadline_ns);
     if (rc == KVS_OK)
         check_incarnation(c);
     if (rc != KVS_OK) {
@@ -531,7 +552,7 @@ static void fail_part(kvs__status_list_rsp_t *sl, kvs__placement_rsp_t *pr, uint
  * everything owned by `arena`. A part the master refused or that failed in transport gives
  * its keys that status; the call fails (with the first such status) only if every part did. */
 static int batch_call(kvs_client_t *c, const batch_req_t *b, kvs__arena_t *arena,
-                      kvs__status_list_rsp_t *sl, kvs__placement_rsp_t *pr)
+                      kvs__status_list_rsp_t *sl, kvs__placement_rsp_t *pr, uint64_t deadline_ns)
 {
     uint32_t n = batch_len(b);
     if (sl != NULL) {
@@ -563,7 +584,7 @@ static int batch_call(kvs_client_t *c, const batch_req_t *b, kvs__arena_t *arena
         }
         kvs__rpc_begin(c->rpc, &req, b->type);
         batch_encode(b, first, count, &req);
-        rc = kvs__client_call(c, &req, &rsp);
+        rc = kvs__client_call(c, &req, &rsp, deadline_ns);
         /* The answer is kept in the arena: its strings are borrowed by the decoded parts. */
         uint8_t *payload = rc == KVS_OK ? kvs__arena_alloc(arena, rsp.len) : NULL;
         if (rc == KVS_OK && payload == NULL)
@@ -659,6 +680,7 @@ static void releases_free(kvs__lease_release_t *r, uint32_t n)
 /* Sends what is pending in RELEASE requests (at close). */
 static void releases_flush(kvs_client_t *c)
 {
+    uint64_t deadline = kvs__client_rpc_deadline(c);
     for (;;) {
         kvs__lease_release_t *rel;
         uint32_t n = releases_take(c, &rel);
@@ -669,7 +691,7 @@ static void releases_flush(kvs_client_t *c)
         kvs__arena_t arena;
         kvs__arena_init(&arena);
         kvs__status_list_rsp_t sl;
-        int rc = batch_call(c, &b, &arena, &sl, NULL);
+        int rc = batch_call(c, &b, &arena, &sl, NULL, deadline);
         kvs__arena_free(&arena);
         releases_free(rel, n);
         if (rc != KVS_OK)
@@ -679,23 +701,24 @@ static void releases_flush(kvs_client_t *c)
 
 int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
                           const kvs__str_t *keys, const kvs__put_token_t *tokens,
-                          kvs__arena_t *arena, kvs__status_list_rsp_t *sl, kvs__placement_rsp_t *pr)
+                          kvs__arena_t *arena, kvs__status_list_rsp_t *sl, kvs__placement_rsp_t *pr,
+                          uint64_t deadline_ns)
 {
     kvs__lease_release_t *rel;
     uint32_t nrel = releases_take(c, &rel);
     kvs__keys_req_t kr = {
         flags, n, (kvs__str_t *)keys, nrel, rel, tokens ? n : 0, (kvs__put_token_t *)tokens};
     batch_req_t b = {type, &kr, NULL};
-    int rc = batch_call(c, &b, arena, sl, pr);
+    int rc = batch_call(c, &b, arena, sl, pr, deadline_ns);
     releases_free(rel, nrel); /* sent, or lost with the call: the leases then expire */
     return rc;
 }
 
 int kvs__client_put_start(kvs_client_t *c, const kvs__put_start_req_t *ps, kvs__arena_t *arena,
-                          kvs__placement_rsp_t *pr)
+                          kvs__placement_rsp_t *pr, uint64_t deadline_ns)
 {
     batch_req_t b = {KVS_MSG_PUT_START, NULL, ps};
-    return batch_call(c, &b, arena, NULL, pr);
+    return batch_call(c, &b, arena, NULL, pr, deadline_ns);
 }
 
 /* A keys call whose answer is one status per key: results[i] for keys[i]. */
@@ -719,7 +742,8 @@ static int status_list_call(kvs_client_t *c, uint16_t type, uint32_t flags, size
     kvs__arena_t arena;
     kvs__arena_init(&arena);
     kvs__status_list_rsp_t sl;
-    int rc = kvs__client_keys_call(c, type, flags, (uint32_t)n, ks, NULL, &arena, &sl, NULL);
+    int rc = kvs__client_keys_call(c, type, flags, (uint32_t)n, ks, NULL, &arena, &sl, NULL,
+                                   kvs__client_rpc_deadline(c));
     if (rc == KVS_OK) {
         for (size_t i = 0; i < n; i++)
             results[i] = sl.results[i];
@@ -765,6 +789,11 @@ int kvs_client_exists(kvs_client_t *c, const char *key)
 
 int64_t kvs_client_get_size(kvs_client_t *c, const char *key)
 {
+    return kvs__client_get_size_until(c, key, c != NULL ? kvs__client_rpc_deadline(c) : 0);
+}
+
+int64_t kvs__client_get_size_until(kvs_client_t *c, const char *key, uint64_t deadline_ns)
+{
     if (c == NULL || key == NULL || kvs__key_check(key, strlen(key)) != KVS_OK)
         return kvs__fail(KVS_INVALID_PARAMS, "get_size: client and a valid key are required");
     kvs__client_enter(c);
@@ -774,7 +803,8 @@ int64_t kvs_client_get_size(kvs_client_t *c, const char *key)
     kvs__arena_init(&arena);
     int64_t result;
     kvs__placement_rsp_t pr;
-    int rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, 1, &k, NULL, &arena, NULL, &pr);
+    int rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, 1, &k, NULL, &arena, NULL, &pr,
+                                   deadline_ns);
     if (rc == KVS_OK)
         kvs__client_release_later(c, 1, &k, &pr.objs[0].lease_id); /* nothing is read */
     if (rc == KVS_OK)
@@ -788,9 +818,76 @@ int64_t kvs_client_get_size(kvs_client_t *c, const char *key)
     return result;
 }
 
-void kvs__client_sweep(kvs_client_t *c)
+int kvs__client_endpoint(kvs_client_t *c, kvs_transport_t *t, const char *name,
+                         uint64_t deadline_ns, kvs_endpoint_t **ep_p)
 {
-    if (c->shm == NULL || c->sweep_ms == 0 || kvs__shm_mapped(c->shm) == 0)
+    pthread_mutex_lock(&c->eps_lock);
+    for (size_t i = 0; i < c->neps; i++) {
+        if (c->eps[i].t == t && strcmp(c->eps[i].name, name) == 0) {
+            t->ops->ep_hold(t, c->eps[i].ep);
+            *ep_p = c->eps[i].ep;
+            pthread_mutex_unlock(&c->eps_lock);
+            return KVS_OK;
+        }
+    }
+    pthread_mutex_unlock(&c->eps_lock);
+    /* Opened (resolved) without the lock: a slow name stalls only this call. */
+    kvs_endpoint_t *ep;
+    int rc = t->ops->ep_open(t, name, deadline_ns, &ep);
+    if (rc != KVS_OK)
+        return rc;
+    pthread_mutex_lock(&c->eps_lock);
+    bool known = false;
+    for (size_t i = 0; i < c->neps && !known; i++)
+        known = c->eps[i].t == t && c->eps[i].ep == ep;
+    if (!known && c->neps == c->eps_cap) {
+        size_t cap = c->eps_cap ? 2 * c->eps_cap : 8;
+        kvs__client_ep_t *grown = kvs__realloc(c->eps, cap * sizeof(*grown));
+        if (grown != NULL) {
+            c->eps = grown;
+            c->eps_cap = cap;
+        }
+    }
+    char *copy = known || c->neps == c->eps_cap ? NULL : kvs__strdup(name);
+    if (copy != NULL) {
+        t->ops->ep_hold(t, ep); /* the client's own */
+        c->eps[c->neps++] = (kvs__client_ep_t){t, ep, copy};
+    }
+    pthread_mutex_unlock(&c->eps_lock);
+    *ep_p = ep;
+    return KVS_OK;
+}
+
+/* Closes the endpoints of owners the master no longer lists: their threads, sockets, mappings
+ * and pinned memory go once no call uses them. */
+static void endpoints_retain(kvs_client_t *c, const kvs__stat_rsp_t *sr)
+{
+    pthread_mutex_lock(&c->eps_lock);
+    for (size_t i = 0; i < c->neps;) {
+        bool live = false;
+        for (uint32_t q = 0; q < sr->nsegs && !live; q++)
+            live = kvs__str_eq(sr->segs[q].endpoint, kvs__str_c(c->eps[i].name));
+        if (live) {
+            i++;
+            continue;
+        }
+        kvs__client_ep_t e = c->eps[i];
+        c->eps[i] = c->eps[--c->neps];
+        kvs_debug("%s endpoint %s: its owner left; closed", e.t->ops->name, e.name);
+        e.t->ops->ep_close(e.t, e.ep);
+        kvs__free(e.name);
+    }
+    pthread_mutex_unlock(&c->eps_lock);
+}
+
+void kvs__client_sweep(kvs_client_t *c, uint64_t deadline_ns)
+{
+    if (c->sweep_ms == 0)
+        return;
+    pthread_mutex_lock(&c->eps_lock);
+    size_t neps = c->neps;
+    pthread_mutex_unlock(&c->eps_lock);
+    if (neps == 0 && (c->shm == NULL || kvs__shm_mapped(c->shm) == 0))
         return;
     uint64_t now = kvs__now_ns(), last = atomic_load(&c->last_sweep_ns);
     /* One thread sweeps at a time, at most every sweep_ms. */
@@ -804,15 +901,16 @@ void kvs__client_sweep(kvs_client_t *c)
     kvs__arena_init(&arena);
     kvs__rpc_begin(c->rpc, &req, KVS_MSG_STAT);
     kvs__stat_rsp_t sr;
-    if (kvs__client_call(c, &req, &rsp) == KVS_OK &&
+    if (kvs__client_call(c, &req, &rsp, deadline_ns) == KVS_OK &&
         kvs__stat_rsp_decode(rsp.data, rsp.len, rsp.version, &arena, &sr) == KVS_OK &&
         sr.status == KVS_OK) {
         uint64_t *ids = kvs__malloc(KVS_MAX(sr.nsegs, 1) * sizeof(*ids));
         for (uint32_t i = 0; ids != NULL && i < sr.nsegs; i++)
             ids[i] = sr.segs[i].id;
-        if (ids != NULL)
+        if (ids != NULL && c->shm != NULL)
             kvs__shm_retain(c->shm, ids, sr.nsegs);
         kvs__free(ids);
+        endpoints_retain(c, &sr);
     }
     kvs__arena_free(&arena);
     kvs__wbuf_free(&req);

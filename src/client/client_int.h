@@ -45,6 +45,12 @@ typedef struct {
     kvs__hist_t put_latency, get_latency;
 } kvs__client_stats_t;
 
+typedef struct {
+    kvs_transport_t *t;
+    kvs_endpoint_t *ep;
+    char *name;
+} kvs__client_ep_t;
+
 struct kvs_client {
     char *master_host;
     uint16_t master_port;
@@ -72,6 +78,11 @@ struct kvs_client {
     kvs__owner_t **owners;
     size_t nowners;
 
+    /* The endpoints this client talks to, each holding one reference (kvs__client_endpoint). */
+    pthread_mutex_t eps_lock;
+    kvs__client_ep_t *eps;
+    size_t neps, eps_cap;
+
     /* Leases of finished reads, to be released by the next master request (keys owned). */
     pthread_mutex_t rel_lock;
     kvs__lease_release_t *rel;
@@ -94,8 +105,9 @@ void kvs__client_leave(kvs_client_t *c);
 bool kvs__reg_pin_locked(kvs_client_t *c, const void *ptr, size_t len, kvs__pinset_t *ps,
                          int *domain_p);
 
-/* Unmaps shm segments the master no longer lists, at most every sweep_ms. */
-void kvs__client_sweep(kvs_client_t *c);
+/* Unmaps shm segments and closes endpoints of owners the master no longer lists, at most every
+ * sweep_ms, within the calling call's deadline. */
+void kvs__client_sweep(kvs_client_t *c, uint64_t deadline_ns);
 
 /* The client's staging state (NULL when off); for tests. */
 kvs__staging_t *kvs__client_staging(kvs_client_t *c);
@@ -104,8 +116,18 @@ void kvs__pinset_release(kvs_client_t *c, kvs__pinset_t *ps);
 
 void kvs__hist_add(kvs__hist_t *h, uint64_t ns);
 
-/* One request/response with the master; counts failures. `req` holds a begun frame. */
-int kvs__client_call(kvs_client_t *c, kvs__wbuf_t *req, kvs__wbuf_t *rsp);
+/* One request/response with the master before the call's deadline (kvs__now_ns() clock); counts
+ * failures. `req` holds a begun frame. */
+int kvs__client_call(kvs_client_t *c, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint64_t deadline_ns);
+/* get_size with the caller's deadline. */
+int64_t kvs__client_get_size_until(kvs_client_t *c, const char *key, uint64_t deadline_ns);
+/* A reference to the endpoint `name` of transport `t` (give it back with t->ops->ep_close).
+ * The client keeps one reference of its own per endpoint until the owner leaves the master's
+ * list (the sweep), so endpoints live across calls. */
+int kvs__client_endpoint(kvs_client_t *c, kvs_transport_t *t, const char *name,
+                         uint64_t deadline_ns, kvs_endpoint_t **ep_p);
+/* The deadline of a metadata call starting now (rpc_timeout_ms). */
+uint64_t kvs__client_rpc_deadline(const kvs_client_t *c);
 /* Master calls over a batch, split into as many frames as the frame limit needs and joined
  * again (`tokens`, one per key or NULL, names the puts of PUT_END and PUT_REVOKE): one status per
  * key into `sl` (PUT_END, PUT_REVOKE, EXISTS, REMOVE; `pr` NULL), one placement per key into `pr`
@@ -116,9 +138,9 @@ int kvs__client_call(kvs_client_t *c, kvs__wbuf_t *req, kvs__wbuf_t *rsp);
 int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
                           const kvs__str_t *keys, const kvs__put_token_t *tokens,
                           kvs__arena_t *arena, kvs__status_list_rsp_t *sl,
-                          kvs__placement_rsp_t *pr);
+                          kvs__placement_rsp_t *pr, uint64_t deadline_ns);
 int kvs__client_put_start(kvs_client_t *c, const kvs__put_start_req_t *ps, kvs__arena_t *arena,
-                          kvs__placement_rsp_t *pr);
+                          kvs__placement_rsp_t *pr, uint64_t deadline_ns);
 
 /* A read of keys[i] (its lookup granted lease lease_ids[i]) is over: the lease goes back with
  * the next master request, at the latest at close. Ids 0 (no lease granted) are skipped. */

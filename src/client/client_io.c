@@ -20,7 +20,33 @@ typedef struct {
     int64_t *res;    /* 0 while the key is usable, else its failure */
     int *domain;     /* memory domain of all of key i's fragments, or KVS_DOMAIN_MIXED */
     kvs__pinset_t pins;
+    uint64_t deadline; /* of the whole call: master requests, connects and transfers */
 } call_t;
+
+/* How a call reaches one segment, decided once per call and segment. Each route holds a
+ * reference on its endpoint until the call ends, so a sweep closing the endpoint of an owner
+ * that left cannot free it under the call. */
+typedef struct {
+    uint64_t seg_id;
+    kvs_transport_t *t;
+    kvs_endpoint_t *ep;
+    int rc;
+} route_t;
+
+typedef struct {
+    route_t *r;
+    uint32_t n, cap;
+} routes_t;
+
+static void routes_free(routes_t *rs)
+{
+    for (uint32_t i = 0; i < rs->n; i++) {
+        if (rs->r[i].ep != NULL)
+            rs->r[i].t->ops->ep_close(rs->r[i].t, rs->r[i].ep);
+    }
+    kvs__free(rs->r);
+    *rs = (routes_t){0};
+}
 
 /* The transports' name for a memory domain: 0 host, d + 1 for CUDA device d. */
 static uint32_t gpu_of(int domain)
@@ -150,27 +176,52 @@ static const kvs__seg_info_t *seg_find(const kvs__placement_rsp_t *pr, uint64_t 
 
 /* The transport and endpoint that reach segment `s`: shm when its owner is on this host and
  * hands over the segment (protocol shm or auto), else tcp (protocol tcp or auto). */
-static int route_for(kvs_client_t *c, const kvs__seg_info_t *s, kvs_transport_t **t_p,
-                     kvs_endpoint_t **ep_p)
+static int route_open(kvs_client_t *c, const kvs__seg_info_t *s, uint64_t deadline, route_t *r)
 {
     char name[KVS_MAX_NAME_LEN + 1];
+    *r = (route_t){.seg_id = s ? s->id : 0, .rc = KVS_TRANSFER_FAIL};
     if (s == NULL || s->endpoint.len == 0 || s->endpoint.len > KVS_MAX_NAME_LEN)
-        return KVS_TRANSFER_FAIL;
+        return r->rc;
     memcpy(name, s->endpoint.ptr, s->endpoint.len);
     name[s->endpoint.len] = '\0';
-    if (c->shm != NULL && c->shm->ops->ep_open(c->shm, name, ep_p) == KVS_OK &&
-        kvs__shm_map_segment(c->shm, *ep_p, s->id) == KVS_OK) {
-        *t_p = c->shm;
-        atomic_fetch_add(&c->st.shm_transfers, 1);
-        return KVS_OK;
+    kvs_endpoint_t *ep = NULL;
+    if (c->shm != NULL && kvs__client_endpoint(c, c->shm, name, deadline, &ep) == KVS_OK) {
+        if (kvs__shm_map_segment(c->shm, ep, s->id, deadline) == KVS_OK) {
+            *r = (route_t){s->id, c->shm, ep, KVS_OK};
+            return KVS_OK;
+        }
+        c->shm->ops->ep_close(c->shm, ep);
     }
-    if (c->tcp == NULL)
-        return KVS_TRANSFER_FAIL; /* protocol shm, and this owner is not reachable by it */
-    *t_p = c->tcp;
-    int rc = c->tcp->ops->ep_open(c->tcp, name, ep_p);
-    if (rc != KVS_OK)
-        return KVS_TRANSFER_FAIL;
-    atomic_fetch_add(&c->st.tcp_transfers, 1);
+    /* protocol shm without this owner on reach: no route */
+    if (c->tcp != NULL && kvs__client_endpoint(c, c->tcp, name, deadline, &ep) == KVS_OK)
+        *r = (route_t){s->id, c->tcp, ep, KVS_OK};
+    return r->rc;
+}
+
+static int route_for(kvs_client_t *c, routes_t *rs, const kvs__seg_info_t *s, uint64_t deadline,
+                     kvs_transport_t **t_p, kvs_endpoint_t **ep_p)
+{
+    uint64_t id = s ? s->id : 0;
+    route_t *r = NULL;
+    for (uint32_t i = rs->n; i-- > 0 && r == NULL;) /* the last one is the likeliest */
+        r = rs->r[i].seg_id == id ? &rs->r[i] : NULL;
+    if (r == NULL) {
+        if (rs->n == rs->cap) {
+            uint32_t cap = rs->cap ? 2 * rs->cap : 8;
+            route_t *grown = kvs__realloc(rs->r, cap * sizeof(*grown));
+            if (grown == NULL)
+                return KVS_NO_MEMORY;
+            rs->r = grown;
+            rs->cap = cap;
+        }
+        r = &rs->r[rs->n++];
+        route_open(c, s, deadline, r);
+    }
+    if (r->rc != KVS_OK)
+        return r->rc;
+    *t_p = r->t;
+    *ep_p = r->ep;
+    atomic_fetch_add(r->t == c->shm ? &c->st.shm_transfers : &c->st.tcp_transfers, 1);
     return KVS_OK;
 }
 
@@ -216,12 +267,13 @@ static void submit_by_transport(kvs_client_t *c, kvs_xfer_req_t *reqs, kvs_trans
     kvs__free(back);
 }
 
-static uint64_t deadline_after_ms(uint64_t ms)
-{
-    return kvs__now_ns() + ms * KVS_NS_PER_MS;
-}
 
 /* ---- puts ------------------------------------------------------------------------------------ */
+
+/* A put that failed at its deadline still gets this long to revoke its placements, so that
+ * their space returns at once rather than at the master's discard time (within the 100 ms a
+ * call may overrun its deadline by, DESIGN §6 rule 5). */
+#define REVOKE_GRACE_MS 50
 
 /* Ends (ok) or revokes the listed keys, each naming its put (`tokens`, parallel to idx); a
  * failed PUT_END becomes the key's result. */
@@ -238,8 +290,9 @@ static void put_finish(kvs_client_t *c, call_t *k, const size_t *idx,
         ks[j] = kvs__str_c(k->keys[idx[j]]);
     kvs__status_list_rsp_t sl;
     if (rc == KVS_OK)
-        rc = kvs__client_keys_call(c, ok ? KVS_MSG_PUT_END : KVS_MSG_PUT_REVOKE, 0, m, ks, tokens,
-                                   &arena, &sl, NULL);
+        rc = kvs__client_keys_call(
+            c, ok ? KVS_MSG_PUT_END : KVS_MSG_PUT_REVOKE, 0, m, ks, tokens, &arena, &sl, NULL,
+            ok ? k->deadline : KVS_MAX(k->deadline, kvs__now_ns() + REVOKE_GRACE_MS * KVS_NS_PER_MS));
     if (ok) {
         /* A put whose end was not confirmed is not readable; the master revokes it in time. */
         for (uint32_t j = 0; j < m; j++)
@@ -271,6 +324,7 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
     kvs_transport_t **req_t = NULL;
     size_t *req_key = NULL, *done = NULL;
     kvs__put_token_t *done_tok = NULL;
+    routes_t routes = {0};
     kvs__arena_t arena;
     kvs__arena_init(&arena);
     if (rc != KVS_OK || (m && items == NULL)) {
@@ -290,7 +344,7 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
         .items = items,
     };
     kvs__placement_rsp_t pr;
-    rc = kvs__client_put_start(c, &ps, &arena, &pr);
+    rc = kvs__client_put_start(c, &ps, &arena, &pr, k->deadline);
     if (rc != KVS_OK) {
         rc = kvs__fail(rc, "put: the master refused the batch: %s", kvs_status_str(rc));
         goto out;
@@ -318,7 +372,8 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
         }
         for (uint32_t q = 0; q < d->nreps; q++) {
             kvs_endpoint_t *ep = NULL;
-            int erc = route_for(c, seg_find(&pr, d->reps[q].segment_id), &req_t[r], &ep);
+            int erc = route_for(c, &routes, seg_find(&pr, d->reps[q].segment_id), k->deadline,
+                                &req_t[r], &ep);
             if (erc != KVS_OK) {
                 k->res[i] = erc;
                 continue;
@@ -337,7 +392,7 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
         }
     }
     if (r > 0) {
-        submit_by_transport(c, reqs, req_t, r, deadline_after_ms(c->transfer_timeout_ms));
+        submit_by_transport(c, reqs, req_t, r, k->deadline);
         for (uint32_t q = 0; q < r; q++) {
             int st = reqs[q].status;
             if (st != KVS_OK && k->res[req_key[q]] == 0)
@@ -361,6 +416,7 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
     put_finish(c, k, done, done_tok, nok, true);
     put_finish(c, k, done + nok, done_tok + nok, nbad, false);
 out:
+    routes_free(&routes);
     kvs__arena_free(&arena);
     kvs__free(done);
     kvs__free(done_tok);
@@ -391,8 +447,9 @@ static int put_run(kvs_client_t *c, const char *op, size_t n, const char *const 
     int rc = call_init(c, op, n, keys, bufs, nbufs, registered, &k);
     if (rc != KVS_OK)
         return rc;
+    k.deadline = t0 + c->transfer_timeout_ms * KVS_NS_PER_MS;
     kvs__client_enter(c);
-    kvs__client_sweep(c);
+    kvs__client_sweep(c, k.deadline);
     rc = put_call(c, &k, rcfg);
     uint64_t bytes = 0, failed = 0;
     if (rc == KVS_OK) {
@@ -492,7 +549,8 @@ int kvs_client_batch_put_from_multi(kvs_client_t *c, size_t n, const char *const
 typedef struct {
     kvs_transport_t *t;
     kvs_endpoint_t *ep;
-    size_t key;
+    size_t key;     /* in the call */
+    uint32_t entry; /* in the lookup */
     uint64_t segment_id, offset, size;
 } read_slot_t;
 
@@ -518,35 +576,30 @@ static void release_leases(kvs_client_t *c, const kvs__placement_rsp_t *pr, cons
     kvs__free(tokens);
 }
 
-/* Picks the replica to read: on this host when asked and possible, else the first. */
-static const kvs__replica_t *pick_replica(kvs_client_t *c, const kvs__placement_rsp_t *pr,
-                                          const kvs__obj_desc_t *d, bool same_node,
-                                          const kvs__seg_info_t **seg_p)
+/* The order in which key `d`'s replicas are tried: those on this host first when asked, else
+ * the master's order. Writes up to KVS_MAX_REPLICAS indices into order[]; returns how many. */
+static uint32_t replica_order(kvs_client_t *c, const kvs__placement_rsp_t *pr,
+                              const kvs__obj_desc_t *d, bool same_node, uint8_t *order)
 {
-    const kvs__replica_t *best = NULL;
-    for (uint32_t q = 0; q < d->nreps; q++) {
-        const kvs__seg_info_t *s = seg_find(pr, d->reps[q].segment_id);
-        if (s == NULL)
-            continue;
-        if (best == NULL) {
-            best = &d->reps[q];
-            *seg_p = s;
-        }
-        if (!same_node)
-            break;
-        if (kvs__str_eq(s->node, kvs__str_c(c->node))) {
-            best = &d->reps[q];
-            *seg_p = s;
-            break;
+    uint32_t n = 0;
+    for (int pass = same_node ? 0 : 1; pass < 2; pass++) {
+        for (uint32_t q = 0; q < d->nreps && n < KVS_MAX_REPLICAS; q++) {
+            const kvs__seg_info_t *s = seg_find(pr, d->reps[q].segment_id);
+            bool local = s != NULL && kvs__str_eq(s->node, kvs__str_c(c->node));
+            if (pass == 1 && same_node && local)
+                continue; /* tried in the first pass */
+            if (pass == 0 && !local)
+                continue;
+            order[n++] = (uint8_t)q;
         }
     }
-    return best;
+    return n;
 }
 
 /* The staged path for the keys of `slots` (call order). KVS_UNSUPPORTED: fall back, nothing was
- * submitted; KVS_OK: the keys' results are set; else a failure of the whole call. */
+ * submitted; KVS_OK: the keys' results are in st[]; else a failure of the whole call. */
 static int read_staged(kvs_client_t *c, call_t *k, const read_slot_t *slots, uint32_t ns,
-                       const uint64_t *lease_until, uint64_t deadline)
+                       const uint64_t *lease_until, int *st, uint64_t deadline)
 {
     kvs__staged_key_t *sk = kvs__malloc(ns * sizeof(*sk));
     if (sk == NULL)
@@ -560,108 +613,18 @@ static int read_staged(kvs_client_t *c, call_t *k, const read_slot_t *slots, uin
     int rc = kvs__staging_read(c->staging, sk, ns, deadline);
     if (rc == KVS_OK) {
         for (uint32_t s = 0; s < ns; s++)
-            k->res[slots[s].key] = sk[s].status;
+            st[s] = sk[s].status;
     }
     kvs__free(sk);
     return rc;
 }
 
-/* `exact`: fragments must add up to the object; otherwise they may be larger and are cut. */
-/* *plan_ns_p: host time spent before the first submission, the lookup RPC excluded (the staging
- * planner counts its own share). */
-static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64_t *plan_ns_p)
+/* Direct (one submission per key) or grouped (one per owner) transfers of `slots`, all in flight
+ * together; statuses into st[] (slot order). */
+static void read_direct(kvs_client_t *c, call_t *k, read_slot_t *slots, uint32_t ns, bool grouped,
+                        kvs_xfer_req_t *reqs, kvs_batch_t **batches, kvs_transport_t **batch_t,
+                        int *st, uint64_t deadline)
 {
-    uint64_t t_enter = kvs__now_ns(), t_after = t_enter;
-    kvs__str_t *ks = NULL;
-    size_t *map = NULL;
-    uint32_t m = 0;
-    int rc = usable_keys(k, &ks, &map, &m);
-    kvs_xfer_req_t *reqs = NULL;
-    read_slot_t *slots = NULL;
-    kvs_batch_t **batches = NULL;
-    kvs_transport_t **batch_t = NULL;
-    uint64_t *lease_until = NULL;
-    kvs__placement_rsp_t pr;
-    bool looked_up = false;
-    kvs__arena_t arena;
-    kvs__arena_init(&arena);
-    if (rc != KVS_OK) {
-        rc = kvs__fail(KVS_NO_MEMORY, "read: out of memory");
-        goto out;
-    }
-    if (m == 0)
-        goto out;
-    /* Leases run from before the lookup was sent: never later than the master's clock. */
-    uint64_t t_lookup = kvs__now_ns();
-    rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, m, ks, NULL, &arena, NULL, &pr);
-    t_after = kvs__now_ns();
-    looked_up = rc == KVS_OK;
-    if (rc != KVS_OK) {
-        rc = kvs__fail(rc, "read: lookup failed: %s", kvs_status_str(rc));
-        goto out;
-    }
-    reqs = kvs__calloc(m, sizeof(*reqs));
-    slots = kvs__malloc(m * sizeof(*slots));
-    batches = kvs__calloc(m, sizeof(*batches));
-    batch_t = kvs__calloc(m, sizeof(*batch_t));
-    lease_until = kvs__malloc(k->n * sizeof(*lease_until));
-    if (reqs == NULL || slots == NULL || batches == NULL || batch_t == NULL ||
-        lease_until == NULL) {
-        rc = kvs__fail(KVS_NO_MEMORY, "read: out of memory");
-        goto out;
-    }
-    /* Everything that can fail a key without I/O is decided before the first transfer. */
-    uint32_t ns = 0;
-    for (uint32_t j = 0; j < m; j++) {
-        const kvs__obj_desc_t *d = &pr.objs[j];
-        size_t i = map[j];
-        if (d->status != KVS_OK) {
-            k->res[i] = d->status;
-            continue;
-        }
-        if (exact ? k->total[i] != d->size : k->total[i] < d->size) {
-            k->res[i] = kvs__fail(
-                KVS_INVALID_PARAMS, "read '%s': the buffers hold %llu bytes, the object %llu",
-                k->keys[i], (unsigned long long)k->total[i], (unsigned long long)d->size);
-            continue;
-        }
-        const kvs__seg_info_t *seg = NULL;
-        const kvs__replica_t *rep = pick_replica(c, &pr, d, grouped, &seg);
-        kvs_transport_t *t = NULL;
-        kvs_endpoint_t *ep = NULL;
-        if (rep == NULL) {
-            k->res[i] = KVS_OBJECT_NOT_FOUND; /* every replica's owner is gone */
-            continue;
-        }
-        if (route_for(c, seg, &t, &ep) != KVS_OK) {
-            k->res[i] = KVS_TRANSFER_FAIL;
-            continue;
-        }
-        /* Cut larger destinations of the single-buffer calls to the object (exact calls
-         * already match it: no pass over their fragments). */
-        if (!exact) {
-            uint64_t left = d->size;
-            uint32_t used = 0;
-            struct iovec *iov = &k->iov[k->first[i]];
-            while (left > 0) {
-                if (iov[used].iov_len > left)
-                    iov[used].iov_len = (size_t)left;
-                left -= iov[used++].iov_len;
-            }
-            k->cnt[i] = used;
-            k->total[i] = d->size;
-        }
-        lease_until[i] = t_lookup + d->lease_ms * KVS_NS_PER_MS;
-        slots[ns++] = (read_slot_t){t, ep, i, rep->segment_id, rep->offset, d->size};
-    }
-    uint64_t deadline = deadline_after_ms(c->transfer_timeout_ms);
-    if (exact && c->staging != NULL && ns > 0) {
-        *plan_ns_p = (t_lookup - t_enter) + (kvs__now_ns() - t_after);
-        rc = read_staged(c, k, slots, ns, lease_until, deadline);
-        if (rc != KVS_UNSUPPORTED)
-            goto out;
-        rc = KVS_OK; /* fell back before anything was submitted */
-    }
     if (grouped)
         qsort(slots, ns, sizeof(*slots), cmp_slot_ep);
     for (uint32_t s = 0; s < ns; s++) {
@@ -676,8 +639,6 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
                                    .status = KVS_OK,
                                    .gpu = gpu_of(k->domain[sl->key])};
     }
-    *plan_ns_p = (t_lookup - t_enter) + (kvs__now_ns() - t_after);
-    /* Submissions: direct = one per key, grouped = one per owner; all in flight together. */
     uint32_t nb = 0;
     for (uint32_t s = 0; s < ns;) {
         uint32_t e = s + 1;
@@ -696,17 +657,168 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
     atomic_fetch_add(&c->st.get_submissions, nb);
     for (uint32_t b = 0; b < nb; b++)
         batch_t[b]->ops->wait(batch_t[b], batches[b], deadline);
-    uint64_t now = kvs__now_ns();
-    for (uint32_t s = 0; s < ns; s++) {
-        size_t i = slots[s].key;
-        int st = reqs[s].status;
-        if (st == KVS_OK && now > lease_until[i])
-            st = KVS_LEASE_EXPIRED;
-        else if (st != KVS_OK && st != KVS_TIMED_OUT)
-            st = KVS_TRANSFER_FAIL;
-        k->res[i] = st;
+    for (uint32_t s = 0; s < ns; s++)
+        st[s] = reqs[s].status;
+}
+
+/* Whether a read that failed with `st` may be tried on another replica: failures of the owner or
+ * the path to it. A lease that ran out or the call's deadline end the key; so do bad arguments
+ * and local shortages, which another replica would not cure. */
+static bool read_retryable(int st)
+{
+    return st != KVS_OK && st != KVS_TIMED_OUT && st != KVS_LEASE_EXPIRED &&
+           st != KVS_INVALID_PARAMS && st != KVS_NO_MEMORY;
+}
+
+/* `exact`: fragments must add up to the object; otherwise they may be larger and are cut.
+ * Reads go in rounds: each key on its next replica, all in flight together; keys whose replica
+ * failed (owner gone, refused, connection lost) go again on the next one, inside the call's
+ * deadline. In staged mode a retry is a new staged read of the whole key (never a direct replay
+ * of what a failed receive left behind). *plan_ns_p: host time spent before the first
+ * submission, the lookup RPC excluded (the staging planner counts its own share). */
+static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64_t *plan_ns_p)
+{
+    uint64_t t_enter = kvs__now_ns(), t_after = t_enter;
+    kvs__str_t *ks = NULL;
+    size_t *map = NULL;
+    uint32_t m = 0;
+    int rc = usable_keys(k, &ks, &map, &m);
+    kvs_xfer_req_t *reqs = NULL;
+    read_slot_t *slots = NULL;
+    kvs_batch_t **batches = NULL;
+    kvs_transport_t **batch_t = NULL;
+    uint64_t *lease_until = NULL;
+    int *st = NULL;
+    uint8_t *order = NULL, *tried = NULL;
+    routes_t routes = {0};
+    kvs__placement_rsp_t pr;
+    bool looked_up = false;
+    kvs__arena_t arena;
+    kvs__arena_init(&arena);
+    if (rc != KVS_OK) {
+        rc = kvs__fail(KVS_NO_MEMORY, "read: out of memory");
+        goto out;
+    }
+    if (m == 0)
+        goto out;
+    /* Leases run from before the lookup was sent: never later than the master's clock. */
+    uint64_t t_lookup = kvs__now_ns();
+    rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, m, ks, NULL, &arena, NULL, &pr, k->deadline);
+    t_after = kvs__now_ns();
+    looked_up = rc == KVS_OK;
+    if (rc != KVS_OK) {
+        rc = kvs__fail(rc, "read: lookup failed: %s", kvs_status_str(rc));
+        goto out;
+    }
+    reqs = kvs__calloc(m, sizeof(*reqs));
+    slots = kvs__malloc(m * sizeof(*slots));
+    batches = kvs__calloc(m, sizeof(*batches));
+    batch_t = kvs__calloc(m, sizeof(*batch_t));
+    lease_until = kvs__malloc(k->n * sizeof(*lease_until));
+    st = kvs__malloc(m * sizeof(*st));
+    order = kvs__malloc((size_t)m * KVS_MAX_REPLICAS);
+    tried = kvs__calloc(m, 2); /* per lookup entry: replicas tried, replicas in order */
+    if (reqs == NULL || slots == NULL || batches == NULL || batch_t == NULL ||
+        lease_until == NULL || st == NULL || order == NULL || tried == NULL) {
+        rc = kvs__fail(KVS_NO_MEMORY, "read: out of memory");
+        goto out;
+    }
+    /* Everything that can fail a key without I/O is decided before the first transfer. */
+    uint32_t pending = 0;
+    for (uint32_t j = 0; j < m; j++) {
+        const kvs__obj_desc_t *d = &pr.objs[j];
+        size_t i = map[j];
+        tried[2 * j] = tried[2 * j + 1] = 0;
+        if (d->status != KVS_OK) {
+            k->res[i] = d->status;
+            continue;
+        }
+        if (exact ? k->total[i] != d->size : k->total[i] < d->size) {
+            k->res[i] = kvs__fail(
+                KVS_INVALID_PARAMS, "read '%s': the buffers hold %llu bytes, the object %llu",
+                k->keys[i], (unsigned long long)k->total[i], (unsigned long long)d->size);
+            continue;
+        }
+        tried[2 * j + 1] = (uint8_t)replica_order(c, &pr, d, grouped, &order[j * KVS_MAX_REPLICAS]);
+        if (tried[2 * j + 1] == 0) {
+            k->res[i] = KVS_OBJECT_NOT_FOUND; /* every replica's owner is gone */
+            continue;
+        }
+        /* Cut larger destinations of the single-buffer calls to the object (exact calls
+         * already match it: no pass over their fragments). */
+        if (!exact) {
+            uint64_t left = d->size;
+            uint32_t used = 0;
+            struct iovec *iov = &k->iov[k->first[i]];
+            while (left > 0) {
+                if (iov[used].iov_len > left)
+                    iov[used].iov_len = (size_t)left;
+                left -= iov[used++].iov_len;
+            }
+            k->cnt[i] = used;
+            k->total[i] = d->size;
+        }
+        lease_until[i] = t_lookup + d->lease_ms * KVS_NS_PER_MS;
+        k->res[i] = 1; /* pending: positive never reaches a caller */
+        pending++;
+    }
+    bool first_round = true;
+    while (pending > 0) {
+        /* This round's slot per pending key: its next replica that has a route. */
+        uint32_t ns = 0;
+        for (uint32_t j = 0; j < m; j++) {
+            size_t i = map[j];
+            if (k->res[i] != 1)
+                continue;
+            const kvs__obj_desc_t *d = &pr.objs[j];
+            int why = KVS_TRANSFER_FAIL;
+            while (tried[2 * j] < tried[2 * j + 1]) {
+                const kvs__replica_t *rep = &d->reps[order[j * KVS_MAX_REPLICAS + tried[2 * j]++]];
+                kvs_transport_t *t = NULL;
+                kvs_endpoint_t *ep = NULL;
+                why = route_for(c, &routes, seg_find(&pr, rep->segment_id), k->deadline, &t, &ep);
+                if (why == KVS_OK) {
+                    slots[ns++] =
+                        (read_slot_t){t, ep, i, j, rep->segment_id, rep->offset, d->size};
+                    break;
+                }
+            }
+            if (why != KVS_OK) {
+                k->res[i] = why == KVS_TIMED_OUT || why == KVS_NO_MEMORY ? why : KVS_TRANSFER_FAIL;
+                pending--;
+            }
+        }
+        if (ns == 0)
+            break;
+        if (first_round)
+            *plan_ns_p = (t_lookup - t_enter) + (kvs__now_ns() - t_after);
+        int src = KVS_UNSUPPORTED;
+        if (exact && c->staging != NULL)
+            src = read_staged(c, k, slots, ns, lease_until, st, k->deadline);
+        if (src != KVS_OK && src != KVS_UNSUPPORTED) {
+            rc = src; /* a failure of the whole call */
+            goto out;
+        }
+        if (src == KVS_UNSUPPORTED) /* fell back before anything was submitted */
+            read_direct(c, k, slots, ns, grouped, reqs, batches, batch_t, st, k->deadline);
+        uint64_t now = kvs__now_ns();
+        for (uint32_t s = 0; s < ns; s++) {
+            size_t i = slots[s].key, j = slots[s].entry;
+            int r = st[s];
+            if (r == KVS_OK && now > lease_until[i])
+                r = KVS_LEASE_EXPIRED;
+            if (read_retryable(r) && tried[2 * j] < tried[2 * j + 1] && now < k->deadline)
+                continue; /* stays pending: the next round tries its next replica */
+            if (r != KVS_OK && r != KVS_TIMED_OUT && r != KVS_LEASE_EXPIRED &&
+                r != KVS_INVALID_PARAMS && r != KVS_NO_MEMORY)
+                r = KVS_TRANSFER_FAIL;
+            k->res[i] = r;
+            pending--;
+        }
+        first_round = false;
     }
 out:
+    routes_free(&routes);
     if (looked_up)
         release_leases(c, &pr, ks, m);
     kvs__arena_free(&arena);
@@ -715,15 +827,19 @@ out:
     kvs__free(batch_t);
     kvs__free(slots);
     kvs__free(reqs);
+    kvs__free(st);
+    kvs__free(order);
+    kvs__free(tried);
     kvs__free(ks);
     kvs__free(map);
     return rc;
 }
 
 /* Runs a read call and accounts for it. */
+/* deadline: the call's (0: transfer_timeout_ms from now). */
 static int get_run(kvs_client_t *c, const char *op, size_t n, const char *const keys[],
                    const kvs_buf_t *const bufs[], const size_t nbufs[], bool registered, bool exact,
-                   bool grouped, int64_t results[])
+                   bool grouped, uint64_t deadline, int64_t results[])
 {
     if (results == NULL)
         return kvs__fail(KVS_INVALID_PARAMS, "%s: results is NULL", op);
@@ -735,8 +851,9 @@ static int get_run(kvs_client_t *c, const char *op, size_t n, const char *const 
     uint64_t init_ns = kvs__now_ns() - t0, plan_ns = 0, nfrag = 0;
     for (size_t i = 0; i < n; i++)
         nfrag += nbufs[i];
+    k.deadline = deadline ? deadline : t0 + c->transfer_timeout_ms * KVS_NS_PER_MS;
     kvs__client_enter(c);
-    kvs__client_sweep(c);
+    kvs__client_sweep(c, k.deadline);
     rc = get_call(c, &k, exact, grouped, &plan_ns);
     uint64_t bytes = 0, failed = 0, expired = 0, timed_out = 0, xfer = 0;
     if (rc == KVS_OK) {
@@ -770,13 +887,13 @@ static int get_run(kvs_client_t *c, const char *op, size_t n, const char *const 
 }
 
 static int64_t get_single(kvs_client_t *c, const char *op, const char *key, void *buf, size_t size,
-                          bool registered)
+                          bool registered, uint64_t deadline)
 {
     kvs_buf_t b = {buf, size};
     const kvs_buf_t *bp = &b;
     size_t one = 1;
     int64_t result = 0;
-    int rc = get_run(c, op, 1, &key, &bp, &one, registered, false, false, &result);
+    int rc = get_run(c, op, 1, &key, &bp, &one, registered, false, false, deadline, &result);
     if (rc != KVS_OK)
         return rc;
     if (result < 0 && result != KVS_INVALID_PARAMS)
@@ -786,7 +903,7 @@ static int64_t get_single(kvs_client_t *c, const char *op, const char *key, void
 
 int64_t kvs_client_get_into(kvs_client_t *c, const char *key, void *buf, size_t size)
 {
-    return get_single(c, "get_into", key, buf, size, true);
+    return get_single(c, "get_into", key, buf, size, true, 0);
 }
 
 int kvs_client_batch_get_into(kvs_client_t *c, size_t n, const char *const keys[],
@@ -797,7 +914,7 @@ int kvs_client_batch_get_into(kvs_client_t *c, size_t n, const char *const keys[
     int r = one_buf_each(n, bufs, &ptrs, &counts);
     if (r != KVS_OK)
         return kvs__fail(r, "batch_get_into: 1..%u keys with buffers are required", KVS_MAX_BATCH);
-    r = get_run(c, "batch_get_into", n, keys, ptrs, counts, true, false, false, results);
+    r = get_run(c, "batch_get_into", n, keys, ptrs, counts, true, false, false, 0, results);
     kvs__free(ptrs);
     kvs__free(counts);
     return r;
@@ -808,14 +925,16 @@ int kvs_client_batch_get_into_multi_buffers(kvs_client_t *c, size_t n, const cha
                                             bool prefer_alloc_in_same_node, int64_t results[])
 {
     return get_run(c, "batch_get_into_multi_buffers", n, keys, bufs, nbufs, true, true,
-                   prefer_alloc_in_same_node, results);
+                   prefer_alloc_in_same_node, 0, results);
 }
 
 int kvs_client_get(kvs_client_t *c, const char *key, void **data_p, size_t *size_p)
 {
     if (data_p == NULL || size_p == NULL)
         return kvs__fail(KVS_INVALID_PARAMS, "get: data_p and size_p are required");
-    int64_t size = kvs_client_get_size(c, key);
+    /* One deadline for both steps. */
+    uint64_t deadline = c != NULL ? kvs__now_ns() + c->transfer_timeout_ms * KVS_NS_PER_MS : 0;
+    int64_t size = kvs__client_get_size_until(c, key, deadline);
     if (size < 0)
         return (int)size;
     void *buf = kvs__malloc(size > 0 ? (size_t)size : 1);
@@ -824,7 +943,7 @@ int kvs_client_get(kvs_client_t *c, const char *key, void **data_p, size_t *size
                          (long long)size);
     /* The object may have been replaced by a larger one in between: then its size is refused
      * as INVALID_PARAMS and reported as such. */
-    int64_t got = get_single(c, "get", key, buf, (size_t)size, false);
+    int64_t got = get_single(c, "get", key, buf, (size_t)size, false, deadline);
     if (got < 0) {
         kvs__free(buf);
         return (int)got;

@@ -156,7 +156,7 @@ static int owner_heartbeat(kvs__owner_t *o)
 static void *heartbeat_thread(void *arg)
 {
     kvs__owner_t *o = arg;
-    uint64_t period_ms = kvs__rpc_hello(o->rpc)->heartbeat_timeout_ms / 3;
+    uint64_t period_ms = kvs__rpc_hello(o->rpc).heartbeat_timeout_ms / 3;
     if (period_ms == 0)
         period_ms = 1;
     pthread_mutex_lock(&o->lock);

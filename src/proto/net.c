@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -23,24 +24,136 @@ int kvs__set_nonblock(int fd, bool on)
     return fcntl(fd, F_SETFL, fl) == 0 ? KVS_OK : KVS_IO_ERROR;
 }
 
-static int resolve(const char *host, uint16_t port, int passive, struct addrinfo **res_p)
+/* ---- name resolution with a deadline ------------------------------------------------------
+ * getaddrinfo() has no time-out, so names (not numeric addresses) are resolved on a detached
+ * thread; the caller waits for it only until its deadline. The request is shared by reference
+ * count: whichever of the two lets go last frees it, so a resolver stuck in DNS past the
+ * caller's return costs a thread and a few bytes until it finishes, never a dangling pointer. */
+
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int refs;
+    bool done;
+    int gai_rc;
+    struct addrinfo hints;
+    struct addrinfo *res;
+    char *host;
+    char port[8];
+} resolve_job_t;
+
+kvs__getaddrinfo_fn kvs__resolver_hook;
+
+static int do_getaddrinfo(const char *host, const char *port, const struct addrinfo *hints,
+                          struct addrinfo **res)
 {
-    struct addrinfo hints = {
-        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = passive ? AI_PASSIVE : 0};
+    kvs__getaddrinfo_fn fn = kvs__resolver_hook;
+    return fn != NULL ? fn(host, port, hints, res) : getaddrinfo(host, port, hints, res);
+}
+
+static void job_unref(resolve_job_t *j)
+{
+    pthread_mutex_lock(&j->lock);
+    bool last = --j->refs == 0;
+    pthread_mutex_unlock(&j->lock);
+    if (!last)
+        return;
+    if (j->res != NULL)
+        freeaddrinfo(j->res);
+    pthread_mutex_destroy(&j->lock);
+    pthread_cond_destroy(&j->cond);
+    free(j->host);
+    free(j);
+}
+
+static void *resolve_thread(void *arg)
+{
+    resolve_job_t *j = arg;
+    struct addrinfo *res = NULL;
+    int rc = do_getaddrinfo(j->host, j->port, &j->hints, &res);
+    pthread_mutex_lock(&j->lock);
+    j->gai_rc = rc;
+    j->res = rc == 0 ? res : NULL;
+    j->done = true;
+    pthread_cond_broadcast(&j->cond);
+    pthread_mutex_unlock(&j->lock);
+    job_unref(j);
+    return NULL;
+}
+
+/* Plain malloc for the job: it may outlive the caller's allocator bookkeeping (a detached
+ * thread finishing after a test has checked for leaks of kvs__malloc). */
+static int resolve_named(const char *host, const struct addrinfo *hints, const char *port,
+                         uint64_t deadline_ns, struct addrinfo **res_p)
+{
+    resolve_job_t *j = calloc(1, sizeof(*j));
+    if (j == NULL || (j->host = strdup(host)) == NULL) {
+        free(j);
+        return KVS_NO_MEMORY;
+    }
+    pthread_mutex_init(&j->lock, NULL);
+    kvs__cond_init(&j->cond);
+    j->refs = 2;
+    j->hints = *hints;
+    snprintf(j->port, sizeof(j->port), "%s", port);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t th;
+    int prc = pthread_create(&th, &attr, resolve_thread, j);
+    pthread_attr_destroy(&attr);
+    if (prc != 0) {
+        j->refs = 1;
+        job_unref(j);
+        kvs_error("cannot resolve '%s': no thread for the resolver", host);
+        return KVS_INTERNAL_ERROR;
+    }
+    pthread_mutex_lock(&j->lock);
+    while (!j->done && kvs__cond_wait_until(&j->cond, &j->lock, deadline_ns))
+        ;
+    int rc;
+    if (!j->done) {
+        kvs_error("resolving '%s' did not finish before the deadline", host);
+        rc = KVS_TIMED_OUT;
+    } else if (j->gai_rc != 0) {
+        kvs_error("cannot resolve '%s': %s", host, gai_strerror(j->gai_rc));
+        rc = KVS_INVALID_PARAMS;
+    } else {
+        *res_p = j->res;
+        j->res = NULL; /* the caller's now */
+        rc = KVS_OK;
+    }
+    pthread_mutex_unlock(&j->lock);
+    job_unref(j);
+    return rc;
+}
+
+int kvs__resolve(const char *host, uint16_t port, bool passive, uint64_t deadline_ns,
+                 struct addrinfo **res_p)
+{
+    if (res_p == NULL)
+        return KVS_INVALID_PARAMS;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = (passive ? AI_PASSIVE : 0) | AI_NUMERICHOST};
     char ports[8];
     snprintf(ports, sizeof(ports), "%u", (unsigned)port);
+    /* Numeric addresses (and the wildcard) need no lookup, and so no thread. */
     int rc = getaddrinfo(host, ports, &hints, res_p);
-    if (rc != 0) {
+    if (rc == 0)
+        return KVS_OK;
+    if (host == NULL || rc != EAI_NONAME) {
         kvs_error("cannot resolve '%s': %s", host ? host : "(any)", gai_strerror(rc));
         return KVS_INVALID_PARAMS;
     }
-    return KVS_OK;
+    hints.ai_flags &= ~AI_NUMERICHOST;
+    return resolve_named(host, &hints, ports, deadline_ns, res_p);
 }
 
 int kvs__tcp_listen(const char *host, uint16_t port, int backlog)
 {
     struct addrinfo *res;
-    int rc = resolve(host, port, 1, &res);
+    int rc = kvs__resolve(host, port, true, kvs__now_ns() + 10 * KVS_NS_PER_S, &res);
     if (rc != KVS_OK)
         return rc;
     int fd = -1, err = 0;
@@ -95,38 +208,57 @@ static int wait_fd(int fd, short events, uint64_t deadline_ns)
     }
 }
 
+int kvs__connect_start(const struct addrinfo *ai, int *fd_p)
+{
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return KVS_IO_ERROR;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
+        close(fd);
+        return KVS_RPC_FAIL;
+    }
+    *fd_p = fd;
+    return KVS_OK;
+}
+
+int kvs__connect_finish(int fd, uint64_t deadline_ns)
+{
+    int rc = wait_fd(fd, POLLOUT, deadline_ns);
+    if (rc != KVS_OK)
+        return rc;
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0)
+        return KVS_RPC_FAIL;
+    /* A socket shut down while connecting polls writable without an error: make sure. */
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    return getpeername(fd, (struct sockaddr *)&ss, &sl) == 0 ? KVS_OK : KVS_RPC_FAIL;
+}
+
 int kvs__tcp_connect(const char *host, uint16_t port, uint64_t deadline_ns)
 {
     struct addrinfo *res;
-    int rc = resolve(host, port, 0, &res);
+    int rc = kvs__resolve(host, port, false, deadline_ns, &res);
     if (rc != KVS_OK)
         return rc;
     int fd = -1;
     rc = KVS_RPC_FAIL;
-    for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (fd < 0)
+    for (struct addrinfo *ai = res; ai != NULL && fd < 0; ai = ai->ai_next) {
+        if (kvs__connect_start(ai, &fd) != KVS_OK)
             continue;
-        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0)
-            break;
-        if (errno == EINPROGRESS) {
-            rc = wait_fd(fd, POLLOUT, deadline_ns);
-            int err = 0;
-            socklen_t len = sizeof(err);
-            if (rc == KVS_OK && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0)
+        rc = kvs__connect_finish(fd, deadline_ns);
+        if (rc != KVS_OK) {
+            close(fd);
+            fd = -1;
+            if (rc == KVS_TIMED_OUT)
                 break;
-            if (rc == KVS_OK)
-                rc = KVS_RPC_FAIL;
         }
-        close(fd);
-        fd = -1;
     }
     freeaddrinfo(res);
-    if (fd < 0)
-        return rc == KVS_OK ? KVS_RPC_FAIL : rc;
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    return fd;
+    return fd >= 0 ? fd : rc;
 }
 
 int kvs__send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns)
@@ -171,42 +303,58 @@ int kvs__recv_all(int fd, void *buf, size_t len, uint64_t deadline_ns)
     return KVS_OK;
 }
 
-/* ---- master RPC connection -------------------------------------------------------------- */
+/* ---- master RPC connections ------------------------------------------------------------
+ * A pool: each call takes an idle connection, or opens one while fewer than max_conns exist, or
+ * waits (until its deadline) for one to come back. Threads therefore never queue behind each
+ * other's time-outs, and a stopped master costs each call its own deadline only. Every
+ * connection says HELLO with the client id the first one received, so the master sees one
+ * client. */
+
+typedef struct {
+    int fd; /* -1: not connected */
+    uint32_t next_req_id;
+    bool busy;
+} rpc_conn_t;
 
 struct kvs__rpc {
     char *host;
     uint16_t port;
     char node[KVS_MAX_NAME_LEN + 1];
     uint64_t timeout_ns;
-    int fd;
-    uint32_t next_req_id;
-    unsigned version; /* negotiated at HELLO; this build's highest before the first */
-    kvs__hello_rsp_t hello;
     pthread_mutex_t lock;
+    pthread_cond_t cond;   /* a connection became idle */
+    unsigned version;      /* negotiated at the last HELLO; this build's highest before the first */
+    kvs__hello_rsp_t hello; /* the last HELLO's answer (its client id is kept across masters) */
+    uint32_t nconns;
+    rpc_conn_t conns[KVS_RPC_MAX_CONNS];
 };
 
-static void rpc_disconnect(kvs__rpc_t *rpc)
+/* Whether an idle connection was closed by the master meanwhile (it restarted, or dropped us):
+ * such a connection is replaced before the request is sent, so the request goes out once. */
+static bool conn_dead(int fd)
 {
-    if (rpc->fd >= 0)
-        close(rpc->fd);
-    rpc->fd = -1;
+    char b;
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ||
+           n > 0; /* nothing may arrive unasked: a stray byte means the stream is out of step */
 }
 
-/* One frame out, one frame back, with the request id and type matched. Lock held. */
-static int rpc_exchange(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
+/* One frame out, one frame back, with the request id and type matched. The connection is the
+ * caller's (busy); rpc->lock is not held. */
+static int rpc_exchange(rpc_conn_t *cn, kvs__wbuf_t *req, kvs__wbuf_t *rsp,
+                        uint64_t deadline)
 {
-    uint64_t deadline = kvs__now_ns() + rpc->timeout_ns;
-    uint32_t id = ++rpc->next_req_id;
+    uint32_t id = ++cn->next_req_id;
     kvs__frame_hdr_t sent;
     if (kvs__frame_hdr_decode(req->data, req->len, KVS_FRAME_MAX_PAYLOAD, &sent) != KVS_OK)
         return KVS_INVALID_PARAMS;
     sent.req_id = id;
     kvs__frame_hdr_encode(&sent, req->data);
     kvs__frame_log("rpc", "->", &sent, req->data + KVS_FRAME_HDR_LEN, sent.len);
-    int rc = kvs__send_all(rpc->fd, req->data, req->len, deadline);
+    int rc = kvs__send_all(cn->fd, req->data, req->len, deadline);
     uint8_t hb[KVS_FRAME_HDR_LEN];
     if (rc == KVS_OK)
-        rc = kvs__recv_all(rpc->fd, hb, sizeof(hb), deadline);
+        rc = kvs__recv_all(cn->fd, hb, sizeof(hb), deadline);
     kvs__frame_hdr_t h;
     if (rc == KVS_OK) {
         rc = kvs__frame_hdr_decode(hb, sizeof(hb), KVS_FRAME_MAX_PAYLOAD, &h);
@@ -229,7 +377,7 @@ static int rpc_exchange(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
                 }
             }
             if (rc == KVS_OK)
-                rc = kvs__recv_all(rpc->fd, w->data, h.len, deadline);
+                rc = kvs__recv_all(cn->fd, w->data, h.len, deadline);
             w->len = rc == KVS_OK ? h.len : 0;
         }
         rsp->version = h.version;
@@ -237,7 +385,8 @@ static int rpc_exchange(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
             kvs__frame_log("rpc", "<-", &h, rsp->data, rsp->len);
     }
     if (rc != KVS_OK) {
-        rpc_disconnect(rpc);
+        close(cn->fd);
+        cn->fd = -1;
         return rc == KVS_TIMED_OUT ? KVS_TIMED_OUT : KVS_RPC_FAIL;
     }
     if (h.type == (KVS_MSG_ERROR | KVS_RSP_FLAG)) {
@@ -252,16 +401,19 @@ static int rpc_exchange(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
     return KVS_OK;
 }
 
-static int rpc_connect(kvs__rpc_t *rpc)
+/* Connects `cn` and says HELLO, all before `deadline`. */
+static int rpc_connect(kvs__rpc_t *rpc, rpc_conn_t *cn, uint64_t deadline)
 {
-    uint64_t deadline = kvs__now_ns() + rpc->timeout_ns;
     int fd = kvs__tcp_connect(rpc->host, rpc->port, deadline);
     if (fd < 0) {
         kvs_error("cannot reach the master at %s:%u: %s", rpc->host, (unsigned)rpc->port,
                   kvs_status_str(fd));
         return fd == KVS_TIMED_OUT ? KVS_TIMED_OUT : KVS_RPC_FAIL;
     }
-    rpc->fd = fd;
+    cn->fd = fd;
+    pthread_mutex_lock(&rpc->lock);
+    uint64_t client_id = rpc->hello.client_id;
+    pthread_mutex_unlock(&rpc->lock);
     kvs__wbuf_t w;
     kvs__wbuf_init(&w);
     /* HELLO goes out in our highest version; the master answers in the one both speak. */
@@ -269,14 +421,14 @@ static int rpc_connect(kvs__rpc_t *rpc)
     kvs__hello_req_t hello = {.version_min = KVS_PROTO_VERSION_MIN,
                               .version_max = KVS_PROTO_VERSION_MAX,
                               .node = kvs__str_c(rpc->node),
-                              .client_id = rpc->hello.client_id,
+                              .client_id = client_id,
                               .next_probe = KVS_PROTO_VERSION_MAX};
     kvs__hello_req_encode(&w, &hello);
     int rc = kvs__frame_end(&w);
     kvs__wbuf_t rsp;
     kvs__wbuf_init(&rsp);
     if (rc == KVS_OK)
-        rc = rpc_exchange(rpc, &w, &rsp);
+        rc = rpc_exchange(cn, &w, &rsp, deadline);
     if (rc == KVS_OK) {
         kvs__hello_rsp_t h;
         rc = kvs__hello_rsp_decode(rsp.data, rsp.len, rsp.version, NULL, &h);
@@ -290,8 +442,10 @@ static int rpc_connect(kvs__rpc_t *rpc)
             rc = KVS_INVALID_VERSION;
         }
         if (rc == KVS_OK) {
+            pthread_mutex_lock(&rpc->lock);
             rpc->hello = h;
             rpc->version = h.version;
+            pthread_mutex_unlock(&rpc->lock);
         }
     }
     kvs__wbuf_free(&w);
@@ -299,29 +453,79 @@ static int rpc_connect(kvs__rpc_t *rpc)
     if (rc != KVS_OK) {
         kvs_error("handshake with the master at %s:%u failed: %s", rpc->host, (unsigned)rpc->port,
                   kvs_status_str(rc));
-        rpc_disconnect(rpc);
+        if (cn->fd >= 0)
+            close(cn->fd);
+        cn->fd = -1;
     }
     return rc;
 }
 
+/* Takes a connection for one call: an idle connected one, else a free slot, else waits for one
+ * until the deadline. */
+static int conn_take(kvs__rpc_t *rpc, uint64_t deadline, rpc_conn_t **cn_p)
+{
+    pthread_mutex_lock(&rpc->lock);
+    for (;;) {
+        rpc_conn_t *slot = NULL;
+        for (uint32_t i = 0; i < rpc->nconns; i++) {
+            rpc_conn_t *cn = &rpc->conns[i];
+            if (cn->busy)
+                continue;
+            if (cn->fd >= 0) {
+                slot = cn;
+                break;
+            }
+            if (slot == NULL)
+                slot = cn;
+        }
+        if (slot != NULL) {
+            slot->busy = true;
+            pthread_mutex_unlock(&rpc->lock);
+            *cn_p = slot;
+            return KVS_OK;
+        }
+        if (!kvs__cond_wait_until(&rpc->cond, &rpc->lock, deadline)) {
+            pthread_mutex_unlock(&rpc->lock);
+            return KVS_TIMED_OUT;
+        }
+    }
+}
+
+static void conn_give(kvs__rpc_t *rpc, rpc_conn_t *cn)
+{
+    pthread_mutex_lock(&rpc->lock);
+    cn->busy = false;
+    pthread_cond_signal(&rpc->cond);
+    pthread_mutex_unlock(&rpc->lock);
+}
+
 int kvs__rpc_open(const kvs__rpc_config_t *cfg, kvs__rpc_t **rpc_p)
 {
-    if (cfg == NULL || rpc_p == NULL || cfg->host == NULL || cfg->port == 0 || cfg->timeout_ms == 0)
+    if (cfg == NULL || rpc_p == NULL || cfg->host == NULL || cfg->port == 0 ||
+        cfg->timeout_ms == 0 || cfg->max_conns > KVS_RPC_MAX_CONNS)
         return KVS_INVALID_PARAMS;
     kvs__rpc_t *rpc = kvs__calloc(1, sizeof(*rpc));
     if (rpc == NULL)
         return KVS_NO_MEMORY;
-    rpc->fd = -1;
     rpc->version = KVS_PROTO_VERSION_MAX;
     rpc->host = kvs__strdup(cfg->host);
     rpc->port = cfg->port;
     rpc->timeout_ns = cfg->timeout_ms * KVS_NS_PER_MS;
+    rpc->nconns = cfg->max_conns ? cfg->max_conns : KVS_RPC_DEFAULT_CONNS;
+    for (uint32_t i = 0; i < KVS_RPC_MAX_CONNS; i++)
+        rpc->conns[i].fd = -1;
     if (cfg->node != NULL)
         snprintf(rpc->node, sizeof(rpc->node), "%s", cfg->node);
     else if (gethostname(rpc->node, sizeof(rpc->node) - 1) != 0)
         snprintf(rpc->node, sizeof(rpc->node), "localhost");
     pthread_mutex_init(&rpc->lock, NULL);
-    int rc = rpc->host ? rpc_connect(rpc) : KVS_NO_MEMORY;
+    kvs__cond_init(&rpc->cond);
+    /* The first connection is made now, so that a wrong address fails at open. */
+    int rc = rpc->host ? KVS_OK : KVS_NO_MEMORY;
+    if (rc == KVS_OK) {
+        uint64_t deadline = cfg->deadline_ns ? cfg->deadline_ns : kvs__now_ns() + rpc->timeout_ns;
+        rc = rpc_connect(rpc, &rpc->conns[0], deadline);
+    }
     if (rc != KVS_OK) {
         kvs__rpc_close(rpc);
         return rc;
@@ -334,15 +538,22 @@ void kvs__rpc_close(kvs__rpc_t *rpc)
 {
     if (rpc == NULL)
         return;
-    rpc_disconnect(rpc);
+    for (uint32_t i = 0; i < KVS_RPC_MAX_CONNS; i++) {
+        if (rpc->conns[i].fd >= 0)
+            close(rpc->conns[i].fd);
+    }
     pthread_mutex_destroy(&rpc->lock);
+    pthread_cond_destroy(&rpc->cond);
     kvs__free(rpc->host);
     kvs__free(rpc);
 }
 
-const kvs__hello_rsp_t *kvs__rpc_hello(const kvs__rpc_t *rpc)
+kvs__hello_rsp_t kvs__rpc_hello(kvs__rpc_t *rpc)
 {
-    return &rpc->hello;
+    pthread_mutex_lock(&rpc->lock);
+    kvs__hello_rsp_t h = rpc->hello;
+    pthread_mutex_unlock(&rpc->lock);
+    return h;
 }
 
 unsigned kvs__rpc_version(kvs__rpc_t *rpc)
@@ -355,10 +566,7 @@ unsigned kvs__rpc_version(kvs__rpc_t *rpc)
 
 uint64_t kvs__rpc_incarnation(kvs__rpc_t *rpc)
 {
-    pthread_mutex_lock(&rpc->lock);
-    uint64_t v = rpc->hello.incarnation;
-    pthread_mutex_unlock(&rpc->lock);
-    return v;
+    return kvs__rpc_hello(rpc).incarnation;
 }
 
 void kvs__rpc_begin(kvs__rpc_t *rpc, kvs__wbuf_t *req, uint16_t type)
@@ -371,14 +579,36 @@ const char *kvs__rpc_node(const kvs__rpc_t *rpc)
     return rpc->node;
 }
 
-int kvs__rpc_call(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
+uint64_t kvs__rpc_deadline(const kvs__rpc_t *rpc)
+{
+    return kvs__now_ns() + rpc->timeout_ns;
+}
+
+int kvs__rpc_call_until(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint64_t deadline_ns)
 {
     if (rpc == NULL || req == NULL || req->failed || rsp == NULL)
         return KVS_INVALID_PARAMS;
-    pthread_mutex_lock(&rpc->lock);
-    int rc = rpc->fd < 0 ? rpc_connect(rpc) : KVS_OK;
+    if (kvs__now_ns() >= deadline_ns)
+        return KVS_TIMED_OUT;
+    rpc_conn_t *cn;
+    int rc = conn_take(rpc, deadline_ns, &cn);
+    if (rc != KVS_OK)
+        return rc;
+    if (cn->fd >= 0 && conn_dead(cn->fd)) {
+        close(cn->fd);
+        cn->fd = -1;
+    }
+    if (cn->fd < 0)
+        rc = rpc_connect(rpc, cn, deadline_ns);
     if (rc == KVS_OK)
-        rc = rpc_exchange(rpc, req, rsp);
-    pthread_mutex_unlock(&rpc->lock);
+        rc = rpc_exchange(cn, req, rsp, deadline_ns);
+    conn_give(rpc, cn);
     return rc;
+}
+
+int kvs__rpc_call(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
+{
+    if (rpc == NULL)
+        return KVS_INVALID_PARAMS;
+    return kvs__rpc_call_until(rpc, req, rsp, kvs__rpc_deadline(rpc));
 }

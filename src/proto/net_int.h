@@ -4,35 +4,57 @@
 
 #include "proto_int.h"
 
+#include <netdb.h>
 #include <sys/types.h>
 
 /* Listens on host:port (port 0 picks a free one). Returns the fd or a negative status. */
 int kvs__tcp_listen(const char *host, uint16_t port, int backlog);
 /* The local port a socket is bound to, 0 on error. */
 uint16_t kvs__sock_port(int fd);
-/* Connects with a deadline (absolute, kvs__now_ns() clock). Returns fd or negative status:
- * TIMED_OUT, RPC_FAIL (refused or unreachable), INVALID_PARAMS (unresolvable host). */
+/* Resolves host:port before the deadline (absolute, kvs__now_ns() clock). Numeric addresses are
+ * converted in place; names are looked up on a helper thread that the caller stops waiting for
+ * at the deadline (TIMED_OUT). INVALID_PARAMS: the name does not resolve. Free with
+ * freeaddrinfo(). */
+int kvs__resolve(const char *host, uint16_t port, bool passive, uint64_t deadline_ns,
+                 struct addrinfo **res_p);
+/* Tests: resolves names in place of getaddrinfo() (a stand-in for a slow or broken resolver). */
+typedef int (*kvs__getaddrinfo_fn)(const char *host, const char *port,
+                                   const struct addrinfo *hints, struct addrinfo **res);
+extern kvs__getaddrinfo_fn kvs__resolver_hook;
+/* Connects with a deadline. Returns fd or negative status: TIMED_OUT, RPC_FAIL (refused or
+ * unreachable), INVALID_PARAMS (unresolvable host). */
 int kvs__tcp_connect(const char *host, uint16_t port, uint64_t deadline_ns);
+/* A connect in two steps, so that another thread can cancel the wait by shutting the socket
+ * down: start makes a non-blocking socket and starts connecting to `ai`; finish waits until it
+ * is connected (OK), refused or shut down (RPC_FAIL) or the deadline (TIMED_OUT). */
+int kvs__connect_start(const struct addrinfo *ai, int *fd_p);
+int kvs__connect_finish(int fd, uint64_t deadline_ns);
 int kvs__set_nonblock(int fd, bool on);
 /* Sends or receives exactly `len` bytes before the deadline. IO_ERROR when the peer closed or
  * failed, TIMED_OUT at the deadline. The socket must be non-blocking. */
 int kvs__send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns);
 int kvs__recv_all(int fd, void *buf, size_t len, uint64_t deadline_ns);
 
-/* A connection to the master. One call at a time (calls serialise on an internal lock). */
+/* Connections to the master: a pool of up to max_conns, one per call in progress, so threads
+ * never wait for each other's time-outs. */
 typedef struct kvs__rpc kvs__rpc_t;
+
+#define KVS_RPC_DEFAULT_CONNS 8u
+#define KVS_RPC_MAX_CONNS     64u
 
 typedef struct {
     const char *host;
     uint16_t port;
-    const char *node;    /* this client's host name; NULL: gethostname() */
-    uint64_t timeout_ms; /* per call, connect included */
+    const char *node;     /* this client's host name; NULL: gethostname() */
+    uint64_t timeout_ms;  /* kvs__rpc_call's deadline: connect, HELLO and request together */
+    uint32_t max_conns;   /* 0: KVS_RPC_DEFAULT_CONNS */
+    uint64_t deadline_ns; /* of the first connection, made by open; 0: now + timeout_ms */
 } kvs__rpc_config_t;
 
 int kvs__rpc_open(const kvs__rpc_config_t *cfg, kvs__rpc_t **rpc_p);
 void kvs__rpc_close(kvs__rpc_t *rpc);
-/* What HELLO returned. */
-const kvs__hello_rsp_t *kvs__rpc_hello(const kvs__rpc_t *rpc);
+/* What the last HELLO returned (a copy: reconnects on other threads update it). */
+kvs__hello_rsp_t kvs__rpc_hello(kvs__rpc_t *rpc);
 const char *kvs__rpc_node(const kvs__rpc_t *rpc);
 /* The protocol version to build requests in: the one negotiated at the last HELLO. */
 unsigned kvs__rpc_version(kvs__rpc_t *rpc);
@@ -44,9 +66,15 @@ void kvs__rpc_begin(kvs__rpc_t *rpc, kvs__wbuf_t *req, uint16_t type);
 
 /* Sends `req` (a frame built with kvs__frame_begin/end; its request id is filled in) and waits
  * for the response of the same type, whose payload replaces the contents of `rsp` (caller
- * owns both buffers; rsp->version is the version the reply is encoded in). Transport failures give
- * RPC_FAIL or TIMED_OUT and close the connection; the next call reconnects and says HELLO again
- * with the same client id. An ERROR frame from the master gives its status. */
+ * owns both buffers; rsp->version is the version the reply is encoded in). Everything — waiting
+ * for a connection, connecting, HELLO, the request — ends by `deadline_ns` (TIMED_OUT). Other
+ * transport failures give RPC_FAIL and close that connection; a connection the master closed
+ * while idle is replaced before the request is sent, and new connections say HELLO with the
+ * same client id. An ERROR frame from the master gives its status. */
+int kvs__rpc_call_until(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint64_t deadline_ns);
+/* The same with the deadline now + timeout_ms. */
 int kvs__rpc_call(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp);
+/* now + timeout_ms. */
+uint64_t kvs__rpc_deadline(const kvs__rpc_t *rpc);
 
 #endif

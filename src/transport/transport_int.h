@@ -55,8 +55,17 @@ typedef struct kvs_batch kvs_batch_t;
 typedef struct {
     const char *name;
     uint32_t caps;
-    /* Opens (or reuses) the endpoint for an owner at "host:port". */
-    int (*ep_open)(kvs_transport_t *t, const char *endpoint, kvs_endpoint_t **ep_p);
+    /* Opens (or reuses) the endpoint for an owner at "host:port", resolving its name before the
+     * deadline. The caller gets a reference: it stays valid (and may be submitted to) until
+     * the caller gives it back with ep_close. */
+    int (*ep_open)(kvs_transport_t *t, const char *endpoint, uint64_t deadline_ns,
+                   kvs_endpoint_t **ep_p);
+    /* Another reference to an endpoint the caller holds one of. */
+    void (*ep_hold)(kvs_transport_t *t, kvs_endpoint_t *ep);
+    /* Gives a reference back. With the last one the endpoint goes: its threads, sockets,
+     * mappings and pinned memory are released (at once when no batch uses it, else when the
+     * last batch using it has been waited for). */
+    void (*ep_close)(kvs_transport_t *t, kvs_endpoint_t *ep);
     /* Registers local memory once; transports that need no registration accept anything. */
     int (*mem_reg)(kvs_transport_t *t, void *addr, size_t len);
     int (*mem_dereg)(kvs_transport_t *t, void *addr, size_t len);

@@ -23,6 +23,8 @@
 
 /* A refused segment is asked for again after this long (the owner may come up). */
 #define NEGATIVE_TTL_NS (1000ull * KVS_NS_PER_MS)
+/* shm_seg_t.status while one thread does the handshake (outside the lock); others wait. */
+#define SEG_PENDING 1
 
 typedef struct shm_seg {
     struct shm_seg *next;
@@ -35,15 +37,23 @@ typedef struct shm_seg {
     pid_t pid;     /* the owner process, from the socket's credentials */
     char *ro, *rw; /* read-only mapping; writable one made on the first write */
     uint64_t size;
-    /* Chunks of each mapping registered with CUDA for copy-engine transfers (lazily). */
-    bool *ro_pinned, *rw_pinned;
+    /* Chunks of each mapping registered with CUDA for copy-engine transfers (lazily): 0 no,
+     * PIN_BUSY being registered (outside the lock; meanwhile copies read pageable memory),
+     * PIN_DONE registered. */
+    uint8_t *ro_pinned, *rw_pinned;
     uint32_t inflight;
     bool dead;
 } shm_seg_t;
 
+#define PIN_BUSY 1
+#define PIN_DONE 2
+
+/* Referenced by its users (ep_open/ep_hold/ep_close) and by each of its segment entries, so
+ * that it outlives the mappings made through it. */
 struct kvs_endpoint {
     struct kvs_endpoint *next;
     char *name;
+    uint32_t refs; /* under the transport's lock */
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 };
 
@@ -57,8 +67,9 @@ typedef struct {
     kvs_transport_t base;
     kvs__shm_config_t cfg;
     char *dir;
-    uint64_t pinned_bytes; /* registered with CUDA, against cfg.pin_cap_bytes */
+    uint64_t pinned_bytes; /* registered with CUDA (or being), against cfg.pin_cap_bytes */
     pthread_mutex_t lock;
+    pthread_cond_t cond; /* a handshake finished */
     kvs_endpoint_t *eps;
     shm_seg_t *segs;
 } shm_transport_t;
@@ -96,44 +107,93 @@ int kvs__shm_config_init(kvs__shm_config_t *cfg)
 
 /* ---- endpoints and segments ------------------------------------------------------------------ */
 
-static int shm_ep_open(kvs_transport_t *base, const char *endpoint, kvs_endpoint_t **ep_p)
+static void ep_unref_locked(shm_transport_t *t, kvs_endpoint_t *ep)
 {
+    if (--ep->refs > 0)
+        return;
+    kvs_endpoint_t **pp = &t->eps;
+    while (*pp != ep)
+        pp = &(*pp)->next;
+    *pp = ep->next;
+    kvs__free(ep->name);
+    kvs__free(ep);
+}
+
+static int shm_ep_open(kvs_transport_t *base, const char *endpoint, uint64_t deadline_ns,
+                       kvs_endpoint_t **ep_p)
+{
+    (void)deadline_ns; /* nothing here waits: the handshake is made per segment */
     shm_transport_t *t = (shm_transport_t *)base;
     if (t == NULL || endpoint == NULL || ep_p == NULL)
         return KVS_INVALID_PARAMS;
+    char *host = NULL;
+    uint16_t port = 0;
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    int rc = kvs__parse_host_port(endpoint, "127.0.0.1", &host, &port);
+    kvs__free(host);
+    if (rc != KVS_OK || port == 0 || kvs__shm_socket_path(t->dir, port, path, sizeof(path)) != KVS_OK)
+        return KVS_INVALID_PARAMS;
+    /* Reachable only if a socket is there (the handshake proves the rest). */
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISSOCK(st.st_mode))
+        return KVS_UNSUPPORTED;
     pthread_mutex_lock(&t->lock);
-    int rc = KVS_OK;
     kvs_endpoint_t *ep = t->eps;
     while (ep != NULL && strcmp(ep->name, endpoint) != 0)
         ep = ep->next;
     if (ep == NULL) {
-        char *host = NULL;
-        uint16_t port = 0;
-        rc = kvs__parse_host_port(endpoint, "127.0.0.1", &host, &port);
-        kvs__free(host);
-        ep = rc == KVS_OK && port != 0 ? kvs__calloc(1, sizeof(*ep)) : NULL;
-        if (ep == NULL)
-            rc = rc == KVS_OK && port != 0 ? KVS_NO_MEMORY : KVS_INVALID_PARAMS;
-        else if ((ep->name = kvs__strdup(endpoint)) == NULL ||
-                 kvs__shm_socket_path(t->dir, port, ep->path, sizeof(ep->path)) != KVS_OK) {
-            rc = ep->name ? KVS_INVALID_PARAMS : KVS_NO_MEMORY;
-            kvs__free(ep->name);
+        ep = kvs__calloc(1, sizeof(*ep));
+        if (ep != NULL && (ep->name = kvs__strdup(endpoint)) == NULL) {
             kvs__free(ep);
             ep = NULL;
-        } else {
+        }
+        if (ep != NULL) {
+            memcpy(ep->path, path, sizeof(path));
             ep->next = t->eps;
             t->eps = ep;
         }
     }
+    if (ep != NULL)
+        ep->refs++;
     pthread_mutex_unlock(&t->lock);
-    if (rc != KVS_OK)
-        return rc;
-    /* Reachable only if a socket is there (the handshake proves the rest). */
-    struct stat st;
-    if (stat(ep->path, &st) != 0 || !S_ISSOCK(st.st_mode))
-        return KVS_UNSUPPORTED;
+    if (ep == NULL)
+        return KVS_NO_MEMORY;
     *ep_p = ep;
     return KVS_OK;
+}
+
+static void shm_ep_hold(kvs_transport_t *base, kvs_endpoint_t *ep)
+{
+    shm_transport_t *t = (shm_transport_t *)base;
+    if (t == NULL || ep == NULL)
+        return;
+    pthread_mutex_lock(&t->lock);
+    ep->refs++;
+    pthread_mutex_unlock(&t->lock);
+}
+
+static void reap_locked(shm_transport_t *t);
+
+/* With the last user reference, the owner is gone for this client: its mappings are dropped
+ * (once no transfer uses them) and with the last of them the endpoint. */
+static void shm_ep_close(kvs_transport_t *base, kvs_endpoint_t *ep)
+{
+    shm_transport_t *t = (shm_transport_t *)base;
+    if (t == NULL || ep == NULL)
+        return;
+    pthread_mutex_lock(&t->lock);
+    uint32_t segs = 0;
+    for (shm_seg_t *g = t->segs; g != NULL; g = g->next)
+        segs += g->ep == ep;
+    if (ep->refs == segs + 1) {
+        for (shm_seg_t *g = t->segs; g != NULL; g = g->next) {
+            if (g->ep == ep && g->status != SEG_PENDING)
+                g->dead = true;
+        }
+    }
+    ep_unref_locked(t, ep);
+    reap_locked(t);
+    pthread_mutex_unlock(&t->lock);
 }
 
 /* A handle on the owner process, so that writes can be confirmed only while it lives: a
@@ -160,14 +220,19 @@ static bool owner_alive(const shm_seg_t *g)
 }
 
 /* Asks the owner behind ep->path for segment `id`: its size, descriptor and process. */
-static int handshake(const shm_transport_t *t, const kvs_endpoint_t *ep, uint64_t id, int *fd_p,
-                     uint64_t *size_p, pid_t *pid_p)
+static int handshake(const shm_transport_t *t, const kvs_endpoint_t *ep, uint64_t id,
+                     uint64_t deadline_ns, int *fd_p, uint64_t *size_p, pid_t *pid_p)
 {
+    uint64_t now = kvs__now_ns();
+    if (now >= deadline_ns)
+        return KVS_TIMED_OUT;
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s < 0)
         return KVS_UNSUPPORTED;
-    struct timeval tv = {.tv_sec = (time_t)(t->cfg.io_timeout_ms / 1000),
-                         .tv_usec = (suseconds_t)(t->cfg.io_timeout_ms % 1000) * 1000};
+    /* Every step (connect included, for unix sockets) is bounded by the send/receive time-outs;
+     * the whole handshake by the remaining time, as steps rarely all take the full bound. */
+    uint64_t us = KVS_MIN(t->cfg.io_timeout_ms * 1000, (deadline_ns - now + 999) / 1000);
+    struct timeval tv = {.tv_sec = (time_t)(us / 1000000), .tv_usec = (suseconds_t)(us % 1000000)};
     setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
@@ -247,10 +312,10 @@ static uint64_t nchunks(const shm_transport_t *t, const shm_seg_t *g)
 static void seg_unmap(shm_transport_t *t, shm_seg_t *g)
 {
     for (int m = 0; m < 2; m++) {
-        bool *pinned = m ? g->rw_pinned : g->ro_pinned;
+        uint8_t *pinned = m ? g->rw_pinned : g->ro_pinned;
         char *base = m ? g->rw : g->ro;
         for (uint64_t i = 0; pinned != NULL && i < nchunks(t, g); i++) {
-            if (pinned[i]) {
+            if (pinned[i] == PIN_DONE) {
                 kvs__gpu_host_unregister(base + i * t->cfg.pin_chunk_bytes);
                 t->pinned_bytes -=
                     KVS_MIN(t->cfg.pin_chunk_bytes, g->size - i * t->cfg.pin_chunk_bytes);
@@ -266,61 +331,125 @@ static void seg_unmap(shm_transport_t *t, shm_seg_t *g)
         close(g->fd);
     if (g->pidfd >= 0)
         close(g->pidfd);
+    ep_unref_locked(t, g->ep);
     kvs__free(g);
 }
 
-/* The entry for (ep, id), mapping it if needed. Caller holds the lock. */
-static shm_seg_t *seg_get_locked(shm_transport_t *t, kvs_endpoint_t *ep, uint64_t id)
+/* The entry for (ep, id), mapped if need be, with a transfer counted on it (give it back with
+ * seg_release) — or NULL and why not in *rc_p. The handshake runs outside the lock, so an
+ * owner that does not answer stalls only the calls that need its segment, each until its own
+ * deadline; others asking for the same segment meanwhile wait for that handshake. */
+static shm_seg_t *seg_acquire(shm_transport_t *t, kvs_endpoint_t *ep, uint64_t id,
+                              uint64_t deadline_ns, int *rc_p)
 {
-    uint64_t now = kvs__now_ns();
-    for (shm_seg_t **pp = &t->segs; *pp != NULL; pp = &(*pp)->next) {
-        shm_seg_t *g = *pp;
-        if (g->ep != ep || g->id != id || g->dead)
+    pthread_mutex_lock(&t->lock);
+    shm_seg_t *g;
+    for (;;) {
+        uint64_t now = kvs__now_ns();
+        shm_seg_t **pp = &t->segs;
+        while (*pp != NULL && ((*pp)->ep != ep || (*pp)->id != id || (*pp)->dead))
+            pp = &(*pp)->next;
+        g = *pp;
+        if (g != NULL && g->status == SEG_PENDING) {
+            if (!kvs__cond_wait_until(&t->cond, &t->lock, deadline_ns)) {
+                pthread_mutex_unlock(&t->lock);
+                *rc_p = KVS_TIMED_OUT;
+                return NULL;
+            }
             continue;
-        if (g->status == KVS_OK || now - g->refused_ns < NEGATIVE_TTL_NS)
-            return g;
-        *pp = g->next; /* a stale refusal: ask again */
-        seg_unmap(t, g);
+        }
+        if (g != NULL && (g->status == KVS_OK || now - g->refused_ns < NEGATIVE_TTL_NS))
+            break;
+        if (g != NULL && g->inflight == 0) { /* a stale refusal: ask again */
+            *pp = g->next;
+            seg_unmap(t, g);
+        } else if (g != NULL) {
+            g->dead = true;
+        }
+        g = kvs__calloc(1, sizeof(*g));
+        if (g == NULL) {
+            pthread_mutex_unlock(&t->lock);
+            *rc_p = KVS_NO_MEMORY;
+            return NULL;
+        }
+        g->ep = ep;
+        ep->refs++;
+        g->id = id;
+        g->fd = -1;
+        g->pidfd = -1;
+        g->status = SEG_PENDING;
+        g->inflight = 1; /* the handshake's: keeps it from being reaped meanwhile */
+        g->next = t->segs;
+        t->segs = g;
+        pthread_mutex_unlock(&t->lock);
+        pid_t pid = 0;
+        int fd = -1;
+        uint64_t size = 0;
+        int st = handshake(t, ep, id, deadline_ns, &fd, &size, &pid);
+        char *ro = NULL;
+        if (st == KVS_OK) {
+            void *p = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+            if (p == MAP_FAILED) {
+                kvs_warn("shm: cannot map segment %llu (%s)", (unsigned long long)id,
+                         strerror(errno));
+                st = KVS_UNSUPPORTED;
+            } else {
+                ro = p;
+                kvs_debug("shm: segment %llu of %s mapped (%llu bytes)", (unsigned long long)id,
+                          ep->name, (unsigned long long)size);
+            }
+        }
+        pthread_mutex_lock(&t->lock);
+        g->fd = fd;
+        g->size = size;
+        g->ro = ro;
+        if (st == KVS_OK)
+            owner_watch(g, pid);
+        /* A handshake cut short by this caller's deadline says nothing about the owner: the
+         * entry is dropped rather than cached as a refusal. */
+        g->status = st == KVS_TIMED_OUT ? KVS_UNSUPPORTED : st;
+        g->refused_ns = kvs__now_ns();
+        if (st == KVS_TIMED_OUT)
+            g->dead = true;
+        g->inflight--;
+        pthread_cond_broadcast(&t->cond);
+        if (st == KVS_TIMED_OUT) {
+            reap_locked(t);
+            pthread_mutex_unlock(&t->lock);
+            *rc_p = KVS_TIMED_OUT;
+            return NULL;
+        }
         break;
     }
-    shm_seg_t *g = kvs__calloc(1, sizeof(*g));
-    if (g == NULL)
+    if (g->status != KVS_OK) {
+        *rc_p = g->status;
+        pthread_mutex_unlock(&t->lock);
         return NULL;
-    g->ep = ep;
-    g->id = id;
-    g->fd = -1;
-    g->pidfd = -1;
-    pid_t pid = 0;
-    g->status = handshake(t, ep, id, &g->fd, &g->size, &pid);
-    if (g->status == KVS_OK)
-        owner_watch(g, pid);
-    if (g->status == KVS_OK) {
-        void *p = mmap(NULL, g->size, PROT_READ, MAP_SHARED, g->fd, 0);
-        if (p == MAP_FAILED) {
-            kvs_warn("shm: cannot map segment %llu (%s)", (unsigned long long)id, strerror(errno));
-            g->status = KVS_UNSUPPORTED;
-        } else {
-            g->ro = p;
-            kvs_debug("shm: segment %llu of %s mapped (%llu bytes)", (unsigned long long)id,
-                      ep->name, (unsigned long long)g->size);
-        }
     }
-    if (g->status != KVS_OK)
-        g->refused_ns = now;
-    g->next = t->segs;
-    t->segs = g;
+    g->inflight++;
+    pthread_mutex_unlock(&t->lock);
+    *rc_p = KVS_OK;
     return g;
 }
 
-int kvs__shm_map_segment(kvs_transport_t *base, kvs_endpoint_t *ep, uint64_t segment_id)
+static void seg_release(shm_transport_t *t, shm_seg_t *g)
+{
+    pthread_mutex_lock(&t->lock);
+    g->inflight--;
+    reap_locked(t);
+    pthread_mutex_unlock(&t->lock);
+}
+
+int kvs__shm_map_segment(kvs_transport_t *base, kvs_endpoint_t *ep, uint64_t segment_id,
+                         uint64_t deadline_ns)
 {
     shm_transport_t *t = (shm_transport_t *)base;
     if (t == NULL || ep == NULL)
         return KVS_INVALID_PARAMS;
-    pthread_mutex_lock(&t->lock);
-    shm_seg_t *g = seg_get_locked(t, ep, segment_id);
-    int rc = g ? g->status : KVS_NO_MEMORY;
-    pthread_mutex_unlock(&t->lock);
+    int rc;
+    shm_seg_t *g = seg_acquire(t, ep, segment_id, deadline_ns, &rc);
+    if (g != NULL)
+        seg_release(t, g);
     return rc;
 }
 
@@ -390,7 +519,7 @@ static int shm_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n,
     b->reqs = reqs;
     b->n = n;
     b->segs = segs;
-    pthread_mutex_lock(&t->lock);
+    uint64_t deadline = kvs__now_ns() + t->cfg.io_timeout_ms * KVS_NS_PER_MS;
     for (uint32_t i = 0; i < n; i++) {
         kvs_xfer_req_t *r = &reqs[i];
         bool ok =
@@ -398,20 +527,25 @@ static int shm_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n,
             (r->iov != NULL || r->iovcnt == 0) && kvs__iov_total(r->iov, r->iovcnt) == r->length &&
             r->offset <= UINT64_MAX - r->length;
         if (ok) {
+            pthread_mutex_lock(&t->lock);
             bool ours = false;
             for (kvs_endpoint_t *e = t->eps; e != NULL && !ours; e = e->next)
                 ours = e == r->ep;
+            pthread_mutex_unlock(&t->lock);
             ok = ours;
         }
         r->status = ok ? KVS_OK : KVS_INVALID_PARAMS;
         if (!ok)
             continue;
-        shm_seg_t *g = seg_get_locked(t, r->ep, r->segment_id);
+        int grc;
+        shm_seg_t *g = seg_acquire(t, r->ep, r->segment_id, deadline, &grc);
         if (g == NULL) {
-            r->status = KVS_NO_MEMORY;
-        } else if (g->status != KVS_OK) {
-            r->status = g->status == KVS_SEGMENT_NOT_FOUND ? g->status : KVS_TRANSFER_FAIL;
-        } else if (r->offset + r->length > g->size) {
+            r->status = grc == KVS_SEGMENT_NOT_FOUND || grc == KVS_NO_MEMORY ? grc
+                                                                              : KVS_TRANSFER_FAIL;
+            continue;
+        }
+        pthread_mutex_lock(&t->lock);
+        if (r->offset + r->length > g->size) {
             r->status = KVS_INVALID_PARAMS; /* outside the segment */
         } else if (r->op == KVS_XFER_WRITE && g->rw == NULL) {
             void *p = mmap(NULL, g->size, PROT_READ | PROT_WRITE, MAP_SHARED, g->fd, 0);
@@ -420,12 +554,12 @@ static int shm_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n,
             else
                 g->rw = p;
         }
-        if (r->status == KVS_OK) {
-            g->inflight++;
+        if (r->status != KVS_OK)
+            g->inflight--;
+        else
             segs[i] = g;
-        }
+        pthread_mutex_unlock(&t->lock);
     }
-    pthread_mutex_unlock(&t->lock);
     *batch_p = b;
     return KVS_OK;
 }
@@ -436,23 +570,31 @@ typedef struct {
 } streams_t;
 
 /* Registers the chunks of the mapping that [off, off + len) touches, within the pin cap. A chunk
- * that cannot be registered is copied from pageable memory (slower, still correct). */
+ * that cannot be registered is copied from pageable memory (slower, still correct). The
+ * registrations run outside the lock (cudaHostRegister of 256 MiB takes tens of ms); chunks
+ * being registered are marked so that no other thread registers them twice. The caller's
+ * transfer keeps the mapping alive meanwhile. */
 static void pin_range(shm_transport_t *t, shm_seg_t *g, bool rd, uint64_t off, uint64_t len)
 {
+    uint64_t ck = t->cfg.pin_chunk_bytes, hi = (off + len - 1) / ck;
+    char *base = rd ? g->ro : g->rw;
     pthread_mutex_lock(&t->lock);
-    bool **pinned = rd ? &g->ro_pinned : &g->rw_pinned;
+    uint8_t **pinned = rd ? &g->ro_pinned : &g->rw_pinned;
     if (*pinned == NULL)
-        *pinned = kvs__calloc(nchunks(t, g), sizeof(bool));
-    uint64_t ck = t->cfg.pin_chunk_bytes;
-    for (uint64_t i = off / ck; *pinned != NULL && i <= (off + len - 1) / ck; i++) {
+        *pinned = kvs__calloc(nchunks(t, g), 1);
+    uint8_t *flags = *pinned;
+    for (uint64_t i = off / ck; flags != NULL && i <= hi; i++) {
         uint64_t l = KVS_MIN(ck, g->size - i * ck);
-        if ((*pinned)[i] || t->pinned_bytes + l > t->cfg.pin_cap_bytes)
+        if (flags[i] != 0 || t->pinned_bytes + l > t->cfg.pin_cap_bytes)
             continue;
-        char *base = (rd ? g->ro : g->rw) + i * ck;
-        if (kvs__gpu_host_register(base, (size_t)l, rd) == KVS_OK) {
-            (*pinned)[i] = true;
-            t->pinned_bytes += l;
-        }
+        flags[i] = PIN_BUSY; /* this thread's to register; the bytes are reserved */
+        t->pinned_bytes += l;
+        pthread_mutex_unlock(&t->lock);
+        bool ok = kvs__gpu_host_register(base + i * ck, (size_t)l, rd) == KVS_OK;
+        pthread_mutex_lock(&t->lock);
+        flags[i] = ok ? PIN_DONE : 0;
+        if (!ok)
+            t->pinned_bytes -= l;
     }
     pthread_mutex_unlock(&t->lock);
 }
@@ -603,6 +745,7 @@ static void shm_destroy(kvs_transport_t *base)
         kvs__free(e);
     }
     pthread_mutex_destroy(&t->lock);
+    pthread_cond_destroy(&t->cond);
     kvs__free(t->dir);
     kvs__free(t);
 }
@@ -612,6 +755,8 @@ static const kvs_transport_ops_t shm_ops = {
     .caps = KVS_TRANSPORT_CAP_SAME_HOST | KVS_TRANSPORT_CAP_ZERO_COPY |
             KVS_TRANSPORT_CAP_CHEAP_SUBMIT | (KVS_GPU_BUILT ? KVS_TRANSPORT_CAP_GPU_DEST : 0),
     .ep_open = shm_ep_open,
+    .ep_hold = shm_ep_hold,
+    .ep_close = shm_ep_close,
     .mem_reg = shm_mem_reg,
     .mem_dereg = shm_mem_reg,
     .submit = shm_submit,
@@ -633,6 +778,7 @@ int kvs__shm_transport_create(const kvs__shm_config_t *cfg, kvs_transport_t **t_
     t->cfg = *cfg;
     t->cfg.dir = t->dir;
     pthread_mutex_init(&t->lock, NULL);
+    kvs__cond_init(&t->cond);
     *t_p = &t->base;
     return KVS_OK;
 }

@@ -33,8 +33,10 @@ int kvs__shm_transport_create(const kvs__shm_config_t *cfg, kvs_transport_t **t_
 
 /* Maps segment `segment_id` of the owner behind `ep` unless it already is: OK when this owner
  * is on this host and serves it, else why not (UNSUPPORTED: no socket or no descriptor;
- * SEGMENT_NOT_FOUND: the owner does not serve that id). Cached, both ways, per segment. */
-int kvs__shm_map_segment(kvs_transport_t *t, kvs_endpoint_t *ep, uint64_t segment_id);
+ * SEGMENT_NOT_FOUND: the owner does not serve that id; TIMED_OUT: no answer before the
+ * deadline). Cached, both ways, per segment (a time-out is not cached). */
+int kvs__shm_map_segment(kvs_transport_t *t, kvs_endpoint_t *ep, uint64_t segment_id,
+                         uint64_t deadline_ns);
 
 /* Unmaps every segment whose id is not in ids[0..n) (their owner is gone), once no transfer
  * uses it any more. */

@@ -74,8 +74,8 @@ struct kvs_endpoint {
     struct kvs_endpoint *next;
     struct tcp_transport *t;
     char *name;
-    char *host;
-    uint16_t port;
+    struct addrinfo *addrs; /* resolved once, at open: workers never wait for DNS */
+    uint32_t refs;          /* under the transport's lock */
     tcp_conn_t *conns;
     uint32_t nconns;
     atomic_uint rr;
@@ -184,22 +184,53 @@ static int io_all(int fd, bool to_memory, void *buf, size_t len)
 
 /* ---- connections -------------------------------------------------------------------------- */
 
+/* Whether a batch of the window being served was cancelled. Caller holds c->lock. */
+static bool window_cancelled_locked(const tcp_conn_t *c);
+
+/* Connects to the endpoint's addresses in turn. The socket is published as opening_fd before
+ * the connect starts, so a cancelled wait can shut it down: a connect to an owner whose listen
+ * backlog is full (SYNs dropped) then ends at once instead of at the I/O time-out. */
+static int conn_connect(tcp_conn_t *c, uint64_t deadline, int *fd_p)
+{
+    int rc = KVS_RPC_FAIL;
+    for (const struct addrinfo *ai = c->ep->addrs; ai != NULL; ai = ai->ai_next) {
+        int fd;
+        if (kvs__connect_start(ai, &fd) != KVS_OK)
+            continue;
+        pthread_mutex_lock(&c->lock);
+        bool cancelled = window_cancelled_locked(c);
+        c->opening_fd = cancelled ? -1 : fd;
+        pthread_mutex_unlock(&c->lock);
+        rc = cancelled ? KVS_TIMED_OUT : kvs__connect_finish(fd, deadline);
+        if (rc == KVS_OK) {
+            *fd_p = fd;
+            return KVS_OK;
+        }
+        pthread_mutex_lock(&c->lock);
+        c->opening_fd = -1;
+        pthread_mutex_unlock(&c->lock);
+        close(fd);
+        if (rc == KVS_TIMED_OUT)
+            break;
+    }
+    return rc;
+}
+
 static int conn_open(tcp_conn_t *c)
 {
     tcp_transport_t *t = c->ep->t;
     uint64_t deadline = kvs__now_ns() + t->cfg.io_timeout_ms * KVS_NS_PER_MS;
-    int fd = kvs__tcp_connect(c->ep->host, c->ep->port, deadline);
-    if (fd < 0)
-        return fd;
+    int fd = -1;
+    int crc = conn_connect(c, deadline, &fd);
+    if (crc != KVS_OK)
+        return crc;
     kvs__set_nonblock(fd, false);
     struct timeval tv = {.tv_sec = (time_t)(t->cfg.io_timeout_ms / 1000),
                          .tv_usec = (suseconds_t)(t->cfg.io_timeout_ms % 1000) * 1000};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    /* A cancelled wait must not sit out the handshake's I/O time-out: it can shut this down. */
-    pthread_mutex_lock(&c->lock);
-    c->opening_fd = fd;
-    pthread_mutex_unlock(&c->lock);
+    /* opening_fd stays set through the handshake: a cancelled wait need not sit out its I/O
+     * time-out either. */
     kvs__wbuf_t w;
     kvs__wbuf_init(&w);
     kvs__frame_begin(&w, KVS_MSG_HELLO, 0, KVS_PROTO_VERSION_MAX);
@@ -316,11 +347,20 @@ static void gpu_release(tcp_conn_t *c)
     memset(&c->gpu, 0, sizeof(c->gpu));
 }
 
-/* Puts chunks back at the front of the queue, in order. */
+static bool batch_cancelled(kvs_batch_t *b);
+
+/* Puts chunks back at the front of the queue, in order. A chunk whose batch was cancelled
+ * meanwhile completes instead: the cancel is decided under b->lock before the canceller takes
+ * c->lock to empty the queue, so checking it here, under c->lock, leaves no window in which a
+ * cancelled chunk could be queued (and sent) after the queue was emptied. */
 static void requeue_front(tcp_conn_t *c, chunk_t **chs, uint32_t n)
 {
     pthread_mutex_lock(&c->lock);
     for (uint32_t i = n; i-- > 0;) {
+        if (batch_cancelled(chs[i]->b)) {
+            chunk_complete(chs[i], KVS_TIMED_OUT);
+            continue;
+        }
         chs[i]->next = c->head;
         c->head = chs[i];
         if (c->tail == NULL)
@@ -338,11 +378,22 @@ static bool batch_cancelled(kvs_batch_t *b)
     return c;
 }
 
+static bool window_cancelled_locked(const tcp_conn_t *c)
+{
+    for (uint32_t i = 0; i < c->ninflight; i++) {
+        if (batch_cancelled((kvs_batch_t *)c->inflight[i]))
+            return true;
+    }
+    return false;
+}
+
 /* After an I/O error: fail or retry chunks [from, n) of the window. Writes are never sent
  * twice: the first copy may still sit in the owner's socket and land later, after the put
  * completed and its space was reused; failing the put instead makes the client revoke it,
  * and the master then fences its token before the space is reused. */
-static void window_fail(tcp_conn_t *c, chunk_t **win, uint32_t from, uint32_t n, int err)
+/* Chunks [unsent, n) were never sent: they are requeued as they are, writes included. */
+static void window_fail(tcp_conn_t *c, chunk_t **win, uint32_t from, uint32_t unsent, uint32_t n,
+                        int err)
 {
     chunk_t *retry[MAX_WINDOW];
     uint32_t nretry = 0;
@@ -351,6 +402,8 @@ static void window_fail(tcp_conn_t *c, chunk_t **win, uint32_t from, uint32_t n,
         bool write = ch->b->reqs[ch->req].op == KVS_XFER_WRITE;
         if (batch_cancelled(ch->b))
             chunk_complete(ch, KVS_TIMED_OUT);
+        else if (i >= unsent && err != KVS_INVALID_PARAMS)
+            retry[nretry++] = ch;
         else if (!write && ch->retries++ < 1 && err != KVS_INVALID_PARAMS)
             retry[nretry++] = ch; /* reads only: see below */
         else
@@ -466,13 +519,23 @@ static void process_window(tcp_conn_t *c, chunk_t **win, uint32_t n)
     }
     uint32_t base_id = c->next_req_id;
     c->next_req_id += n;
-    uint32_t sent = 0;
+    uint32_t sent = 0, tried = 0;
     int rc = KVS_OK;
-    for (; sent < n && rc == KVS_OK; sent++)
-        rc = send_request(c, win[sent], base_id + sent);
+    /* A chunk of a cancelled batch is never sent: the wait that cancelled it may have returned
+     * already, and its caller reused the memory (or the put's space was reused). */
+    bool cancelled = false;
+    while (tried < n && rc == KVS_OK) {
+        if (batch_cancelled(win[tried]->b)) {
+            cancelled = true;
+            break;
+        }
+        rc = send_request(c, win[tried++], base_id + sent);
+        if (rc == KVS_OK)
+            sent++;
+    }
     uint32_t done = 0;
     /* Responses to what was sent arrive in order, even after a send failed half way. */
-    uint32_t readable = rc == KVS_OK ? sent : sent - 1;
+    uint32_t readable = sent;
     for (; done < readable; done++) {
         int status;
         int io = recv_response(c, win[done], base_id + done, &status);
@@ -486,8 +549,10 @@ static void process_window(tcp_conn_t *c, chunk_t **win, uint32_t n)
     /* Chunks whose GPU copies are in flight complete when those are done. */
     gpu_flush(c);
     if (done < n) {
-        conn_close(c);
-        window_fail(c, win, done, n, rc == KVS_OK ? KVS_IO_ERROR : rc);
+        /* Only a stop before sending, with every answer read, leaves the stream in step. */
+        if (!(cancelled && rc == KVS_OK && done == sent))
+            conn_close(c);
+        window_fail(c, win, done, tried, n, rc == KVS_OK ? KVS_TIMED_OUT : rc);
     }
 }
 
@@ -547,11 +612,13 @@ static void ep_destroy(kvs_endpoint_t *ep)
     }
     kvs__free(ep->conns);
     kvs__free(ep->name);
-    kvs__free(ep->host);
+    if (ep->addrs != NULL)
+        freeaddrinfo(ep->addrs);
     kvs__free(ep);
 }
 
-static int tcp_ep_open(kvs_transport_t *base, const char *endpoint, kvs_endpoint_t **ep_p)
+static int tcp_ep_open(kvs_transport_t *base, const char *endpoint, uint64_t deadline_ns,
+                       kvs_endpoint_t **ep_p)
 {
     tcp_transport_t *t = (tcp_transport_t *)base;
     if (t == NULL || endpoint == NULL || ep_p == NULL)
@@ -559,27 +626,39 @@ static int tcp_ep_open(kvs_transport_t *base, const char *endpoint, kvs_endpoint
     pthread_mutex_lock(&t->lock);
     for (kvs_endpoint_t *e = t->eps; e != NULL; e = e->next) {
         if (strcmp(e->name, endpoint) == 0) {
+            e->refs++;
             *ep_p = e;
             pthread_mutex_unlock(&t->lock);
             return KVS_OK;
         }
     }
-    int rc = KVS_NO_MEMORY;
+    pthread_mutex_unlock(&t->lock);
+    /* Resolved outside the lock, within the caller's deadline: no other caller waits on it. */
+    char *host = NULL;
+    uint16_t port = 0;
+    struct addrinfo *addrs = NULL;
+    int rc = kvs__parse_host_port(endpoint, "127.0.0.1", &host, &port);
+    if (rc != KVS_OK || port == 0)
+        rc = KVS_INVALID_PARAMS;
+    else
+        rc = kvs__resolve(host, port, false, deadline_ns, &addrs);
+    kvs__free(host);
+    if (rc != KVS_OK)
+        return rc;
     kvs_endpoint_t *ep = kvs__calloc(1, sizeof(*ep));
-    if (ep == NULL)
-        goto out;
+    if (ep == NULL) {
+        freeaddrinfo(addrs);
+        return KVS_NO_MEMORY;
+    }
     ep->t = t;
+    ep->addrs = addrs;
+    ep->refs = 1;
     ep->name = kvs__strdup(endpoint);
     ep->conns = kvs__calloc(t->cfg.conns_per_peer, sizeof(*ep->conns));
-    if (ep->name == NULL || ep->conns == NULL)
-        goto err;
-    rc = kvs__parse_host_port(endpoint, "127.0.0.1", &ep->host, &ep->port);
-    if (rc != KVS_OK || ep->port == 0) {
-        rc = KVS_INVALID_PARAMS;
-        goto err;
-    }
-    ep->nconns = t->cfg.conns_per_peer;
-    for (uint32_t i = 0; i < ep->nconns; i++) {
+    rc = ep->name != NULL && ep->conns != NULL ? KVS_OK : KVS_NO_MEMORY;
+    if (rc == KVS_OK)
+        ep->nconns = t->cfg.conns_per_peer;
+    for (uint32_t i = 0; rc == KVS_OK && i < ep->nconns; i++) {
         tcp_conn_t *c = &ep->conns[i];
         c->ep = ep;
         c->fd = -1;
@@ -590,20 +669,60 @@ static int tcp_ep_open(kvs_transport_t *base, const char *endpoint, kvs_endpoint
             pthread_mutex_destroy(&c->lock);
             pthread_cond_destroy(&c->cond);
             rc = KVS_INTERNAL_ERROR;
-            goto err;
+            break;
         }
         c->started = true;
     }
-    ep->next = t->eps;
-    t->eps = ep;
-    *ep_p = ep;
-    rc = KVS_OK;
-    goto out;
-err:
-    ep_destroy(ep);
-out:
+    if (rc != KVS_OK) {
+        ep_destroy(ep);
+        return rc;
+    }
+    pthread_mutex_lock(&t->lock);
+    /* Another caller may have opened the same endpoint meanwhile: use the first. */
+    kvs_endpoint_t *e = t->eps;
+    while (e != NULL && strcmp(e->name, endpoint) != 0)
+        e = e->next;
+    if (e != NULL) {
+        e->refs++;
+    } else {
+        ep->next = t->eps;
+        t->eps = ep;
+    }
     pthread_mutex_unlock(&t->lock);
-    return rc;
+    if (e != NULL)
+        ep_destroy(ep);
+    *ep_p = e != NULL ? e : ep;
+    return KVS_OK;
+}
+
+static void tcp_ep_hold(kvs_transport_t *base, kvs_endpoint_t *ep)
+{
+    tcp_transport_t *t = (tcp_transport_t *)base;
+    if (t == NULL || ep == NULL)
+        return;
+    pthread_mutex_lock(&t->lock);
+    ep->refs++;
+    pthread_mutex_unlock(&t->lock);
+}
+
+/* The caller has waited for every batch it submitted to `ep`, so with the last reference no
+ * chunk of it is queued: its workers are idle and exit at once. */
+static void tcp_ep_close(kvs_transport_t *base, kvs_endpoint_t *ep)
+{
+    tcp_transport_t *t = (tcp_transport_t *)base;
+    if (t == NULL || ep == NULL)
+        return;
+    pthread_mutex_lock(&t->lock);
+    bool last = --ep->refs == 0;
+    if (last) {
+        kvs_endpoint_t **pp = &t->eps;
+        while (*pp != ep)
+            pp = &(*pp)->next;
+        *pp = ep->next;
+    }
+    pthread_mutex_unlock(&t->lock);
+    if (last)
+        ep_destroy(ep);
 }
 
 /* ---- batches ------------------------------------------------------------------------------ */
@@ -762,6 +881,8 @@ static const kvs_transport_ops_t tcp_ops = {
     .name = "tcp",
     .caps = KVS_TRANSPORT_CAP_ZERO_COPY | (KVS_GPU_BUILT ? KVS_TRANSPORT_CAP_GPU_DEST : 0),
     .ep_open = tcp_ep_open,
+    .ep_hold = tcp_ep_hold,
+    .ep_close = tcp_ep_close,
     .mem_reg = tcp_mem_reg,
     .mem_dereg = tcp_mem_reg,
     .submit = tcp_submit,
