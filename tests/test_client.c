@@ -207,6 +207,32 @@ static void test_largest_legal_batch(void)
     for (size_t i = 0; i < n; i++)
         CHECK_EQ_INT(got[i], 8);
     CHECK_EQ_MEM(dst, src, n * 8);
+    /* The CLI lists them all too: pages that each fit a frame (67 MB of keys in all). */
+    char out[64];
+    snprintf(out, sizeof(out), "/tmp/kvs-test-ls-%d", (int)getpid());
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        FILE *f = freopen(out, "w", stdout);
+        if (f == NULL)
+            _exit(126);
+        execl(KVS_CLI_PATH, KVS_CLI_PATH, "--master", st.master, "ls", "--limit", "65536",
+              (char *)NULL);
+        _exit(127);
+    }
+    int wst = 0;
+    CHECK_EQ_INT(waitpid(pid, &wst, 0), pid);
+    CHECK(WIFEXITED(wst));
+    CHECK_EQ_INT(WEXITSTATUS(wst), 0);
+    FILE *lf = fopen(out, "r");
+    CHECK(lf != NULL);
+    size_t lines = 0;
+    for (int ch = fgetc(lf); ch != EOF; ch = fgetc(lf))
+        lines += ch == '\n';
+    fclose(lf);
+    unlink(out);
+    CHECK_EQ_U64(lines, n);
     kvs_client_close(c);
     free(keybytes);
     free(keys);

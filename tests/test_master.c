@@ -497,12 +497,12 @@ static void test_unmount_and_list(void)
     CHECK_STATUS(put_start_ex(&f, "on2", 10, 1, "n", "s2", 0, NULL), KVS_OK);
     CHECK_STATUS(END(&f, "on1"), KVS_OK);
     CHECK_STATUS(END(&f, "both"), KVS_OK);
-    kvs__list_req_t lr = {kvs__str_c("o"), 0};
+    kvs__list_req_t lr = {kvs__str_c("o"), 0, 0};
     kvs__list_rsp_t ls;
     CHECK_STATUS(kvs__master_list(f.m, &lr, &f.arena, &ls), KVS_OK);
     CHECK_EQ_INT(ls.nentries, 2);
     CHECK(!ls.truncated);
-    lr = (kvs__list_req_t){kvs__str_c(""), 2};
+    lr = (kvs__list_req_t){kvs__str_c(""), 2, 0};
     CHECK_STATUS(kvs__master_list(f.m, &lr, &f.arena, &ls), KVS_OK);
     CHECK_EQ_INT(ls.nentries, 2);
     CHECK(ls.truncated);
@@ -514,6 +514,66 @@ static void test_unmount_and_list(void)
     CHECK_STATUS(END(&f, "on2"), KVS_OK);
     CHECK_EQ_U64(counter(&f, "segments_unmounted"), 1);
     CHECK_EQ_U64(counter(&f, "objects"), 2);
+    fx_fini(&f);
+}
+
+/* A listing of KVS_MAX_BATCH keys of the longest length (67 MB of entries) comes in pages that
+ * each fit a frame, and together list every key exactly once. (One reply used to outgrow the
+ * frame: `ls --limit 65536` answered "malformed".) */
+static void test_list_pages_cover_the_largest_listing(void)
+{
+    fx_t f;
+    fx_init(&f, 100);
+    mount(&f, f.client, "s1", "n", 1ull << 40);
+    const uint32_t n = KVS_MAX_BATCH;
+    char *key = malloc(KVS_MAX_KEY_LEN + 1);
+    CHECK(key != NULL);
+    memset(key, 'k', KVS_MAX_KEY_LEN);
+    key[KVS_MAX_KEY_LEN] = '\0';
+    for (uint32_t i = 0; i < n; i++) {
+        char head[16];
+        snprintf(head, sizeof(head), "%08x", i);
+        memcpy(key, head, 8);
+        CHECK_STATUS(put_start_ex(&f, key, 1, 1, "n", "", 0, NULL), KVS_OK);
+        CHECK_STATUS(END(&f, key), KVS_OK);
+    }
+    uint8_t *seen = calloc(n, 1);
+    CHECK(seen != NULL);
+    kvs__list_req_t lr = {kvs__str_c(""), n, 0};
+    uint32_t total = 0, pages = 0;
+    for (;;) {
+        kvs__arena_t a;
+        kvs__arena_init(&a);
+        kvs__list_rsp_t ls;
+        CHECK_STATUS(kvs__master_list(f.m, &lr, &a, &ls), KVS_OK);
+        /* The page fits one frame. */
+        kvs__wbuf_t w;
+        kvs__wbuf_init(&w);
+        kvs__frame_begin(&w, KVS_MSG_LIST | KVS_RSP_FLAG, 1, KVS_PROTO_VERSION_MAX);
+        kvs__list_rsp_encode(&w, &ls);
+        CHECK_STATUS(kvs__frame_end(&w), KVS_OK);
+        kvs__wbuf_free(&w);
+        for (uint32_t i = 0; i < ls.nentries; i++) {
+            CHECK_EQ_U64(ls.entries[i].key.len, KVS_MAX_KEY_LEN);
+            unsigned idx = 0;
+            CHECK_EQ_INT(sscanf(ls.entries[i].key.ptr, "%8x", &idx), 1);
+            CHECK(idx < n);
+            CHECK_EQ_INT(seen[idx], 0);
+            seen[idx] = 1;
+        }
+        total += ls.nentries;
+        pages++;
+        kvs__arena_free(&a);
+        if (!ls.truncated)
+            break;
+        CHECK(ls.next_cursor != 0);
+        lr.cursor = ls.next_cursor;
+        lr.limit = n - total;
+    }
+    CHECK_EQ_U64(total, n);
+    CHECK_CMP_U64(pages, >=, 2);
+    free(seen);
+    free(key);
     fx_fini(&f);
 }
 
@@ -742,6 +802,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_put_discard),
         KVS_TEST_CASE(test_placement),
         KVS_TEST_CASE(test_unmount_and_list),
+        KVS_TEST_CASE(test_list_pages_cover_the_largest_listing),
         KVS_TEST_CASE(test_alloc_failure_leaves_store_unchanged),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));

@@ -587,6 +587,59 @@ static void test_protocol_doc_matches_schema(void)
                       "regenerate it");
     free(gen);
 }
+
+/* README's Limits table states each limit with the constant that enforces it: every row must
+ * name a known constant and its value, and every constant must have a row. */
+static void test_readme_limits_match_the_code(void)
+{
+    FILE *f = fopen(KVS_SOURCE_DIR "/README.md", "r");
+    CHECK(f != NULL);
+    static const struct {
+        const char *name;
+        uint64_t value;
+    } limits[] = {
+        {"KVS_MAX_BATCH", KVS_MAX_BATCH},       {"KVS_MAX_KEY_LEN", KVS_MAX_KEY_LEN},
+        {"KVS_MAX_REPLICAS", KVS_MAX_REPLICAS}, {"KVS_MAX_NAME_LEN", KVS_MAX_NAME_LEN},
+        {"KVS_MAX_SEGMENTS", KVS_MAX_SEGMENTS}, {"KVS_FRAME_MAX_PAYLOAD", KVS_FRAME_MAX_PAYLOAD},
+        {"KVS_DATA_MAX_CHUNK", KVS_DATA_MAX_CHUNK},
+    };
+    bool seen[KVS_ARRAY_SIZE(limits)] = {false};
+    char line[512];
+    bool in_section = false;
+    unsigned rows = 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (strncmp(line, "## ", 3) == 0)
+            in_section = strncmp(line, "## Limits", 9) == 0;
+        if (!in_section || line[0] != '|' || strstr(line, "`KVS_") == NULL)
+            continue;
+        /* | what | value | `CONSTANT` | */
+        char *value = strchr(line + 1, '|');
+        CHECK(value != NULL);
+        uint64_t v = strtoull(value + 1, NULL, 10);
+        char *name = strstr(line, "`KVS_") + 1;
+        *strchr(name, '`') = '\0';
+        bool known = false;
+        for (size_t i = 0; i < KVS_ARRAY_SIZE(limits); i++) {
+            if (strcmp(limits[i].name, name) == 0) {
+                known = true;
+                seen[i] = true;
+                if (v != limits[i].value)
+                    kvs_test_fail(__FILE__, __LINE__, "README says %s is %llu, the code %llu",
+                                  name, (unsigned long long)v,
+                                  (unsigned long long)limits[i].value);
+            }
+        }
+        if (!known)
+            kvs_test_fail(__FILE__, __LINE__, "README's limit %s is not checked here", name);
+        rows++;
+    }
+    fclose(f);
+    CHECK_CMP_U64(rows, >=, KVS_ARRAY_SIZE(limits));
+    for (size_t i = 0; i < KVS_ARRAY_SIZE(limits); i++) {
+        if (!seen[i])
+            kvs_test_fail(__FILE__, __LINE__, "README's Limits table lacks %s", limits[i].name);
+    }
+}
 #endif
 
 static void test_wbuf_alloc_failure(void)
@@ -618,6 +671,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_negotiation),
 #ifndef KVS_PROTO_NEXT
         KVS_TEST_CASE(test_protocol_doc_matches_schema),
+        KVS_TEST_CASE(test_readme_limits_match_the_code),
 #endif
         KVS_TEST_CASE(test_wbuf_alloc_failure),
     };

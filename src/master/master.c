@@ -1215,15 +1215,23 @@ int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t 
         kvs__arena_alloc(arena, (size_t)KVS_MIN(limit, m->nobjs) * sizeof(*rsp->entries));
     if (rsp->entries == NULL)
         return KVS_NO_MEMORY;
-    for (size_t b = 0; b < m->nbuckets; b++) {
+    /* The cursor is the bucket to resume at, plus one. A page ends between buckets, so no
+     * entry is split between pages: a key present through the whole listing (with no table
+     * growth meanwhile) is listed exactly once. */
+    for (size_t b = req->cursor ? (size_t)req->cursor - 1 : 0; b < m->nbuckets; b++) {
+        uint32_t bucket_first = rsp->nentries;
         for (obj_t *o = m->buckets[b]; o != NULL; o = o->hnext) {
             if (o->key_len < req->prefix.len ||
                 (req->prefix.len && memcmp(o->key, req->prefix.ptr, req->prefix.len) != 0))
                 continue;
-            /* Entries stop at the limit or where the reply would outgrow a frame. */
             bytes += KVS__MIN_BYTES_list_entry + o->key_len;
             if (rsp->nentries == limit || bytes > LIST_MAX_BYTES) {
                 rsp->truncated = 1;
+                /* Drop this bucket's part and resume at it, unless it alone is the page. */
+                if (bucket_first > 0) {
+                    rsp->nentries = bucket_first;
+                    rsp->next_cursor = b + 1;
+                }
                 return KVS_OK;
             }
             rsp->entries[rsp->nentries++] = (kvs__list_entry_t){

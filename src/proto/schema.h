@@ -165,13 +165,17 @@
     X(R, ARR, segs, 2, seg_info, KVS_MAX_SEGMENTS)                                                 \
     X(R, ARR, objs, 2, obj_desc, KVS_MAX_BATCH)
 
+/* A listing comes in pages: each reply ends where the next one starts (next_cursor, 0 at the
+ * end), so that any limit up to KVS_MAX_BATCH entries of the longest keys fits frames. */
 #define KVS_FIELDS_list_req(X, R)                                                                  \
     X(R, STR, prefix, 2, KVS_MAX_KEY_LEN, 0)                                                       \
-    X(R, U32, limit, 2, 0, 0)
+    X(R, U32, limit, 2, 0, 0)                                                                      \
+    X(R, U64, cursor, 2, 0, 0) /* 0 at the start, else a reply's next_cursor */
 
 #define KVS_FIELDS_list_rsp(X, R)                                                                  \
     X(R, I32, status, 2, 0, 0)                                                                     \
-    X(R, U32, truncated, 2, 0, 0)                                                                  \
+    X(R, U32, truncated, 2, 0, 0) /* more entries match: at next_cursor */                         \
+    X(R, U64, next_cursor, 2, 0, 0)                                                                \
     X(R, ARR, entries, 2, list_entry, KVS_MAX_BATCH)
 
 #define KVS_FIELDS_stat_rsp(X, R)                                                                  \

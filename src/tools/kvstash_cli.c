@@ -60,7 +60,7 @@ static int cmp_entries(const void *a, const void *b)
 
 static int cmd_ls(cli_t *c, int argc, char **argv)
 {
-    kvs__list_req_t req = {kvs__str_c(""), 1000};
+    kvs__list_req_t req = {kvs__str_c(""), 1000, 0};
     for (int i = 0; i < argc; i++) {
         uint64_t v;
         if (strcmp(argv[i], "--limit") == 0 && i + 1 < argc) {
@@ -76,25 +76,56 @@ static int cmd_ls(cli_t *c, int argc, char **argv)
             req.prefix = kvs__str_c(argv[i]);
         }
     }
-    kvs__rpc_begin(c->rpc, &c->req, KVS_MSG_LIST);
-    kvs__list_req_encode(&c->req, &req);
-    if (cli_call(c) != KVS_OK)
-        return 1;
-    kvs__list_rsp_t rsp;
-    if (kvs__list_rsp_decode(c->rsp.data, c->rsp.len, c->rsp.version, &c->arena, &rsp) != KVS_OK) {
-        fprintf(stderr, "kvstash ls: malformed answer from the master\n");
-        return 1;
+    /* Page after page (each reply fits a frame) until the limit or the end. */
+    kvs__list_entry_t *all = NULL;
+    uint32_t n = 0, want = req.limit;
+    bool more = false;
+    int rc = 0;
+    do {
+        req.limit = want - n;
+        kvs__rpc_begin(c->rpc, &c->req, KVS_MSG_LIST);
+        kvs__list_req_encode(&c->req, &req);
+        if (cli_call(c) != KVS_OK) {
+            rc = 1;
+            break;
+        }
+        /* Decoded keys point into the payload: each page's stays, in the arena. */
+        uint8_t *payload = kvs__arena_alloc(&c->arena, c->rsp.len);
+        if (payload != NULL && c->rsp.len > 0)
+            memcpy(payload, c->rsp.data, c->rsp.len);
+        kvs__list_rsp_t rsp;
+        if (payload == NULL ||
+            kvs__list_rsp_decode(payload, c->rsp.len, c->rsp.version, &c->arena, &rsp) != KVS_OK ||
+            rsp.nentries > req.limit) {
+            fprintf(stderr, "kvstash ls: malformed answer from the master\n");
+            rc = 1;
+            break;
+        }
+        kvs__list_entry_t *grown = kvs__realloc(all, ((size_t)n + rsp.nentries + 1) * sizeof(*all));
+        if (grown == NULL) {
+            fprintf(stderr, "kvstash ls: out of memory\n");
+            rc = 1;
+            break;
+        }
+        all = grown;
+        memcpy(all + n, rsp.entries, (size_t)rsp.nentries * sizeof(*all));
+        n += rsp.nentries;
+        more = rsp.truncated != 0;
+        req.cursor = rsp.next_cursor;
+    } while (rc == 0 && more && n < want && req.cursor != 0);
+    if (rc == 0) {
+        qsort(all, n, sizeof(*all), cmp_entries);
+        char sz[32];
+        for (uint32_t i = 0; i < n; i++) {
+            const kvs__list_entry_t *e = &all[i];
+            printf("%-12s %-8s %u  %.*s\n", kvs__format_size(e->size, sz, sizeof(sz)),
+                   e->state == 1 ? "complete" : "pending", e->nrep, (int)e->key.len, e->key.ptr);
+        }
+        if (more)
+            fprintf(stderr, "(listing stopped at %u keys; use --limit or a prefix)\n", n);
     }
-    qsort(rsp.entries, rsp.nentries, sizeof(*rsp.entries), cmp_entries);
-    char sz[32];
-    for (uint32_t i = 0; i < rsp.nentries; i++) {
-        const kvs__list_entry_t *e = &rsp.entries[i];
-        printf("%-12s %-8s %u  %.*s\n", kvs__format_size(e->size, sz, sizeof(sz)),
-               e->state == 1 ? "complete" : "pending", e->nrep, (int)e->key.len, e->key.ptr);
-    }
-    if (rsp.truncated)
-        fprintf(stderr, "(listing stopped at %u keys; use --limit or a prefix)\n", rsp.nentries);
-    return 0;
+    kvs__free(all);
+    return rc;
 }
 
 static int cmd_stat(cli_t *c)
