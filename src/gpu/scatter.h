@@ -99,13 +99,13 @@ int kvs__scatter_launch_opts(kvs__scatter_t *s, const void *src, const kvs__scat
                              uint32_t n, void *stream, const kvs__scatter_opts_t *opts,
                              kvs__scatter_ticket_t *ticket_p);
 
-/* Asks the ticket's streamed kernels to stop: a kernel waiting for units stops within about
- * 2 us of device time; a copying one stops at its warps' next chunk once it learns of the abort
- * (from grid warp 0, which reads the host's words every ~20 us while it still copies; a kernel
- * whose units are all published and whose warp 0 has finished just completes its copy). Copies
- * of units already started finish. A kernel that already ended is not affected, nor is a later
- * launch. The caller still waits for the stream before it reuses the destinations. Thread-safe
- * (one store per kernel): it may run while another thread launches on the context.
+/* Asks the ticket's streamed kernels to stop: a kernel waiting for units stops within tens of
+ * microseconds (its warps poll at most 33 us apart); a copying one stops at its warps' next chunk
+ * once it learns of the abort (from grid warp 0, which reads the host's words every ~20 us while it
+ * still copies; a kernel whose units are all published and whose warp 0 has finished just completes
+ * its copy). Copies of units already started finish. A kernel that already ended is not affected,
+ * nor is a later launch. The caller still waits for the stream before it reuses the destinations.
+ * Thread-safe (one store per kernel): it may run while another thread launches on the context.
  * INVALID_PARAMS for NULL arguments or a malformed ticket. */
 int kvs__scatter_abort(kvs__scatter_t *s, const kvs__scatter_ticket_t *t);
 
