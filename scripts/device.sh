@@ -3,12 +3,16 @@
 # runs the named suites, writing logs, CSVs and tables under $OUT (default build-gpu/out).
 # Usage: scripts/device.sh SUITE...
 #   scatter        GPU scatter tests, the same under compute-sanitizer memcheck, `kvstash bench scatter`
+#                  (the tests include the streamed kernel's abort and wait bound)
 #   scatter-test   the tests and memcheck only (no benchmark)
+#   scatter-abort  only the abort tests: a streamed kernel never given its units is aborted, or
+#                  stops at its wait bound, and its stream recovers; a staged call whose scatter
+#                  stalls returns at its deadline (the scatter cases also under memcheck)
 #   scatter-bench  the benchmark only
 #   gpu-direct     GPU destinations and sources over tcp and shm (tests), `kvstash bench gpu`
 #   gpu-staging    staging with the CUDA backend (tests, and the same under memcheck)
 #   torch          a PyTorch paged KV cache through the Python module, all four read modes
-#   gpu-tests      the GPU path and staging tests only (no memcheck, no benchmark)
+#   gpu-tests      the GPU scatter, path and staging tests only (no memcheck, no benchmark)
 #   store          `kvstash bench store` (the store benchmark); $STORE_ARGS adds its options
 #   contract       the correctness-contract tests on this machine's cores: test_stress and the
 #                  restart, fencing, tombstone and lease cases of test_client
@@ -18,7 +22,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-build-gpu/out}
 mkdir -p "$out"
-(($#)) || { sed -n '2,17p' "$0"; exit 2; }
+(($#)) || { sed -n '2,21p' "$0"; exit 2; }
 {
     date -u +"%Y-%m-%dT%H:%M:%SZ"
     # (no commit line: the device machine's copy of .git may lag behind the tree it runs)
@@ -57,6 +61,19 @@ for suite in "$@"; do
         [ "$suite" = scatter ] && step scatter_bench build-gpu/kvstash bench scatter \
             --csv "$out/scatter.csv" ${SCATTER_ARGS:-}
         ;;
+    scatter-abort)
+        abort_cases=(test_streamed_kernel_aborted_without_publication
+            test_streamed_kernel_stops_at_its_wait_bound)
+        step scatter_abort_test build-gpu/tests/test_gpu_scatter "${abort_cases[@]}"
+        step staging_abort_test build-gpu/tests/test_gpu_staging \
+            test_gpu_staging_stalled_scatter_is_aborted_at_the_deadline
+        if command -v compute-sanitizer >/dev/null; then
+            KVS_TEST_NOFORK=1 step scatter_abort_memcheck timeout 480 compute-sanitizer \
+                --tool memcheck --error-exitcode 3 build-gpu/tests/test_gpu_scatter "${abort_cases[@]}"
+        else
+            echo "compute-sanitizer not found: memcheck skipped" | tee "$out/scatter_abort_memcheck.log"
+        fi
+        ;;
     gpu-direct)
         step gpu_paths_test build-gpu/tests/test_gpu_paths
         rm -f "$out/.port"
@@ -77,6 +94,7 @@ for suite in "$@"; do
             --tool memcheck --error-exitcode 3 build-gpu/tests/test_gpu_staging
         ;;
     gpu-tests)
+        step scatter_test build-gpu/tests/test_gpu_scatter
         step gpu_paths_test build-gpu/tests/test_gpu_paths
         step gpu_staging_test build-gpu/tests/test_gpu_staging
         ;;

@@ -1,6 +1,7 @@
 /* GPU: the scatter kernel against random fragment sets (reordered, unaligned, odd sizes, 1 byte
  * to 12 MiB). Every destination byte is checked, and so are guard bytes around every fragment.
- * Without a GPU the program reports a skip (exit 77). */
+ * A streamed kernel whose host never publishes is aborted, or stops at its wait bound, and the
+ * stream recovers. Without a GPU the program reports a skip (exit 77). */
 #define _GNU_SOURCE
 #include "kvs_test.h"
 #include "gpu_probe.h"
@@ -248,6 +249,171 @@ static void test_bad_fragment_while_streaming(void)
     kvs__scatter_destroy(s);
 }
 
+/* ---- a streamed kernel whose host never publishes: abort, time bound, recovery ------------- */
+
+enum { HN = 6000, HLEN = 4096 }; /* 6,000 one-unit fragments: the streamed kernel */
+
+typedef struct {
+    char *src, *dst; /* device: HN * HLEN each; dst starts as guard */
+    kvs__scatter_frag_t frags[HN];
+    uint8_t *h;
+} held_t;
+
+static void held_init(held_t *x)
+{
+    CHECK_CUDA(cudaMalloc((void **)&x->src, (size_t)HN * HLEN));
+    CHECK_CUDA(cudaMalloc((void **)&x->dst, (size_t)HN * HLEN));
+    x->h = malloc((size_t)HN * HLEN);
+    CHECK(x->h != NULL);
+    for (size_t b = 0; b < (size_t)HN * HLEN; b++)
+        x->h[b] = (uint8_t)(b * 131 + b / 4096);
+    CHECK_CUDA(cudaMemcpy(x->src, x->h, (size_t)HN * HLEN, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemset(x->dst, GUARD_BYTE, (size_t)HN * HLEN));
+    /* Reversed destinations, so that "not beyond what was published" is about units, not
+     * addresses. */
+    for (uint32_t i = 0; i < HN; i++)
+        x->frags[i] = (kvs__scatter_frag_t){x->dst + (size_t)(HN - 1 - i) * HLEN, HLEN};
+}
+
+static void held_free(held_t *x)
+{
+    CHECK_CUDA(cudaFree(x->src));
+    CHECK_CUDA(cudaFree(x->dst));
+    free(x->h);
+}
+
+/* Fragments [0, copied) hold their source bytes, fragments [copied, HN) are still guard. */
+static void held_check(const held_t *x, uint32_t copied)
+{
+    uint8_t *d = malloc((size_t)HN * HLEN), *guard = malloc(HLEN);
+    CHECK(d != NULL && guard != NULL);
+    memset(guard, GUARD_BYTE, HLEN);
+    CHECK_CUDA(cudaMemcpy(d, x->dst, (size_t)HN * HLEN, cudaMemcpyDeviceToHost));
+    for (uint32_t i = 0; i < HN; i++) {
+        const uint8_t *got = d + (size_t)(HN - 1 - i) * HLEN;
+        if (i < copied)
+            CHECK_EQ_MEM(got, x->h + (size_t)i * HLEN, HLEN);
+        else if (memcmp(got, guard, HLEN) != 0)
+            kvs_test_fail(__FILE__, __LINE__, "fragment %u of %u written, only %u published", i,
+                          (unsigned)HN, copied);
+    }
+    free(d);
+    free(guard);
+}
+
+/* Waits for the stream at most `ms`: false when it is still busy then. */
+static bool stream_done_within(cudaStream_t st, unsigned ms)
+{
+    uint64_t until = kvs__now_ns() + (uint64_t)ms * 1000000;
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(st);
+        if (e == cudaSuccess)
+            return true;
+        CHECK_EQ_INT(e, cudaErrorNotReady);
+        if (kvs__now_ns() > until)
+            return false;
+        usleep(100);
+    }
+}
+
+/* The stream and context still work: a streamed and an inline scatter on them are exact, and the
+ * streamed one reports COMPLETE. */
+static void check_recovered(kvs__scatter_t *s, cudaStream_t st, held_t *x)
+{
+    CHECK_CUDA(cudaMemset(x->dst, GUARD_BYTE, (size_t)HN * HLEN));
+    kvs__scatter_ticket_t t;
+    CHECK_STATUS(kvs__scatter_launch_opts(s, x->src, x->frags, HN, st, NULL, &t), KVS_OK);
+    CHECK_EQ_INT(t.n, 1);
+    CHECK(stream_done_within(st, 5000));
+    CHECK_EQ_INT(kvs__scatter_result(s, &t), KVS_SCATTER_COMPLETE);
+    held_check(x, HN);
+    run_case(s, 3000, len_pages, 3, st);
+    run_case(s, 300, len_small_odd, 1, st);
+}
+
+static void test_streamed_kernel_aborted_without_publication(void)
+{
+    /* The host writes every unit but publishes only the first 1,000 and never the final count:
+     * the kernel copies those and waits. Without the abort it would wait forever (here: its
+     * 60 s bound); aborted, it stops at once, reports ABORTED, has written nothing past what was
+     * published, and the stream runs the next scatters correctly. */
+    enum { PUBLISHED = 1000 };
+    kvs__scatter_t *s = make(0);
+    cudaStream_t st;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    held_t *x = calloc(1, sizeof(*x));
+    CHECK(x != NULL);
+    held_init(x);
+    kvs__scatter_opts_t o = {
+        .wait_ns = 60000000000ull, .test_hold = true, .test_publish_units = PUBLISHED};
+    kvs__scatter_ticket_t t;
+    CHECK_STATUS(kvs__scatter_launch_opts(s, x->src, x->frags, HN, st, &o, &t), KVS_OK);
+    CHECK_EQ_INT(t.n, 1);
+    CHECK(!stream_done_within(st, 50)); /* it waits for units that never come */
+    uint64_t t0 = kvs__now_ns();
+    CHECK_STATUS(kvs__scatter_abort(s, &t), KVS_OK);
+    bool done = stream_done_within(st, 2000);
+    uint64_t us = (kvs__now_ns() - t0) / 1000;
+    printf("  aborted: the stream drained %llu us after the abort\n", (unsigned long long)us);
+    CHECK(done);
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_EQ_INT(kvs__scatter_result(s, &t), KVS_SCATTER_ABORTED);
+    held_check(x, PUBLISHED);
+    /* A stale abort (of the launch that already ended) leaves later launches alone: the next two
+     * take both slots, the second the aborted one's. */
+    check_recovered(s, st, x);
+    CHECK_STATUS(kvs__scatter_abort(s, &t), KVS_OK);
+    check_recovered(s, st, x);
+    held_free(x);
+    free(x);
+    CHECK_CUDA(cudaStreamDestroy(st));
+    kvs__scatter_destroy(s);
+}
+
+static void test_streamed_kernel_stops_at_its_wait_bound(void)
+{
+    /* Nobody aborts: the kernel stops by itself once a warp has waited past its bound (device
+     * time), reports TIMED_OUT, and the stream recovers. First an explicit 50 ms bound with
+     * nothing published, then the bound derived from a deadline 200 ms away, 512 units
+     * published. */
+    kvs__scatter_t *s = make(0);
+    cudaStream_t st;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    held_t *x = calloc(1, sizeof(*x));
+    CHECK(x != NULL);
+    held_init(x);
+    struct {
+        uint64_t wait_ms, deadline_ms;
+        uint32_t published;
+    } cases[2] = {{50, 0, 0}, {0, 200, 512}};
+    for (int k = 0; k < 2; k++) {
+        CHECK_CUDA(cudaMemset(x->dst, GUARD_BYTE, (size_t)HN * HLEN));
+        uint64_t t0 = kvs__now_ns();
+        kvs__scatter_opts_t o = {.deadline_ns =
+                                     cases[k].deadline_ms ? t0 + cases[k].deadline_ms * 1000000 : 0,
+                                 .wait_ns = cases[k].wait_ms * 1000000,
+                                 .test_hold = true,
+                                 .test_publish_units = cases[k].published};
+        kvs__scatter_ticket_t t;
+        CHECK_STATUS(kvs__scatter_launch_opts(s, x->src, x->frags, HN, st, &o, &t), KVS_OK);
+        bool done = stream_done_within(st, 5000);
+        uint64_t ms = (kvs__now_ns() - t0) / 1000000;
+        uint64_t bound = cases[k].wait_ms + cases[k].deadline_ms;
+        printf("  bound %llu ms: the kernel stopped by itself after %llu ms\n",
+               (unsigned long long)bound, (unsigned long long)ms);
+        CHECK(done);
+        CHECK_CUDA(cudaGetLastError());
+        CHECK_CMP_U64(ms, >=, bound * 9 / 10);
+        CHECK_EQ_INT(kvs__scatter_result(s, &t), KVS_SCATTER_TIMED_OUT);
+        held_check(x, cases[k].published);
+        check_recovered(s, st, x);
+    }
+    held_free(x);
+    free(x);
+    CHECK_CUDA(cudaStreamDestroy(st));
+    kvs__scatter_destroy(s);
+}
+
 static void test_random_sets_1_byte_to_12_mib(void)
 {
     kvs__scatter_t *s = make(0);
@@ -303,6 +469,14 @@ static void test_bad_arguments(void)
     bad.device = -1;
     CHECK_STATUS(kvs__scatter_create(&bad, &none), KVS_INVALID_PARAMS);
     CHECK(none == NULL);
+    kvs__scatter_ticket_t t = {0, {0, 0}, {0, 0}};
+    CHECK_STATUS(kvs__scatter_abort(NULL, &t), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__scatter_abort(s, NULL), KVS_INVALID_PARAMS);
+    CHECK_EQ_INT(kvs__scatter_result(NULL, &t), KVS_SCATTER_UNKNOWN);
+    CHECK_EQ_INT(kvs__scatter_result(s, &t), KVS_SCATTER_COMPLETE); /* no streamed kernel */
+    t.n = 3;
+    CHECK_STATUS(kvs__scatter_abort(s, &t), KVS_INVALID_PARAMS);
+    CHECK_EQ_INT(kvs__scatter_result(s, &t), KVS_SCATTER_UNKNOWN);
     CHECK_CUDA(cudaDeviceSynchronize());
     CHECK_CUDA(cudaFree(d));
     kvs__scatter_destroy(s);
@@ -320,6 +494,8 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_mapped_descriptors_and_reuse),
         KVS_TEST_CASE(test_streamed_units_that_outgrow_the_buffer),
         KVS_TEST_CASE(test_bad_fragment_while_streaming),
+        KVS_TEST_CASE(test_streamed_kernel_aborted_without_publication),
+        KVS_TEST_CASE(test_streamed_kernel_stops_at_its_wait_bound),
         KVS_TEST_CASE(test_random_sets_1_byte_to_12_mib),
         KVS_TEST_CASE(test_bounded_blocks),
         KVS_TEST_CASE(test_skipped_source_ranges),

@@ -1,6 +1,7 @@
 /* GPU: read staging with the CUDA backend into device pages, against a real kvstash-server, over
  * shm and tcp, staged and grouped staged: bytes and guard bytes checked, fills and launches
- * counted, busy fallback, injected receive and scatter failures. Without a GPU the program
+ * counted, busy fallback, injected receive and scatter failures, a stalled scatter kernel aborted
+ * at the call's deadline. Without a GPU the program
  * reports a skip (exit 77). */
 #define _GNU_SOURCE
 #include "kvs_test.h"
@@ -39,6 +40,9 @@ typedef struct {
     const kvs_buf_t *bufs[NK];
 } fix_t;
 
+/* The transfer deadline of the next fix_start's client (0: the default). */
+static uint64_t fix_transfer_ms;
+
 static void fix_start(fix_t *x, const char *protocol)
 {
     const char *args[] = {"--segment-size", "64MiB", NULL};
@@ -52,6 +56,8 @@ static void fix_start(fix_t *x, const char *protocol)
     kvs_client_config_t cfg;
     kvs_client_config_init(&cfg);
     cfg.master = master;
+    if (fix_transfer_ms != 0)
+        cfg.transfer_timeout_ms = fix_transfer_ms;
     CHECK_STATUS(kvs_client_open(&cfg, &x->c), KVS_OK);
     CHECK(kvs__client_staging(x->c) != NULL);
     /* Objects put from host memory. */
@@ -217,6 +223,49 @@ static void test_gpu_staging_busy_and_injected_failures(void)
     free(x);
 }
 
+/* A fill's scatter kernel whose units are never published (the host failed between launch and
+ * publication): the call waits for it until its deadline (500 ms), aborts it there and returns
+ * within the deadline plus 100 ms, every key TIMED_OUT, no destination written, nothing replayed;
+ * the next call on the same device (its lane, context and stream) is exact. */
+static void test_gpu_staging_stalled_scatter_is_aborted_at_the_deadline(void)
+{
+    fix_transfer_ms = 500;
+    fix_t *x = calloc(1, sizeof(*x));
+    fix_start(x, "shm");
+    fix_transfer_ms = 0;
+    kvs__staging_t *sg = kvs__client_staging(x->c);
+    kvs__staging_hooks_t h = {.fail_receive_key = -1, .stall_scatter = true};
+    kvs__staging_set_hooks(sg, &h);
+    fix_layout(x);
+    int64_t res[NK];
+    uint64_t t0 = kvs__now_ns();
+    CHECK_STATUS(kvs_client_batch_get_into_multi_buffers(x->c, NK, keys, x->bufs, x->n, false, res),
+                 KVS_OK);
+    uint64_t ms = (kvs__now_ns() - t0) / 1000000;
+    printf("  stalled scatter kernel: the call returned after %llu ms (deadline 500 ms)\n",
+           (unsigned long long)ms);
+    CHECK_CMP_U64(ms, >=, 400);
+    CHECK_CMP_U64(ms, <, 600);
+    for (int k = 0; k < NK; k++)
+        CHECK_STATUS(res[k], KVS_TIMED_OUT);
+    bool none[NK] = {false};
+    fix_check(x, none);
+    kvs_client_stats_t s = stats(x);
+    CHECK_EQ_U64(s.scatter_launches, 1); /* the later fills found the deadline passed */
+    CHECK_EQ_U64(s.get_submissions, 0);
+    h.stall_scatter = false;
+    kvs__staging_set_hooks(sg, &h);
+    bool all[NK] = {true, true, true, true, true, true, true};
+    fix_layout(x);
+    CHECK_STATUS(kvs_client_batch_get_into_multi_buffers(x->c, NK, keys, x->bufs, x->n, false, res),
+                 KVS_OK);
+    for (int k = 0; k < NK; k++)
+        CHECK_EQ_INT(res[k], (int64_t)sizes[k]);
+    fix_check(x, all);
+    fix_stop(x);
+    free(x);
+}
+
 /* The buffer is bound to the device of the first staged call: a call into another GPU's pages
  * falls back (other_gpu) and is exact through the direct path. Needs two GPUs. */
 static void test_gpu_staging_other_gpu_falls_back(void)
@@ -268,6 +317,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_gpu_staged_over_shm),
         KVS_TEST_CASE(test_gpu_staged_over_tcp),
         KVS_TEST_CASE(test_gpu_staging_busy_and_injected_failures),
+        KVS_TEST_CASE(test_gpu_staging_stalled_scatter_is_aborted_at_the_deadline),
         KVS_TEST_CASE(test_gpu_staging_other_gpu_falls_back),
     };
     return kvs_test_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));

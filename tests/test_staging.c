@@ -618,6 +618,50 @@ static void test_staging_injected_scatter_failure(void)
     server_stop(&st.srv);
 }
 
+static void test_staging_stalled_scatter_is_aborted_at_the_deadline(void)
+{
+    /* A scatter that never finishes by itself (a kernel whose host stopped publishing): the call
+     * waits for it only until its deadline (300 ms), aborts it there and fails its keys with
+     * TIMED_OUT, nothing written and nothing replayed; the next call is exact. Before the wait
+     * was bounded, such a call never returned. */
+    store_t st;
+    store_start(&st, NULL);
+    kvs_client_t *c = staged_client(&st, 300, NULL);
+    const char *keys[3] = {"h0", "h1", "h2"};
+    uint64_t sizes[3] = {10000, 20000, 30000};
+    for (int i = 0; i < 3; i++)
+        put_key(c, keys[i], sizes[i]);
+    dest_t d;
+    dest_init(c, &d, sizes, 3);
+    kvs__staging_hooks_t h = {.fail_receive_key = -1, .stall_scatter = true};
+    kvs__staging_set_hooks(kvs__client_staging(c), &h);
+    int64_t res[3];
+    uint64_t t0 = kvs__now_ns();
+    CHECK_STATUS(read_keys(c, &d, keys, 3, res), KVS_OK);
+    uint64_t ms = (kvs__now_ns() - t0) / 1000000;
+    printf("  stalled scatter: the call returned after %llu ms (deadline 300 ms)\n",
+           (unsigned long long)ms);
+    CHECK_CMP_U64(ms, >=, 250); /* it did wait for the scatter, up to the deadline */
+    CHECK_CMP_U64(ms, <, 400);  /* and no longer than the deadline plus 100 ms */
+    for (int i = 0; i < 3; i++) {
+        CHECK_STATUS(res[i], KVS_TIMED_OUT);
+        CHECK(key_guarded(&d, i));
+    }
+    kvs_client_stats_t s = stats(c);
+    CHECK_EQ_U64(s.scatter_launches, 1);
+    CHECK_EQ_U64(s.get_submissions, 0); /* no direct replay */
+    h.stall_scatter = false;
+    kvs__staging_set_hooks(kvs__client_staging(c), &h);
+    CHECK_STATUS(read_keys(c, &d, keys, 3, res), KVS_OK);
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ_INT(res[i], (int64_t)sizes[i]);
+        CHECK(key_exact(&d, i, keys[i]));
+    }
+    dest_free(c, &d);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
 static void test_staging_alloc_failure_disables_staging(void)
 {
     store_t st;
@@ -746,6 +790,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_staging_concurrent_threads),
         KVS_TEST_CASE(test_staging_injected_receive_failure),
         KVS_TEST_CASE(test_staging_injected_scatter_failure),
+        KVS_TEST_CASE(test_staging_stalled_scatter_is_aborted_at_the_deadline),
         KVS_TEST_CASE(test_staging_alloc_failure_disables_staging),
         KVS_TEST_CASE(test_staging_late_completion_lands_nowhere),
         KVS_TEST_CASE(test_staging_unregister_and_close_wait_for_reads),

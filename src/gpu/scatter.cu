@@ -13,7 +13,9 @@
 // them with a cudaMemcpyAsync first cost the kernel's start 20 us per MiB of descriptors; reading
 // one per unit measured 1.3-1.4x slower at 4-8 KiB units. The host writes units with
 // non-temporal stores (scatter_units.c), 1.3-1.7x faster into lines the GPU last read. Each
-// buffer is rewritten only after the kernel that last read it.
+// buffer is rewritten only after the kernel that last read it. A streamed kernel depends on its
+// host to publish, so its wait is bounded in device time and the host can abort it through a
+// second mapped word; it reports how it ended in a mapped status ring (progress_t).
 #include "scatter.h"
 #include "scatter_units.h"
 
@@ -201,28 +203,91 @@ __device__ __forceinline__ unit_t chunk_unit(const unit_t *units, unsigned n, un
     return lane < (1u << shift) && i < n ? units[i] : unit_t{0, 0};
 }
 
-// Where a streamed kernel learns how many units the host has published. Reads of one host word
-// from many warps are served one at a time, about 1 us each (4,224 warps reading it once took
-// 4 ms), so warps read a device-memory mirror of it instead, and one waiting warp at a time (the
-// one that takes `lock`) reads the host word and refreshes the mirror.
+// Why a streamed kernel stopped before its final count (kvs__scatter_end_t).
+constexpr unsigned kEndAborted = KVS_SCATTER_ABORTED;
+constexpr unsigned kEndTimedOut = KVS_SCATTER_TIMED_OUT;
+// How often grid warp 0 reads the host's words while it copies, so that an abort reaches a
+// kernel none of whose warps waits (one PCIe read, about 1 us, per period; kernels shorter than
+// this never pay it).
+constexpr unsigned long long kRefreshNs = 20000;
+
+// Where a streamed kernel learns how many units the host has published and whether the host
+// aborted it. Reads of one host word from many warps are served one at a time, about 1 us each
+// (4,224 warps reading it once took 4 ms), so warps read a device-memory mirror of it instead,
+// and one waiting warp at a time (the one that takes `lock`) reads the host words and refreshes
+// the mirror. A warp that finds the launch aborted or waits past its bound writes `stop`, which
+// every warp checks between chunks, so one warp's finding stops them all; it also writes the
+// launch's entry of the host's status ring, which the host reads once the stream has passed.
 struct progress_t {
-    const unsigned *ctl;        // pinned host word: published units, kDone once final
-    unsigned long long *mirror; // device: seq << 32 | a value of *ctl seen in launch `seq`
-    unsigned *lock;             // device: 1 while a warp reads *ctl
-    unsigned seq;               // this launch's number (the mirror's older values differ)
+    const unsigned *ctl;        // pinned host words: [0] published units (kDone once final),
+                                // [1] the number of the launch the host aborted
+    unsigned long long *mirror; // device: seq << 32 | a value of ctl[0] seen in launch `seq`
+    unsigned *lock;             // device: 1 while a warp reads ctl
+    unsigned long long *stop;   // device: seq << 32 | why, once launch `seq` stops early
+    unsigned *status;           // pinned host word: (seq mod 2^30) << 2 | why
+    unsigned long long wait_ns; // the longest a warp waits for units, from its start
+    unsigned seq;               // this launch's number (older values of the words differ)
 };
 
-// Waits until units [0, end) are published or the count is final; returns the word (the same in
-// every lane). The acquire reads order the warp's later descriptor reads after the host's writes
-// of the units counted (__syncwarp carries lane 0's order to the others). Grid warp 0 reads the
-// host word at once; another warp only after two tries found the mirror short and the lock free
-// (all warps taking the lock at the start cost 5-10 us of atomics). Between tries the warp sleeps
-// 1 us while the mirror is from an earlier launch (the first read of the host word takes about
-// that), else about 1 ns per missing unit (the host writes one in 1.5-3 ns), at least 0.5 us.
-__device__ unsigned wait_published(const progress_t &p, unsigned end, unsigned lane, bool first)
+__device__ __forceinline__ unsigned long long device_ns()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Lane 0: why the launch stopped, 0 while it runs.
+__device__ __forceinline__ unsigned stopped(const progress_t &p)
+{
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p.stop) : "memory");
+    return (unsigned)(v >> 32) == p.seq ? (unsigned)v : 0u;
+}
+
+// Lane 0: stops the launch for every warp and tells the host why. Several warps may find a
+// reason at once; any of them is true, so the last store wins.
+__device__ void stop_launch(const progress_t &p, unsigned why)
+{
+    unsigned long long v = (unsigned long long)p.seq << 32 | why;
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p.stop), "l"(v) : "memory");
+    unsigned st = (p.seq & 0x3fffffffu) << 2 | why;
+    asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p.status), "r"(st) : "memory");
+}
+
+// Lane 0, holding p.lock: reads both host words in one PCIe read, mirrors the published count,
+// stops the launch when the host aborted it, and gives the lock back. Returns the published
+// word; *why_p receives kEndAborted when the host aborted the launch, else 0.
+__device__ unsigned read_host(const progress_t &p, unsigned *why_p)
+{
+    unsigned long long w;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(w) : "l"(p.ctl) : "memory");
+    unsigned v = (unsigned)w;
+    *why_p = 0;
+    if ((unsigned)(w >> 32) == p.seq) {
+        stop_launch(p, kEndAborted);
+        *why_p = kEndAborted;
+    }
+    unsigned long long m = (unsigned long long)p.seq << 32 | v;
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p.mirror), "l"(m) : "memory");
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p.lock), "r"(0u) : "memory");
+    return v;
+}
+
+// Waits until units [0, end) are published or the count is final, and returns true with the
+// word in *word_p (the same in every lane); returns false when the launch stopped instead: the
+// host aborted it, or this warp waited past p.wait_ns since its start *t0_p (device time, kept in
+// shared memory, as lane 0 alone reads it: registers are short around the copy). The
+// acquire reads order the warp's later descriptor reads after the host's writes of the units
+// counted (__syncwarp carries lane 0's order to the others). Grid warp 0 reads the host word at
+// once; another warp only after two tries found the mirror short and the lock free (all warps
+// taking the lock at the start cost 5-10 us of atomics). Between tries the warp sleeps 1 us while
+// the mirror is from an earlier launch (the first read of the host word takes about that), else
+// about 1 ns per missing unit (the host writes one in 1.5-3 ns), at least 0.5 us.
+__device__ bool wait_published(const progress_t &p, unsigned end, unsigned lane, bool first,
+                               const unsigned long long *t0_p, unsigned *word_p)
 {
     for (unsigned tries = 0;; tries++) {
-        unsigned v = 0;
+        unsigned v = 0, why = 0;
         if (lane == 0) {
             unsigned long long m;
             asm volatile("ld.acquire.gpu.global.u64 %0, [%1];"
@@ -230,26 +295,46 @@ __device__ unsigned wait_published(const progress_t &p, unsigned end, unsigned l
                          : "l"(p.mirror)
                          : "memory");
             v = (unsigned)(m >> 32) == p.seq ? (unsigned)m : 0;
-            if (!(v & kDone) && (v & kCountMask) < end && (first || tries >= 2) &&
+            why = stopped(p);
+            if (why == 0 && !(v & kDone) && (v & kCountMask) < end && (first || tries >= 2) &&
                 *reinterpret_cast<volatile unsigned *>(p.lock) == 0u &&
-                atomicCAS(p.lock, 0u, 1u) == 0u) {
-                asm volatile("ld.acquire.sys.global.u32 %0, [%1];"
-                             : "=r"(v)
-                             : "l"(p.ctl)
-                             : "memory");
-                m = (unsigned long long)p.seq << 32 | v;
-                asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p.mirror), "l"(m)
-                             : "memory");
-                asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p.lock), "r"(0u)
-                             : "memory");
+                atomicCAS(p.lock, 0u, 1u) == 0u)
+                v = read_host(p, &why);
+            if (why == 0 && !(v & kDone) && (v & kCountMask) < end &&
+                device_ns() - *t0_p > p.wait_ns) {
+                stop_launch(p, kEndTimedOut);
+                why = kEndTimedOut;
             }
         }
         v = __shfl_sync(0xffffffffu, v, 0);
+        why = __shfl_sync(0xffffffffu, why, 0);
         __syncwarp();
-        if ((v & kDone) || (v & kCountMask) >= end)
-            return v;
+        if (why != 0)
+            return false;
+        if ((v & kDone) || (v & kCountMask) >= end) {
+            *word_p = v;
+            return true;
+        }
         __nanosleep(v == 0 ? 1000u : min(max(end - (v & kCountMask), 500u), 32768u));
     }
+}
+
+// Between two chunks: whether the launch has stopped (lane 0's read of p.stop, issued before the
+// chunk was copied, so its latency hides behind the copy). Grid warp 0 also reads the host's
+// words every kRefreshNs, the only way an abort reaches warps none of which waits.
+__device__ __forceinline__ bool stop_seen(const progress_t &p, unsigned why, unsigned lane,
+                                          unsigned long long *next_refresh_p)
+{
+    if (lane == 0 && why == 0 && blockIdx.x == 0 && threadIdx.x == 0) {
+        unsigned long long now = device_ns();
+        if (now >= *next_refresh_p) {
+            *next_refresh_p = now + kRefreshNs;
+            if (*reinterpret_cast<volatile unsigned *>(p.lock) == 0u &&
+                atomicCAS(p.lock, 0u, 1u) == 0u)
+                read_host(p, &why);
+        }
+    }
+    return __shfl_sync(0xffffffffu, why, 0) != 0;
 }
 
 // Descriptors read straight from pinned host memory while the host is still writing them: the
@@ -257,14 +342,23 @@ __device__ unsigned wait_published(const progress_t &p, unsigned end, unsigned l
 // KVS_SCATTER_PUBLISH_UNITS, and a warp copies a chunk of 2^shift consecutive units once they are
 // all published (or the count is final). A chunk is one PCIe read of up to 512 bytes, kept in
 // shared memory while the warp copies it; the next chunk's read is issued before the current chunk
-// is copied when it is already published.
+// is copied when it is already published. The kernel stops early, units not yet started left
+// uncopied, when the host aborts it or a warp waits past p.wait_ns (progress_t).
 __global__ void __launch_bounds__(kThreads, kBlocksPerSM)
     scatter_stream(const char *src, const unit_t *units, const progress_t p, unsigned shift)
 {
     __shared__ unit_t chunk[kWarps][32];
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, warps = gridDim.x * kWarps;
     unsigned c = blockIdx.x * kWarps + warp;
-    unsigned seen = wait_published(p, (c + 1) << shift, lane, c == 0), cnt = seen & kCountMask;
+    __shared__ unsigned long long clocks[kWarps][2]; // the warp's start, grid warp 0's next refresh
+    if (lane == 0) {
+        clocks[warp][0] = device_ns();
+        clocks[warp][1] = clocks[warp][0] + kRefreshNs;
+    }
+    unsigned seen;
+    if (!wait_published(p, (c + 1) << shift, lane, c == 0, &clocks[warp][0], &seen))
+        return;
+    unsigned cnt = seen & kCountMask;
     if ((c << shift) >= cnt)
         return; // the final count ends before this warp's first chunk
     unit_t next = chunk_unit(units, cnt, c, shift, lane);
@@ -282,13 +376,17 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM)
             next = chunk_unit(units, cnt, c, shift, lane);
             m = min(1u << shift, cnt - (c << shift));
         }
+        const unsigned why = lane == 0 ? stopped(p) : 0u; // used after the copy
 #pragma unroll 1
         for (unsigned j = 0; j < ncur; j++)
             warp_copy_unit(chunk[warp][j], src, lane);
+        if (stop_seen(p, why, lane, &clocks[warp][1]))
+            return;
         if (!ready) {
             if (seen & kDone)
                 return; // nothing left for this warp
-            seen = wait_published(p, (c + 1) << shift, lane, false);
+            if (!wait_published(p, (c + 1) << shift, lane, false, &clocks[warp][0], &seen))
+                return;
             cnt = seen & kCountMask;
             if ((c << shift) >= cnt)
                 return;
@@ -300,30 +398,39 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM)
 
 } // namespace
 
-// A pinned descriptor buffer the kernel reads through its mapping, the word through which the
-// host publishes how many of its units are written, and the event recorded after the kernel that
-// last read them.
+// A pinned descriptor buffer the kernel reads through its mapping, the words through which the
+// host publishes how many of its units are written and aborts the kernel, and the event recorded
+// after the kernel that last read them.
 struct slot_t {
     unit_t *host;  // pinned, mapped
     unit_t *dev;   // the kernel's pointer to it
     size_t cap;    // units
-    unsigned *ctl; // published units (kDone: final), pinned, mapped; its own cache lines
+    unsigned *ctl; // [0] published units (kDone: final), [1] the launch aborted; pinned, mapped,
+                   // 8-byte aligned (the kernel reads both at once), their own cache lines
     const unsigned *ctl_dev;
-    unsigned long long *mirror; // device memory: the kernel's copy of *ctl (progress_t)
+    unsigned long long *mirror; // device memory: the kernel's copy of ctl[0] (progress_t)
     unsigned *lock;
+    unsigned long long *stop;
     cudaEvent_t done;
     bool pending;
 };
+
+// Layout of the pinned block: both slots' words, 128 bytes apart, then the status ring.
+constexpr size_t kCtlBytes = 256;
+constexpr size_t kCtlBlockBytes = kCtlBytes + KVS_SCATTER_STATUS_RING * sizeof(unsigned);
 
 struct kvs__scatter {
     int device;
     unsigned grid; // blocks of a full launch
     slot_t slot[2];
-    unsigned *ctl_block; // pinned, mapped: both slots' words, 128 bytes apart
-    char *dev_block;     // device memory: both slots' mirrors and locks, zeroed
-    unsigned seq;        // streamed launches so far
-    unsigned next;       // the slot the next mapped launch uses
-    size_t units_hint;   // the most units one call has made: a slot grows to it before launching
+    unsigned *ctl_block;  // pinned, mapped: both slots' words, 128 bytes apart, zeroed
+    unsigned *status;     // in ctl_block: the end of launch seq at [seq % RING]
+    unsigned *status_dev; // the kernels' pointer to it
+    char *dev_block;      // device memory: both slots' mirrors, locks and stops, zeroed
+    unsigned seq;         // the last streamed launch's number (never 0, so an unset abort
+                          // word, 0, names no launch)
+    unsigned next;        // the slot the next mapped launch uses
+    size_t units_hint;    // the most units one call has made: a slot grows to it before launching
     kvs__scatter_stats_t stats;
 };
 
@@ -376,10 +483,17 @@ extern "C" int kvs__scatter_create(const kvs__scatter_config_t *cfg, kvs__scatte
     for (int i = 0; i < 2 && e == cudaSuccess; i++)
         e = cudaEventCreateWithFlags(&s->slot[i].done, cudaEventDisableTiming);
     if (e == cudaSuccess)
-        e = cudaHostAlloc(reinterpret_cast<void **>(&s->ctl_block), 256, cudaHostAllocMapped);
+        e = cudaHostAlloc(reinterpret_cast<void **>(&s->ctl_block), kCtlBlockBytes,
+                          cudaHostAllocMapped);
+    if (e == cudaSuccess)
+        memset(s->ctl_block, 0, kCtlBlockBytes);
     unsigned *ctl_dev = NULL;
     if (e == cudaSuccess)
         e = cudaHostGetDevicePointer(reinterpret_cast<void **>(&ctl_dev), s->ctl_block, 0);
+    if (e == cudaSuccess) {
+        s->status = s->ctl_block + kCtlBytes / sizeof(unsigned);
+        s->status_dev = ctl_dev + kCtlBytes / sizeof(unsigned);
+    }
     if (e == cudaSuccess)
         e = cudaMalloc(reinterpret_cast<void **>(&s->dev_block), 512);
     if (e == cudaSuccess)
@@ -389,6 +503,7 @@ extern "C" int kvs__scatter_create(const kvs__scatter_config_t *cfg, kvs__scatte
         s->slot[i].ctl_dev = ctl_dev + 32 * i;
         s->slot[i].mirror = reinterpret_cast<unsigned long long *>(s->dev_block + 256 * i);
         s->slot[i].lock = reinterpret_cast<unsigned *>(s->dev_block + 256 * i + 128);
+        s->slot[i].stop = reinterpret_cast<unsigned long long *>(s->dev_block + 256 * i + 192);
     }
     leave_device(s, prev);
     if (e != cudaSuccess) {
@@ -462,13 +577,42 @@ static void publish(unsigned *ctl, size_t v)
     __atomic_store_n(ctl, (unsigned)v, __ATOMIC_RELEASE);
 }
 
+// Tells the kernel of launch `seq` on slot `sl` to stop (it compares the number with its own, so
+// a later launch on the slot is not affected).
+static void abort_kernel(slot_t *sl, unsigned seq)
+{
+    __atomic_store_n(&sl->ctl[1], seq, __ATOMIC_RELEASE);
+}
+
+// The record a launch's kernel overwrites when it stops early.
+static unsigned status_tag(unsigned seq)
+{
+    return (seq & 0x3fffffffu) << 2;
+}
+
+// The device-time bound of a streamed kernel's wait (kvs__scatter_opts_t.wait_ns).
+static uint64_t wait_bound(const kvs__scatter_opts_t *o)
+{
+    if (o->wait_ns != 0)
+        return o->wait_ns;
+    if (o->deadline_ns == 0)
+        return KVS_SCATTER_WAIT_DEFAULT_NS;
+    uint64_t now = kvs__now_ns();
+    uint64_t left = o->deadline_ns > now ? o->deadline_ns - now : 0;
+    return KVS_MAX(left, (uint64_t)KVS_SCATTER_WAIT_MIN_NS);
+}
+
 // Launches the streamed kernel on the next slot, then writes the units into that slot while it
 // runs. `known`: the exact unit count when the caller has counted it, else 0 (the slot is sized
 // to the fragment count or the most units an earlier call made, and fragments whose units do
-// not fit go to one more launch, sized exactly).
+// not fit go to one more launch, sized exactly). The kernel is added to *t.
 static int launch_mapped(kvs__scatter_t *s, const char *src, const kvs__scatter_frag_t *frags,
-                         uint32_t n, size_t known, cudaStream_t stream)
+                         uint32_t n, size_t known, cudaStream_t stream,
+                         const kvs__scatter_opts_t *o, kvs__scatter_ticket_t *tk)
 {
+    if (tk->n >= 2) // a relaunch is sized exactly, so a call makes two at most
+        return KVS_INVALID_PARAMS;
+    unsigned slot_no = s->next;
     // Two slots in turn; each is rewritten only after the kernel that read it.
     slot_t *sl = &s->slot[s->next];
     s->next ^= 1;
@@ -482,21 +626,43 @@ static int launch_mapped(kvs__scatter_t *s, const char *src, const kvs__scatter_
     int rc = ensure_slot(sl, KVS_MAX(want, s->units_hint));
     if (rc != KVS_OK)
         return rc;
-    *sl->ctl = 0; // its last reader has finished; the launch below orders this store before it
+    // Its last reader has finished; the launch below orders these stores before the kernel.
+    *sl->ctl = 0;
+    if (++s->seq == 0)
+        s->seq = 1;
+    const unsigned seq = s->seq;
+    __atomic_store_n(&s->status[seq % KVS_SCATTER_STATUS_RING], status_tag(seq), __ATOMIC_RELAXED);
     unsigned shift = chunk_shift(s, want);
     uint64_t t = kvs__now_ns();
-    progress_t p{sl->ctl_dev, sl->mirror, sl->lock, ++s->seq};
+    progress_t p{sl->ctl_dev,
+                 sl->mirror,
+                 sl->lock,
+                 sl->stop,
+                 s->status_dev + seq % KVS_SCATTER_STATUS_RING,
+                 wait_bound(o),
+                 seq};
     scatter_stream<<<blocks_for(s, ((want - 1) >> shift) + 1), kThreads, 0, stream>>>(src, sl->dev,
                                                                                       p, shift);
     e = cudaGetLastError();
     if (e != cudaSuccess)
         return cuda_fail(e, "scatter launch"); // not running: nothing to publish
+    tk->seq[tk->n] = seq;
+    tk->slot[tk->n++] = (uint8_t)slot_no;
     cudaError_t er = cudaEventRecord(sl->done, stream);
     sl->pending = er == cudaSuccess;
     s->stats.submit_ns += kvs__now_ns() - t;
-    // From here the kernel is waiting for units: every path publishes a final count.
+    // From here the kernel is waiting for units: every path publishes a final count (a held test
+    // launch excepted), and a failed one aborts the kernel first.
     kvs__scatter_streamed_t r;
-    rc = kvs__scatter_stream_units(src, frags, n, sl->host, sl->cap, sl->ctl, &r);
+    unsigned held = 0; // a held launch's units are published here, not as they are written
+    rc = kvs__scatter_stream_units(src, frags, n, sl->host, sl->cap, o->test_hold ? &held : sl->ctl,
+                                   &r);
+    if (rc != KVS_OK || er != cudaSuccess)
+        abort_kernel(sl, seq);
+    if (o->test_hold && rc == KVS_OK && er == cudaSuccess) {
+        publish(sl->ctl, KVS_MIN(r.valid_units, (size_t)o->test_publish_units) & ~(size_t)7);
+        return KVS_OK;
+    }
     publish(sl->ctl, r.valid_units | kDone);
     s->stats.units += r.valid_units;
     s->units_hint = KVS_MAX(s->units_hint, r.units);
@@ -511,12 +677,25 @@ static int launch_mapped(kvs__scatter_t *s, const char *src, const kvs__scatter_
     if (rc != KVS_OK || more == 0)
         return rc;
     s->units_hint = KVS_MAX(s->units_hint, r.units + more);
-    return launch_mapped(s, src + r.off, frags + r.frags, n - r.frags, more, stream);
+    return launch_mapped(s, src + r.off, frags + r.frags, n - r.frags, more, stream, o, tk);
 }
 
 extern "C" int kvs__scatter_launch(kvs__scatter_t *s, const void *src,
-                                   const kvs__scatter_frag_t *frags, uint32_t n, void *stream_)
+                                   const kvs__scatter_frag_t *frags, uint32_t n, void *stream)
 {
+    return kvs__scatter_launch_opts(s, src, frags, n, stream, NULL, NULL);
+}
+
+extern "C" int kvs__scatter_launch_opts(kvs__scatter_t *s, const void *src,
+                                        const kvs__scatter_frag_t *frags, uint32_t n, void *stream_,
+                                        const kvs__scatter_opts_t *opts,
+                                        kvs__scatter_ticket_t *ticket_p)
+{
+    kvs__scatter_ticket_t scratch_ticket;
+    kvs__scatter_ticket_t *t = ticket_p != NULL ? ticket_p : &scratch_ticket;
+    *t = kvs__scatter_ticket_t{0, {0, 0}, {0, 0}};
+    const kvs__scatter_opts_t defaults{0, 0, false, 0};
+    const kvs__scatter_opts_t *o = opts != NULL ? opts : &defaults;
     if (s == NULL || src == NULL || (frags == NULL && n > 0))
         return KVS_INVALID_PARAMS;
     uint64_t t0 = kvs__now_ns();
@@ -528,8 +707,12 @@ extern "C" int kvs__scatter_launch(kvs__scatter_t *s, const void *src,
     if (rc != KVS_OK)
         return rc;
     size_t nunits = 0;
-    if (n > kLargeUnits) { // checked while written
-        rc = launch_mapped(s, csrc, frags, n, 0, stream);
+    if (o->test_hold) { // the streamed kernel, sized exactly, whatever the count
+        rc = kvs__scatter_build_units(csrc, frags, n, NULL, 0, &nunits);
+        if (rc == KVS_OK && nunits != 0)
+            rc = launch_mapped(s, csrc, frags, n, nunits, stream, o, t);
+    } else if (n > kLargeUnits) { // checked while written
+        rc = launch_mapped(s, csrc, frags, n, 0, stream, o, t);
     } else if ((rc = kvs__scatter_build_units(csrc, frags, n, NULL, 0, &nunits)) != KVS_OK ||
                nunits == 0) {
         // bad arguments, or nothing to copy
@@ -537,7 +720,7 @@ extern "C" int kvs__scatter_launch(kvs__scatter_t *s, const void *src,
         rc = nunits <= kSmallUnits ? launch_inline<kSmallUnits>(s, csrc, frags, n, nunits, stream)
                                    : launch_inline<kLargeUnits>(s, csrc, frags, n, nunits, stream);
     } else {
-        rc = launch_mapped(s, csrc, frags, n, nunits, stream);
+        rc = launch_mapped(s, csrc, frags, n, nunits, stream, o, t);
     }
     leave_device(s, prev);
     if (rc == KVS_OK && s->stats.units != 0)
@@ -545,6 +728,34 @@ extern "C" int kvs__scatter_launch(kvs__scatter_t *s, const void *src,
     else
         s->stats = kvs__scatter_stats_t{0, 0, 0};
     return rc;
+}
+
+extern "C" int kvs__scatter_abort(kvs__scatter_t *s, const kvs__scatter_ticket_t *t)
+{
+    if (s == NULL || t == NULL || t->n > 2)
+        return KVS_INVALID_PARAMS;
+    for (uint32_t i = 0; i < t->n; i++) {
+        if (t->slot[i] > 1)
+            return KVS_INVALID_PARAMS;
+        abort_kernel(&s->slot[t->slot[i]], t->seq[i]);
+    }
+    return KVS_OK;
+}
+
+extern "C" kvs__scatter_end_t kvs__scatter_result(const kvs__scatter_t *s,
+                                                  const kvs__scatter_ticket_t *t)
+{
+    if (s == NULL || t == NULL || t->n > 2)
+        return KVS_SCATTER_UNKNOWN;
+    unsigned worst = KVS_SCATTER_COMPLETE;
+    for (uint32_t i = 0; i < t->n; i++) {
+        unsigned v =
+            __atomic_load_n(&s->status[t->seq[i] % KVS_SCATTER_STATUS_RING], __ATOMIC_ACQUIRE);
+        if ((v & ~3u) != status_tag(t->seq[i]))
+            return KVS_SCATTER_UNKNOWN; // a later launch took the entry
+        worst = KVS_MAX(worst, v & 3u);
+    }
+    return static_cast<kvs__scatter_end_t>(worst);
 }
 
 extern "C" void kvs__scatter_stats(const kvs__scatter_t *s, kvs__scatter_stats_t *out)

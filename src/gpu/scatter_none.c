@@ -37,3 +37,32 @@ void kvs__scatter_destroy(kvs__scatter_t *s)
 {
     KVS_UNUSED(s);
 }
+
+int kvs__scatter_launch_opts(kvs__scatter_t *s, const void *src, const kvs__scatter_frag_t *frags,
+                             uint32_t n, void *stream, const kvs__scatter_opts_t *opts,
+                             kvs__scatter_ticket_t *ticket_p)
+{
+    KVS_UNUSED(s);
+    KVS_UNUSED(src);
+    KVS_UNUSED(frags);
+    KVS_UNUSED(n);
+    KVS_UNUSED(stream);
+    KVS_UNUSED(opts);
+    if (ticket_p != NULL)
+        *ticket_p = (kvs__scatter_ticket_t){0, {0, 0}, {0, 0}};
+    return KVS_UNSUPPORTED;
+}
+
+int kvs__scatter_abort(kvs__scatter_t *s, const kvs__scatter_ticket_t *t)
+{
+    KVS_UNUSED(s);
+    KVS_UNUSED(t);
+    return KVS_UNSUPPORTED;
+}
+
+kvs__scatter_end_t kvs__scatter_result(const kvs__scatter_t *s, const kvs__scatter_ticket_t *t)
+{
+    KVS_UNUSED(s);
+    KVS_UNUSED(t);
+    return KVS_SCATTER_UNKNOWN;
+}

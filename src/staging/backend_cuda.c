@@ -2,8 +2,9 @@
  * buffer is cudaMalloc'd on the first staged call's device, transfers land in it through the
  * transports' GPU paths (shm: the copy engine reads the registered mapping; tcp: pinned bounce
  * buffers), and each fill is scattered by one launch of the scatter kernel (src/gpu/scatter.cu)
- * on a stream of that device, waited for before the fill's keys are reported. Builds without
- * CUDA have no such backend (staging then uses backend_none). */
+ * on a stream of that device, waited for (until the call's deadline, then aborted) before the
+ * fill's keys are reported. Builds without CUDA have no such backend (staging then uses
+ * backend_none). */
 #define _GNU_SOURCE
 #include "staging_int.h"
 
@@ -11,13 +12,45 @@
 #include <cuda_runtime_api.h>
 
 #include <pthread.h>
+#include <sched.h>
+#include <time.h>
 
 #define MAX_DEVICES 64
 
-/* One scatter context and stream per device, made on first use and kept for the process. */
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static kvs__scatter_t *ctx[MAX_DEVICES];
-static cudaStream_t streams[MAX_DEVICES];
+/* How long a wait polls its event before it starts sleeping between polls, and the sleep: a
+ * staged fill's scatter usually ends within a few hundred microseconds, and sleeping through
+ * that would add to every call. */
+#define SPIN_NS  2000000ull
+#define SLEEP_NS 50000ull
+
+/* One scatter context with its own stream and completion event. A context is not thread-safe and
+ * a launch on it may wait for its earlier kernels, so each is used by one call at a time, taken
+ * from its device's pool and given back once its scatter has ended: launches and waits never
+ * happen under a lock, and calls on one device do not queue behind each other's waits. */
+typedef struct lane {
+    struct lane *next;
+    int device;
+    kvs__scatter_t *ctx;
+    cudaStream_t stream;
+    cudaEvent_t done;
+    kvs__scatter_ticket_t ticket; /* the streamed kernels of the lane's scatter in flight */
+} lane_t;
+
+/* Idle lanes per device, kept for the process (as many as calls ever ran on it at once). The
+ * lock guards the list only. */
+typedef struct {
+    pthread_mutex_t lock;
+    lane_t *idle;
+} device_t;
+
+static device_t devices[MAX_DEVICES];
+static pthread_once_t devices_once = PTHREAD_ONCE_INIT;
+
+static void devices_init(void)
+{
+    for (int i = 0; i < MAX_DEVICES; i++)
+        pthread_mutex_init(&devices[i].lock, NULL);
+}
 
 static int cuda_domain_of(int reg_domain)
 {
@@ -26,6 +59,8 @@ static int cuda_domain_of(int reg_domain)
 
 static int cuda_alloc(int domain, uint64_t bytes, void **buf_p)
 {
+    if (cuda_domain_of(domain) < 0 || buf_p == NULL)
+        return KVS_INVALID_PARAMS;
     int prev = 0;
     cudaGetDevice(&prev);
     cudaError_t e = cudaSetDevice(domain);
@@ -43,6 +78,8 @@ static int cuda_alloc(int domain, uint64_t bytes, void **buf_p)
 
 static void cuda_free(int domain, void *buf)
 {
+    if (cuda_domain_of(domain) < 0 || buf == NULL)
+        return;
     int prev = 0;
     cudaGetDevice(&prev);
     cudaSetDevice(domain);
@@ -50,64 +87,178 @@ static void cuda_free(int domain, void *buf)
     cudaSetDevice(prev);
 }
 
-static int cuda_scatter(int domain, const void *src, const kvs__scatter_frag_t *frags, uint32_t n,
-                        void **done_p)
+static void lane_destroy(lane_t *l)
 {
-    *done_p = NULL;
-    pthread_mutex_lock(&lock);
-    int rc = KVS_OK;
+    if (l == NULL)
+        return;
     int prev = 0;
     cudaGetDevice(&prev);
-    if (ctx[domain] == NULL) {
-        kvs__scatter_config_t cfg = {.device = domain, .max_blocks = 0};
-        rc = kvs__scatter_create(&cfg, &ctx[domain]);
-        if (rc == KVS_OK &&
-            (cudaSetDevice(domain) != cudaSuccess ||
-             cudaStreamCreateWithFlags(&streams[domain], cudaStreamNonBlocking) != cudaSuccess)) {
-            kvs__scatter_destroy(ctx[domain]);
-            ctx[domain] = NULL;
+    if (cudaSetDevice(l->device) == cudaSuccess) {
+        if (l->stream != NULL)
+            cudaStreamSynchronize(l->stream);
+        if (l->done != NULL)
+            cudaEventDestroy(l->done);
+        if (l->stream != NULL)
+            cudaStreamDestroy(l->stream);
+    }
+    cudaSetDevice(prev);
+    kvs__scatter_destroy(l->ctx);
+    kvs__free(l);
+}
+
+/* An idle lane of `device`, made when none is (outside the lock: it allocates with the
+ * driver). */
+static int lane_take(int device, lane_t **l_p)
+{
+    device_t *d = &devices[device];
+    pthread_mutex_lock(&d->lock);
+    lane_t *l = d->idle;
+    if (l != NULL)
+        d->idle = l->next;
+    pthread_mutex_unlock(&d->lock);
+    if (l != NULL) {
+        *l_p = l;
+        return KVS_OK;
+    }
+    l = kvs__calloc(1, sizeof(*l));
+    if (l == NULL)
+        return KVS_NO_MEMORY;
+    l->device = device;
+    kvs__scatter_config_t cfg = {.device = device, .max_blocks = 0};
+    int rc = kvs__scatter_create(&cfg, &l->ctx);
+    if (rc == KVS_OK) {
+        int prev = 0;
+        cudaGetDevice(&prev);
+        cudaError_t e = cudaSetDevice(device);
+        if (e == cudaSuccess)
+            e = cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking);
+        if (e == cudaSuccess)
+            e = cudaEventCreateWithFlags(&l->done, cudaEventDisableTiming);
+        cudaSetDevice(prev);
+        if (e != cudaSuccess) {
+            kvs_warn("staging: scatter stream on GPU %d: %s", device, cudaGetErrorString(e));
+            cudaGetLastError();
             rc = KVS_TRANSFER_FAIL;
         }
     }
-    /* The context and stream are shared by the clients of a process: launches are serialised;
-     * each launch records its own event, which the caller waits for outside the lock. */
-    cudaEvent_t ev = NULL;
-    if (rc == KVS_OK)
-        rc = kvs__scatter_launch(ctx[domain], src, frags, n, streams[domain]);
+    if (rc != KVS_OK) {
+        lane_destroy(l);
+        return rc;
+    }
+    *l_p = l;
+    return KVS_OK;
+}
+
+/* Gives back a lane whose stream has nothing left to run. */
+static void lane_give(lane_t *l)
+{
+    device_t *d = &devices[l->device];
+    pthread_mutex_lock(&d->lock);
+    l->next = d->idle;
+    d->idle = l;
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* Polls `ev` until it completes or deadline_ns passes (0 or UINT64_MAX: no deadline): OK,
+ * TIMED_OUT, or TRANSFER_FAIL when CUDA reports an error. cudaEventSynchronize has no bound. */
+static int event_wait_until(cudaEvent_t ev, uint64_t deadline_ns, int device)
+{
+    bool bounded = deadline_ns != 0 && deadline_ns != UINT64_MAX;
+    uint64_t start = kvs__now_ns();
+    for (;;) {
+        cudaError_t e = cudaEventQuery(ev);
+        if (e == cudaSuccess)
+            return KVS_OK;
+        if (e != cudaErrorNotReady) {
+            kvs_warn("staging: scatter on GPU %d failed: %s", device, cudaGetErrorString(e));
+            cudaGetLastError();
+            return KVS_TRANSFER_FAIL;
+        }
+        uint64_t now = kvs__now_ns();
+        if (bounded && now >= deadline_ns)
+            return KVS_TIMED_OUT;
+        if (now - start < SPIN_NS) {
+            sched_yield();
+            continue;
+        }
+        uint64_t ns = bounded ? KVS_MIN(SLEEP_NS, deadline_ns - now) : SLEEP_NS;
+        struct timespec ts = {0, (long)ns};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static int cuda_scatter(int domain, const void *src, const kvs__scatter_frag_t *frags, uint32_t n,
+                        uint64_t deadline_ns, bool stall, void **done_p)
+{
+    if (done_p == NULL || cuda_domain_of(domain) < 0 || src == NULL || (frags == NULL && n > 0))
+        return KVS_INVALID_PARAMS;
+    *done_p = NULL;
+    pthread_once(&devices_once, devices_init);
+    lane_t *l = NULL;
+    int rc = lane_take(domain, &l);
+    if (rc != KVS_OK)
+        return rc;
+    kvs__scatter_opts_t opts = {.deadline_ns = deadline_ns, .test_hold = stall};
+    rc = kvs__scatter_launch_opts(l->ctx, src, frags, n, l->stream, &opts, &l->ticket);
+    int prev = 0;
+    cudaGetDevice(&prev);
     if (rc == KVS_OK) {
         cudaError_t e = cudaSetDevice(domain);
         if (e == cudaSuccess)
-            e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-        if (e == cudaSuccess)
-            e = cudaEventRecord(ev, streams[domain]);
+            e = cudaEventRecord(l->done, l->stream);
         if (e != cudaSuccess) {
-            /* Without an event the only safe wait is the whole stream. */
             kvs_warn("staging: scatter event on GPU %d: %s", domain, cudaGetErrorString(e));
-            cudaStreamSynchronize(streams[domain]);
-            if (ev != NULL)
-                cudaEventDestroy(ev);
-            ev = NULL;
+            cudaGetLastError();
             rc = KVS_TRANSFER_FAIL;
         }
     }
+    if (rc != KVS_OK) {
+        /* A kernel may have started before the failure: stop it and let it end before the call
+         * reports the keys (nothing may write them afterwards). It stops at its next check. */
+        kvs__scatter_abort(l->ctx, &l->ticket);
+        if (cudaSetDevice(domain) == cudaSuccess)
+            cudaStreamSynchronize(l->stream);
+        cudaGetLastError();
+        cudaSetDevice(prev);
+        lane_give(l);
+        return rc;
+    }
     cudaSetDevice(prev);
-    pthread_mutex_unlock(&lock);
-    *done_p = ev;
-    return rc;
+    *done_p = l;
+    return KVS_OK;
 }
 
-static int cuda_scatter_wait(int domain, void *done)
+static int cuda_scatter_wait(int domain, void *done, uint64_t deadline_ns)
 {
     if (done == NULL)
         return KVS_OK;
-    cudaEvent_t ev = done;
-    cudaError_t e = cudaEventSynchronize(ev);
-    cudaEventDestroy(ev);
-    if (e != cudaSuccess) {
-        kvs_warn("staging: scatter on GPU %d failed: %s", domain, cudaGetErrorString(e));
-        return KVS_TRANSFER_FAIL;
+    lane_t *l = done;
+    if (l->device != domain)
+        return KVS_INVALID_PARAMS;
+    int rc = event_wait_until(l->done, deadline_ns, domain);
+    if (rc == KVS_TIMED_OUT) {
+        /* Past the deadline: the kernel stops waiting for units at once and stops copying at its
+         * warps' next chunk, so this wait is short; only then may the call return. */
+        kvs__scatter_abort(l->ctx, &l->ticket);
+        if (cudaEventSynchronize(l->done) != cudaSuccess) {
+            cudaGetLastError();
+            rc = KVS_TRANSFER_FAIL;
+        }
     }
-    return KVS_OK;
+    if (rc != KVS_TRANSFER_FAIL) {
+        kvs__scatter_end_t end = kvs__scatter_result(l->ctx, &l->ticket);
+        if (end == KVS_SCATTER_COMPLETE)
+            rc = KVS_OK; /* every byte landed, even if only just after the deadline */
+        else if (rc == KVS_OK && end != KVS_SCATTER_TIMED_OUT)
+            rc = KVS_TRANSFER_FAIL; /* aborted or unknown, though the host did not abort it */
+        else
+            rc = KVS_TIMED_OUT;
+        if (rc != KVS_OK)
+            kvs_warn("staging: scatter on GPU %d stopped early (%s)", domain,
+                     end == KVS_SCATTER_TIMED_OUT ? "its wait for units timed out" : "aborted");
+    }
+    lane_give(l);
+    return rc;
 }
 
 const kvs__staging_backend_t kvs__staging_backend_cuda = {

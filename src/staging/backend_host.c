@@ -6,6 +6,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int host_domain_of(int reg_domain)
 {
@@ -28,11 +29,21 @@ static void host_free(int domain, void *buf)
     free(buf);
 }
 
+/* The token of a stalled scatter (tests): it copies nothing, and only its deadline ends it. */
+static char stalled;
+
 static int host_scatter(int domain, const void *src, const kvs__scatter_frag_t *frags, uint32_t n,
-                        void **done_p)
+                        uint64_t deadline_ns, bool stall, void **done_p)
 {
     KVS_UNUSED(domain);
+    KVS_UNUSED(deadline_ns);
+    if (done_p == NULL || src == NULL || (frags == NULL && n > 0))
+        return KVS_INVALID_PARAMS;
     *done_p = NULL; /* done by the time it returns */
+    if (stall) {
+        *done_p = &stalled;
+        return KVS_OK;
+    }
     const char *s = src;
     for (uint32_t i = 0; i < n; i++) {
         if (frags[i].dst != NULL)
@@ -42,11 +53,24 @@ static int host_scatter(int domain, const void *src, const kvs__scatter_frag_t *
     return KVS_OK;
 }
 
-static int host_scatter_wait(int domain, void *done)
+static int host_scatter_wait(int domain, void *done, uint64_t deadline_ns)
 {
     KVS_UNUSED(domain);
-    KVS_UNUSED(done);
-    return KVS_OK;
+    if (done == NULL)
+        return KVS_OK;
+    if (done != &stalled)
+        return KVS_INVALID_PARAMS;
+    /* A stalled copy behaves as the CUDA backend's kernel whose units never come: it waits for
+     * its deadline, is aborted there having written nothing, and a call without a deadline
+     * aborts it at once. */
+    if (deadline_ns == 0 || deadline_ns == UINT64_MAX)
+        return KVS_TRANSFER_FAIL;
+    for (uint64_t now = kvs__now_ns(); now < deadline_ns; now = kvs__now_ns()) {
+        uint64_t ns = KVS_MIN(deadline_ns - now, (uint64_t)1000000);
+        struct timespec ts = {0, (long)ns};
+        nanosleep(&ts, NULL);
+    }
+    return KVS_TIMED_OUT;
 }
 
 const kvs__staging_backend_t kvs__staging_backend_host = {

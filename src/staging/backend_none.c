@@ -23,9 +23,12 @@ static void none_free(int domain, void *buf)
 }
 
 static int none_scatter(int domain, const void *src, const kvs__scatter_frag_t *frags, uint32_t n,
-                        void **done_p)
+                        uint64_t deadline_ns, bool stall, void **done_p)
 {
-    *done_p = NULL;
+    if (done_p != NULL)
+        *done_p = NULL;
+    KVS_UNUSED(deadline_ns);
+    KVS_UNUSED(stall);
     KVS_UNUSED(domain);
     KVS_UNUSED(src);
     KVS_UNUSED(frags);
@@ -33,8 +36,9 @@ static int none_scatter(int domain, const void *src, const kvs__scatter_frag_t *
     return KVS_UNSUPPORTED;
 }
 
-static int none_scatter_wait(int domain, void *done)
+static int none_scatter_wait(int domain, void *done, uint64_t deadline_ns)
 {
+    KVS_UNUSED(deadline_ns);
     KVS_UNUSED(domain);
     KVS_UNUSED(done);
     return KVS_UNSUPPORTED;

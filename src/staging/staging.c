@@ -358,18 +358,22 @@ typedef struct {
     uint32_t a, b, keys;
 } pending_t;
 
-/* Waits for a fill's scatter; a failed one fails the keys it carried (never replayed). */
-static void fill_finish(kvs__staging_t *st, kvs__staged_key_t *keys, pending_t *p)
+/* Waits for a fill's scatter until the call's deadline, where the backend aborts it: either way
+ * nothing writes the keys' destinations once this returns. A failed or aborted one fails the keys
+ * it carried (never replayed): TIMED_OUT when the deadline stopped it. */
+static void fill_finish(kvs__staging_t *st, kvs__staged_key_t *keys, pending_t *p,
+                        uint64_t deadline_ns)
 {
     if (!p->launched)
         return;
     p->launched = false;
-    int rc = st->be->scatter_wait(st->buf_domain, p->done);
+    int rc = st->be->scatter_wait(st->buf_domain, p->done, deadline_ns);
     if (rc != KVS_OK) {
+        int fail = rc == KVS_TIMED_OUT ? KVS_TIMED_OUT : KVS_TRANSFER_FAIL;
         kvs_warn("staging: scatter failed (%s); %u key(s) fail", kvs_status_str(rc), p->keys);
         for (uint32_t i = p->a; i < p->b; i++) {
             if (keys[i].status == KVS_OK)
-                keys[i].status = KVS_TRANSFER_FAIL;
+                keys[i].status = fail;
         }
     }
 }
@@ -458,7 +462,8 @@ static void run_fill(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t a, ui
         return;
     void *done = NULL;
     int rc = st->hooks.fail_scatter ? KVS_TRANSFER_FAIL
-                                    : st->be->scatter(st->buf_domain, buf, frags, nf, &done);
+                                    : st->be->scatter(st->buf_domain, buf, frags, nf, deadline_ns,
+                                                      st->hooks.stall_scatter, &done);
     atomic_fetch_add(&st->st.scatter_launches, 1);
     *p = (pending_t){true, done, a, b, scatter_keys};
     if (rc != KVS_OK) {
@@ -559,12 +564,12 @@ int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n, u
     pending_t pend[2] = {{0}};
     for (uint32_t f = 0, a = 0; f < nfills; a = fill_end[f++]) {
         pending_t *p = &pend[halves ? f % 2 : 0];
-        fill_finish(st, keys, p); /* the scatter that last read this part */
+        fill_finish(st, keys, p, deadline_ns); /* the scatter that last read this part */
         run_fill(st, keys, a, fill_end[f], off, halves ? (f % 2) * half : 0, deadline_ns, reqs,
                  bufv, frags, p);
     }
-    fill_finish(st, keys, &pend[0]);
-    fill_finish(st, keys, &pend[1]);
+    fill_finish(st, keys, &pend[0], deadline_ns);
+    fill_finish(st, keys, &pend[1], deadline_ns);
     ret = KVS_OK;
 release:
     buffer_release(st);

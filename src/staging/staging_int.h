@@ -63,11 +63,15 @@ typedef struct {
     void (*free)(int domain, void *buf);
     /* Starts copying src to the fragments (dst NULL: skip those source bytes); *done_p is the
      * token scatter_wait takes (NULL when the copy already ended). A failure here means nothing
-     * was started. `frags` is borrowed for the call only. */
+     * runs any more. `frags` is borrowed for the call only. deadline_ns (kvs__now_ns() clock, 0:
+     * none) bounds how long the copy may wait on the host. `stall` (tests only): the copy starts
+     * but never finishes by itself, like a kernel whose host stopped publishing its units. */
     int (*scatter)(int domain, const void *src, const kvs__scatter_frag_t *frags, uint32_t n,
-                   void **done_p);
-    /* Waits for a started scatter and releases its token: its result. */
-    int (*scatter_wait)(int domain, void *done);
+                   uint64_t deadline_ns, bool stall, void **done_p);
+    /* Waits for a started scatter until deadline_ns (0: none), then aborts it and waits for it to
+     * stop, so nothing writes the destinations once this returns; releases the token. OK when
+     * every byte was copied, TIMED_OUT when the deadline stopped it, else TRANSFER_FAIL. */
+    int (*scatter_wait)(int domain, void *done, uint64_t deadline_ns);
 } kvs__staging_backend_t;
 
 extern const kvs__staging_backend_t kvs__staging_backend_host;
@@ -109,6 +113,7 @@ const char *kvs__staging_fallback_name(kvs__fallback_t f);
 typedef struct {
     int64_t fail_receive_key; /* index among the staged keys whose receive fails, or -1 */
     bool fail_scatter;        /* the next scatters fail */
+    bool stall_scatter;       /* the next scatters start but never finish: the deadline ends them */
     bool fail_alloc;          /* the buffer allocation fails */
 } kvs__staging_hooks_t;
 
