@@ -22,6 +22,16 @@
 #define DEADLINE_MS 400u
 #define SLACK_MS    100u
 
+/* SIGSTOP, and wait until the (child) process is really stopped: the signal is asynchronous,
+ * and a peer still running for a moment would answer the first call. */
+static void stop_peer(pid_t pid)
+{
+    CHECK_EQ_INT(kill(pid, SIGSTOP), 0);
+    int st = 0;
+    CHECK_EQ_INT(waitpid(pid, &st, WUNTRACED), pid);
+    CHECK(WIFSTOPPED(st));
+}
+
 static uint64_t ms_since(uint64_t t0)
 {
     return (kvs__now_ns() - t0) / KVS_NS_PER_MS;
@@ -148,14 +158,14 @@ static void test_stopped_master(void)
         put_warm(c);
         calls_t k;
         calls_init(&k, c);
-        CHECK_EQ_INT(kill(s.pid, SIGSTOP), 0);
+        stop_peer(s.pid);
         run_all_calls(&k, true);
         CHECK_EQ_INT(kill(s.pid, SIGCONT), 0);
         calls_free(&k);
         kvs_client_close(c);
     }
     /* Opening a client against a stopped master keeps its deadline too. */
-    CHECK_EQ_INT(kill(s.pid, SIGSTOP), 0);
+    stop_peer(s.pid);
     kvs_client_config_t cfg;
     CHECK_STATUS(kvs_client_config_init(&cfg), KVS_OK);
     cfg.master = master;
@@ -195,7 +205,7 @@ static void test_eight_threads_against_a_stopped_master(void)
     snprintf(master, sizeof(master), "127.0.0.1:%u", (unsigned)s.port);
     kvs_client_t *c = open_client(master, "tcp");
     put_warm(c);
-    CHECK_EQ_INT(kill(s.pid, SIGSTOP), 0);
+    stop_peer(s.pid);
     pthread_t th[8];
     thread_arg_t a[8];
     for (int i = 0; i < 8; i++) {
@@ -249,7 +259,7 @@ static void test_stopped_owner(void)
         calls_t k, kf;
         calls_init(&k, c);
         calls_init(&kf, fresh);
-        CHECK_EQ_INT(kill(sp.owner.pid, SIGSTOP), 0);
+        stop_peer(sp.owner.pid);
         printf("protocol %s, owner stopped, connected client:\n", protocol);
         run_all_calls(&k, false);
         printf("protocol %s, owner stopped, new client:\n", protocol);
@@ -271,7 +281,7 @@ static void test_full_listen_backlog(void)
     split_start(&sp);
     kvs_client_t *c = open_client(sp.addr, "tcp");
     put_warm(c);
-    CHECK_EQ_INT(kill(sp.owner.pid, SIGSTOP), 0);
+    stop_peer(sp.owner.pid);
     /* Fill the accept queue until a connect stays unanswered. */
     int fds[4096];
     int nfd = 0;
