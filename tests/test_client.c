@@ -401,7 +401,8 @@ static void locate(kvs_client_t *c, const char *key, uint64_t *seg_p, uint64_t *
     kvs__arena_init(&a);
     kvs__placement_rsp_t pr;
     CHECK_STATUS(kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, 1, &k, NULL, &a, NULL, &pr,
-                                       kvs__client_rpc_deadline(c)), KVS_OK);
+                                       kvs__client_rpc_deadline(c)),
+                 KVS_OK);
     CHECK_STATUS(pr.objs[0].status, KVS_OK);
     *seg_p = pr.objs[0].reps[0].segment_id;
     *off_p = pr.objs[0].reps[0].offset;

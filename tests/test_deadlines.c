@@ -91,11 +91,10 @@ static void run_all_calls(calls_t *k, bool must_fail)
     int res[2];
     int64_t got[2];
     int r;
-    TIME("batch_put_from",
-         (r = kvs_client_batch_put_from(c, 2, (const char *const[]){"n1", "n2"}, bufs, NULL,
-                                        res)) == KVS_OK
-             ? res[0]
-             : r);
+    TIME("batch_put_from", (r = kvs_client_batch_put_from(c, 2, (const char *const[]){"n1", "n2"},
+                                                          bufs, NULL, res)) == KVS_OK
+                               ? res[0]
+                               : r);
     TIME("get_into", kvs_client_get_into(c, key, k->buf, OBJ));
     kvs_buf_t whole[2] = {{k->buf, OBJ}, {k->buf + OBJ, OBJ}};
     TIME("batch_get_into",

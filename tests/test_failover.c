@@ -32,8 +32,8 @@ static void cluster_start(cluster_t *cl)
     for (int i = 0; i < 2; i++) {
         char name[16];
         snprintf(name, sizeof(name), "seg-%d", i);
-        const char *oargs[] = {"--owner-only",   "--master", cl->addr, "--segment-size",
-                               "8MiB",           "--segment-name",     name, NULL};
+        const char *oargs[] = {"--owner-only", "--master",       cl->addr, "--segment-size",
+                               "8MiB",         "--segment-name", name,     NULL};
         server_start(&cl->owner[i], oargs);
     }
 }
@@ -87,10 +87,9 @@ static uint64_t read_all(kvs_client_t *c, mode_t_ mode, uint8_t *dst, const char
             multi[i] = halves[i];
             counts[i] = 2;
         }
-        int rc = mode == MODE_BATCH
-                     ? kvs_client_batch_get_into(c, NKEYS, keys, one, got)
-                     : kvs_client_batch_get_into_multi_buffers(c, NKEYS, keys, multi, counts,
-                                                               mode == MODE_GROUPED, got);
+        int rc = mode == MODE_BATCH ? kvs_client_batch_get_into(c, NKEYS, keys, one, got)
+                                    : kvs_client_batch_get_into_multi_buffers(
+                                          c, NKEYS, keys, multi, counts, mode == MODE_GROUPED, got);
         CHECK_STATUS(rc, KVS_OK);
         for (int i = 0; i < NKEYS; i++)
             CHECK_EQ_INT(got[i], OBJ);

@@ -598,9 +598,12 @@ static void test_readme_limits_match_the_code(void)
         const char *name;
         uint64_t value;
     } limits[] = {
-        {"KVS_MAX_BATCH", KVS_MAX_BATCH},       {"KVS_MAX_KEY_LEN", KVS_MAX_KEY_LEN},
-        {"KVS_MAX_REPLICAS", KVS_MAX_REPLICAS}, {"KVS_MAX_NAME_LEN", KVS_MAX_NAME_LEN},
-        {"KVS_MAX_SEGMENTS", KVS_MAX_SEGMENTS}, {"KVS_FRAME_MAX_PAYLOAD", KVS_FRAME_MAX_PAYLOAD},
+        {"KVS_MAX_BATCH", KVS_MAX_BATCH},
+        {"KVS_MAX_KEY_LEN", KVS_MAX_KEY_LEN},
+        {"KVS_MAX_REPLICAS", KVS_MAX_REPLICAS},
+        {"KVS_MAX_NAME_LEN", KVS_MAX_NAME_LEN},
+        {"KVS_MAX_SEGMENTS", KVS_MAX_SEGMENTS},
+        {"KVS_FRAME_MAX_PAYLOAD", KVS_FRAME_MAX_PAYLOAD},
         {"KVS_DATA_MAX_CHUNK", KVS_DATA_MAX_CHUNK},
     };
     bool seen[KVS_ARRAY_SIZE(limits)] = {false};
@@ -624,9 +627,8 @@ static void test_readme_limits_match_the_code(void)
                 known = true;
                 seen[i] = true;
                 if (v != limits[i].value)
-                    kvs_test_fail(__FILE__, __LINE__, "README says %s is %llu, the code %llu",
-                                  name, (unsigned long long)v,
-                                  (unsigned long long)limits[i].value);
+                    kvs_test_fail(__FILE__, __LINE__, "README says %s is %llu, the code %llu", name,
+                                  (unsigned long long)v, (unsigned long long)limits[i].value);
             }
         }
         if (!known)

@@ -803,8 +803,8 @@ int64_t kvs__client_get_size_until(kvs_client_t *c, const char *key, uint64_t de
     kvs__arena_init(&arena);
     int64_t result;
     kvs__placement_rsp_t pr;
-    int rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, 1, &k, NULL, &arena, NULL, &pr,
-                                   deadline_ns);
+    int rc =
+        kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, 1, &k, NULL, &arena, NULL, &pr, deadline_ns);
     if (rc == KVS_OK)
         kvs__client_release_later(c, 1, &k, &pr.objs[0].lease_id); /* nothing is read */
     if (rc == KVS_OK)

@@ -137,8 +137,8 @@ uint64_t kvs__client_rpc_deadline(const kvs_client_t *c);
  * part failed, else OK. */
 int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
                           const kvs__str_t *keys, const kvs__put_token_t *tokens,
-                          kvs__arena_t *arena, kvs__status_list_rsp_t *sl,
-                          kvs__placement_rsp_t *pr, uint64_t deadline_ns);
+                          kvs__arena_t *arena, kvs__status_list_rsp_t *sl, kvs__placement_rsp_t *pr,
+                          uint64_t deadline_ns);
 int kvs__client_put_start(kvs_client_t *c, const kvs__put_start_req_t *ps, kvs__arena_t *arena,
                           kvs__placement_rsp_t *pr, uint64_t deadline_ns);
 

@@ -267,7 +267,6 @@ static void submit_by_transport(kvs_client_t *c, kvs_xfer_req_t *reqs, kvs_trans
     kvs__free(back);
 }
 
-
 /* ---- puts ------------------------------------------------------------------------------------ */
 
 /* A put that failed at its deadline still gets this long to revoke its placements, so that
@@ -292,7 +291,8 @@ static void put_finish(kvs_client_t *c, call_t *k, const size_t *idx,
     if (rc == KVS_OK)
         rc = kvs__client_keys_call(
             c, ok ? KVS_MSG_PUT_END : KVS_MSG_PUT_REVOKE, 0, m, ks, tokens, &arena, &sl, NULL,
-            ok ? k->deadline : KVS_MAX(k->deadline, kvs__now_ns() + REVOKE_GRACE_MS * KVS_NS_PER_MS));
+            ok ? k->deadline
+               : KVS_MAX(k->deadline, kvs__now_ns() + REVOKE_GRACE_MS * KVS_NS_PER_MS));
     if (ok) {
         /* A put whose end was not confirmed is not readable; the master revokes it in time. */
         for (uint32_t j = 0; j < m; j++)
@@ -778,8 +778,7 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
                 kvs_endpoint_t *ep = NULL;
                 why = route_for(c, &routes, seg_find(&pr, rep->segment_id), k->deadline, &t, &ep);
                 if (why == KVS_OK) {
-                    slots[ns++] =
-                        (read_slot_t){t, ep, i, j, rep->segment_id, rep->offset, d->size};
+                    slots[ns++] = (read_slot_t){t, ep, i, j, rep->segment_id, rep->offset, d->size};
                     break;
                 }
             }

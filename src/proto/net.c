@@ -322,8 +322,8 @@ struct kvs__rpc {
     char node[KVS_MAX_NAME_LEN + 1];
     uint64_t timeout_ns;
     pthread_mutex_t lock;
-    pthread_cond_t cond;   /* a connection became idle */
-    unsigned version;      /* negotiated at the last HELLO; this build's highest before the first */
+    pthread_cond_t cond; /* a connection became idle */
+    unsigned version;    /* negotiated at the last HELLO; this build's highest before the first */
     kvs__hello_rsp_t hello; /* the last HELLO's answer (its client id is kept across masters) */
     uint32_t nconns;
     rpc_conn_t conns[KVS_RPC_MAX_CONNS];
@@ -341,8 +341,7 @@ static bool conn_dead(int fd)
 
 /* One frame out, one frame back, with the request id and type matched. The connection is the
  * caller's (busy); rpc->lock is not held. */
-static int rpc_exchange(rpc_conn_t *cn, kvs__wbuf_t *req, kvs__wbuf_t *rsp,
-                        uint64_t deadline)
+static int rpc_exchange(rpc_conn_t *cn, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint64_t deadline)
 {
     uint32_t id = ++cn->next_req_id;
     kvs__frame_hdr_t sent;

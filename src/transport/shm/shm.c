@@ -131,7 +131,8 @@ static int shm_ep_open(kvs_transport_t *base, const char *endpoint, uint64_t dea
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     int rc = kvs__parse_host_port(endpoint, "127.0.0.1", &host, &port);
     kvs__free(host);
-    if (rc != KVS_OK || port == 0 || kvs__shm_socket_path(t->dir, port, path, sizeof(path)) != KVS_OK)
+    if (rc != KVS_OK || port == 0 ||
+        kvs__shm_socket_path(t->dir, port, path, sizeof(path)) != KVS_OK)
         return KVS_INVALID_PARAMS;
     /* Reachable only if a socket is there (the handshake proves the rest). */
     struct stat st;
@@ -540,8 +541,8 @@ static int shm_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n,
         int grc;
         shm_seg_t *g = seg_acquire(t, r->ep, r->segment_id, deadline, &grc);
         if (g == NULL) {
-            r->status = grc == KVS_SEGMENT_NOT_FOUND || grc == KVS_NO_MEMORY ? grc
-                                                                              : KVS_TRANSFER_FAIL;
+            r->status =
+                grc == KVS_SEGMENT_NOT_FOUND || grc == KVS_NO_MEMORY ? grc : KVS_TRANSFER_FAIL;
             continue;
         }
         pthread_mutex_lock(&t->lock);
