@@ -133,7 +133,7 @@ int kvs__bench_transport_main(int argc, char **argv)
             kvs_xfer_req_t req = {KVS_XFER_READ, ep, 1, 0, size, &v, 1, 0, 0, 0};
             kvs_batch_t *b;
             uint64_t t0 = kvs__now_ns();
-            int rc = t->ops->submit(t, &req, 1, &b);
+            int rc = t->ops->submit(t, &req, 1, UINT64_MAX, &b);
             if (rc == KVS_OK)
                 rc = t->ops->wait(t, b, t0 + 60 * KVS_NS_PER_S);
             double secs = (double)(kvs__now_ns() - t0) / 1e9;

@@ -460,7 +460,7 @@ static void test_remounted_segment_gets_fresh_memory(void)
                         .iov = &v,
                         .iovcnt = 1};
     kvs_batch_t *b;
-    CHECK_STATUS(c->shm->ops->submit(c->shm, &r, 1, &b), KVS_OK);
+    CHECK_STATUS(c->shm->ops->submit(c->shm, &r, 1, UINT64_MAX, &b), KVS_OK);
     int rc = c->shm->ops->wait(c->shm, b, kvs__now_ns() + 5 * KVS_NS_PER_S);
     if (rc == KVS_OK)
         CHECK_EQ_INT(mismatch("before", 0, buf, size), -1);

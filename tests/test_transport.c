@@ -74,7 +74,7 @@ static int xfer(kvs_transport_t *t, kvs_endpoint_t *ep, kvs_xfer_op_t op, uint64
 {
     kvs_xfer_req_t r = {op, ep, seg, off, kvs__iov_total(iov, cnt), iov, cnt, 0, 0, 1};
     kvs_batch_t *b;
-    CHECK_STATUS(t->ops->submit(t, &r, 1, &b), KVS_OK);
+    CHECK_STATUS(t->ops->submit(t, &r, 1, UINT64_MAX, &b), KVS_OK);
     int rc = t->ops->wait(t, b, kvs__now_ns() + deadline_ms * KVS_NS_PER_MS);
     CHECK_STATUS(rc, r.status);
     return rc;
@@ -239,7 +239,7 @@ static void *concurrent_worker(void *p)
                 KVS_XFER_READ, a->ep, FIX_SEGMENT_ID, off, len, &iov[i], 1, 0, 0, 0};
         }
         kvs_batch_t *b;
-        if (a->t->ops->submit(a->t, reqs, N, &b) != KVS_OK)
+        if (a->t->ops->submit(a->t, reqs, N, UINT64_MAX, &b) != KVS_OK)
             kvs_test_fail(__FILE__, __LINE__, "submit failed");
         int rc = a->t->ops->wait(a->t, b, kvs__now_ns() + 20 * KVS_NS_PER_S);
         if (rc != KVS_OK)
@@ -334,10 +334,10 @@ static void test_tcp_cancel_after_a_window_neighbour_completed(void)
         r[i] = (kvs_xfer_req_t){
             KVS_XFER_READ, ep, FIX_SEGMENT_ID, 4096u * (unsigned)i, 4096, &v[i], 1, 0, 0, 0};
     /* C keeps the connection busy while A and B queue up behind it: they share a window. */
-    CHECK_STATUS(t->ops->submit(t, &r[0], 1, &b[0]), KVS_OK);
+    CHECK_STATUS(t->ops->submit(t, &r[0], 1, UINT64_MAX, &b[0]), KVS_OK);
     usleep(50000);
-    CHECK_STATUS(t->ops->submit(t, &r[1], 1, &b[1]), KVS_OK);
-    CHECK_STATUS(t->ops->submit(t, &r[2], 1, &b[2]), KVS_OK);
+    CHECK_STATUS(t->ops->submit(t, &r[1], 1, UINT64_MAX, &b[1]), KVS_OK);
+    CHECK_STATUS(t->ops->submit(t, &r[2], 1, UINT64_MAX, &b[2]), KVS_OK);
     uint64_t long_dl = kvs__now_ns() + 10 * KVS_NS_PER_S;
     CHECK_STATUS(t->ops->wait(t, b[0], long_dl), KVS_OK);
     CHECK_STATUS(t->ops->wait(t, b[1], long_dl), KVS_OK); /* A done and freed; B in flight */
@@ -364,7 +364,7 @@ static void test_peer_death_mid_transfer(void)
         struct iovec v = {dst, n};
         kvs_xfer_req_t r = {KVS_XFER_READ, ep, FIX_SEGMENT_ID, 0, n, &v, 1, 0, 0, 0};
         kvs_batch_t *b;
-        CHECK_STATUS(t->ops->submit(t, &r, 1, &b), KVS_OK);
+        CHECK_STATUS(t->ops->submit(t, &r, 1, UINT64_MAX, &b), KVS_OK);
         usleep(150000); /* some chunks delivered, most not */
         owner_fixture_kill(&f);
         uint64_t t0 = kvs__now_ns();
@@ -415,7 +415,7 @@ static void test_out_of_segment_refused(void)
             {(kvs_xfer_op_t)9, ep, FIX_SEGMENT_ID, 0, 20, &v, 1, 0, 0, 0},
         };
         kvs_batch_t *b;
-        CHECK_STATUS(t->ops->submit(t, bad, 3, &b), KVS_OK);
+        CHECK_STATUS(t->ops->submit(t, bad, 3, UINT64_MAX, &b), KVS_OK);
         CHECK_STATUS(t->ops->wait(t, b, kvs__now_ns() + KVS_NS_PER_S), KVS_INVALID_PARAMS);
         for (int i = 0; i < 3; i++)
             CHECK_STATUS(bad[i].status, KVS_INVALID_PARAMS);
@@ -439,7 +439,8 @@ static void test_shm_handshake_refusals_and_unmapping(void)
     CHECK_STATUS(t->ops->ep_open(t, "127.0.0.1:1", UINT64_MAX, &ep), KVS_UNSUPPORTED);
     CHECK_STATUS(t->ops->ep_open(t, f.endpoint, UINT64_MAX, &ep), KVS_OK);
     /* The owner hands out only the segments it serves. */
-    CHECK_STATUS(kvs__shm_map_segment(t, ep, FIX_SEGMENT_ID + 1, UINT64_MAX), KVS_SEGMENT_NOT_FOUND);
+    CHECK_STATUS(kvs__shm_map_segment(t, ep, FIX_SEGMENT_ID + 1, UINT64_MAX),
+                 KVS_SEGMENT_NOT_FOUND);
     CHECK_STATUS(kvs__shm_map_segment(t, ep, FIX_SEGMENT_ID, UINT64_MAX), KVS_OK);
     CHECK_EQ_U64(kvs__shm_mapped(t), 1);
     /* The master no longer lists it: unmapped, and a later read maps it afresh. */
@@ -482,14 +483,14 @@ static void test_shm_from_another_network_namespace(void)
         /* tcp: the loopback of the test's namespace is not here. */
         if (tcp->ops->ep_open(tcp, f.endpoint, UINT64_MAX, &ep) == KVS_OK) {
             r.ep = ep;
-            if (tcp->ops->submit(tcp, &r, 1, &b) != KVS_OK ||
+            if (tcp->ops->submit(tcp, &r, 1, UINT64_MAX, &b) != KVS_OK ||
                 tcp->ops->wait(tcp, b, kvs__now_ns() + 2 * KVS_NS_PER_S) == KVS_OK)
                 _exit(3);
         }
         if (shm->ops->ep_open(shm, f.endpoint, UINT64_MAX, &ep) != KVS_OK)
             _exit(4);
         r.ep = ep;
-        if (shm->ops->submit(shm, &r, 1, &b) != KVS_OK ||
+        if (shm->ops->submit(shm, &r, 1, UINT64_MAX, &b) != KVS_OK ||
             shm->ops->wait(shm, b, kvs__now_ns() + 2 * KVS_NS_PER_S) != KVS_OK)
             _exit(5);
         _exit(memcmp(dst, f.mem.base, 4u << 20) == 0 ? 0 : 6);

@@ -176,6 +176,15 @@ static const kvs__seg_info_t *seg_find(const kvs__placement_rsp_t *pr, uint64_t 
 
 /* The transport and endpoint that reach segment `s`: shm when its owner is on this host and
  * hands over the segment (protocol shm or auto), else tcp (protocol tcp or auto). */
+/* Route setup (a same-host handshake, a name lookup) may take half of what is left of the call:
+ * an owner that does not answer leaves the other half to the call's other keys and replicas,
+ * which are routed one after another before anything is submitted. */
+static uint64_t route_deadline(uint64_t deadline)
+{
+    uint64_t now = kvs__now_ns();
+    return now >= deadline ? deadline : now + (deadline - now) / 2;
+}
+
 static int route_open(kvs_client_t *c, const kvs__seg_info_t *s, uint64_t deadline, route_t *r)
 {
     char name[KVS_MAX_NAME_LEN + 1];
@@ -184,17 +193,26 @@ static int route_open(kvs_client_t *c, const kvs__seg_info_t *s, uint64_t deadli
         return r->rc;
     memcpy(name, s->endpoint.ptr, s->endpoint.len);
     name[s->endpoint.len] = '\0';
+    uint64_t until = route_deadline(deadline);
     kvs_endpoint_t *ep = NULL;
-    if (c->shm != NULL && kvs__client_endpoint(c, c->shm, name, deadline, &ep) == KVS_OK) {
-        if (kvs__shm_map_segment(c->shm, ep, s->id, deadline) == KVS_OK) {
+    int why = KVS_TRANSFER_FAIL;
+    if (c->shm != NULL && kvs__client_endpoint(c, c->shm, name, until, &ep) == KVS_OK) {
+        why = kvs__shm_map_segment(c->shm, ep, s->id, until);
+        if (why == KVS_OK) {
             *r = (route_t){s->id, c->shm, ep, KVS_OK};
             return KVS_OK;
         }
         c->shm->ops->ep_close(c->shm, ep);
     }
     /* protocol shm without this owner on reach: no route */
-    if (c->tcp != NULL && kvs__client_endpoint(c, c->tcp, name, deadline, &ep) == KVS_OK)
-        *r = (route_t){s->id, c->tcp, ep, KVS_OK};
+    if (c->tcp != NULL) {
+        why = kvs__client_endpoint(c, c->tcp, name, until, &ep);
+        if (why == KVS_OK)
+            *r = (route_t){s->id, c->tcp, ep, KVS_OK};
+    }
+    /* The call's own time-out is reported as such; other reasons are a failed transfer. */
+    if (why != KVS_OK)
+        r->rc = why == KVS_TIMED_OUT || why == KVS_NO_MEMORY ? why : KVS_TRANSFER_FAIL;
     return r->rc;
 }
 
@@ -251,7 +269,8 @@ static void submit_by_transport(kvs_client_t *c, kvs_xfer_req_t *reqs, kvs_trans
             }
         }
         uint32_t m = start[k + 1] - start[k];
-        if (m > 0 && order[k]->ops->submit(order[k], &tmp[start[k]], m, &batch[k]) != KVS_OK) {
+        if (m > 0 &&
+            order[k]->ops->submit(order[k], &tmp[start[k]], m, deadline, &batch[k]) != KVS_OK) {
             batch[k] = NULL;
             for (uint32_t q = start[k]; q < start[k + 1]; q++)
                 tmp[q].status = KVS_NO_MEMORY;
@@ -645,7 +664,7 @@ static void read_direct(kvs_client_t *c, call_t *k, read_slot_t *slots, uint32_t
         while (grouped && e < ns && slots[e].ep == slots[s].ep)
             e++;
         kvs_transport_t *t = slots[s].t;
-        int src = t->ops->submit(t, &reqs[s], e - s, &batches[nb]);
+        int src = t->ops->submit(t, &reqs[s], e - s, deadline, &batches[nb]);
         if (src == KVS_OK) {
             batch_t[nb++] = t;
         } else {
@@ -662,12 +681,12 @@ static void read_direct(kvs_client_t *c, call_t *k, read_slot_t *slots, uint32_t
 }
 
 /* Whether a read that failed with `st` may be tried on another replica: failures of the owner or
- * the path to it. A lease that ran out or the call's deadline end the key; so do bad arguments
- * and local shortages, which another replica would not cure. */
+ * the path to it, a round's time-out included (a stopped owner). A lease that ran out ends the
+ * key; so do bad arguments and local shortages, which another replica would not cure. */
 static bool read_retryable(int st)
 {
-    return st != KVS_OK && st != KVS_TIMED_OUT && st != KVS_LEASE_EXPIRED &&
-           st != KVS_INVALID_PARAMS && st != KVS_NO_MEMORY;
+    return st != KVS_OK && st != KVS_LEASE_EXPIRED && st != KVS_INVALID_PARAMS &&
+           st != KVS_NO_MEMORY;
 }
 
 /* `exact`: fragments must add up to the object; otherwise they may be larger and are cut.
@@ -762,7 +781,7 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
         k->res[i] = 1; /* pending: positive never reaches a caller */
         pending++;
     }
-    bool first_round = true;
+    bool first_round = true, staged = false;
     while (pending > 0) {
         /* This round's slot per pending key: its next replica that has a route. */
         uint32_t ns = 0;
@@ -791,15 +810,32 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
             break;
         if (first_round)
             *plan_ns_p = (t_lookup - t_enter) + (kvs__now_ns() - t_after);
+        /* A round in which every key has another replica to go to gets half of what is left,
+         * so that a stopped owner (which fails by time-out only) leaves time for the next
+         * replica; otherwise the round has the call's deadline. */
+        bool spare = true;
+        for (uint32_t s = 0; s < ns && spare; s++)
+            spare = tried[2 * slots[s].entry] < tried[2 * slots[s].entry + 1];
+        uint64_t round_deadline = spare ? route_deadline(k->deadline) : k->deadline;
         int src = KVS_UNSUPPORTED;
         if (exact && c->staging != NULL)
-            src = read_staged(c, k, slots, ns, lease_until, st, k->deadline);
+            src = read_staged(c, k, slots, ns, lease_until, st, round_deadline);
         if (src != KVS_OK && src != KVS_UNSUPPORTED) {
             rc = src; /* a failure of the whole call */
             goto out;
         }
-        if (src == KVS_UNSUPPORTED) /* fell back before anything was submitted */
-            read_direct(c, k, slots, ns, grouped, reqs, batches, batch_t, st, k->deadline);
+        if (src == KVS_UNSUPPORTED && staged) {
+            /* A retry of keys whose staged read failed goes through staging or not at all:
+             * never a direct read into destinations a failed scatter may have touched. */
+            for (uint32_t s = 0; s < ns; s++)
+                st[s] = KVS_TRANSFER_FAIL;
+            for (uint32_t s = 0; s < ns; s++)
+                tried[2 * slots[s].entry] = tried[2 * slots[s].entry + 1];
+        } else if (src == KVS_UNSUPPORTED) { /* fell back before anything was submitted */
+            read_direct(c, k, slots, ns, grouped, reqs, batches, batch_t, st, round_deadline);
+        } else {
+            staged = true;
+        }
         uint64_t now = kvs__now_ns();
         for (uint32_t s = 0; s < ns; s++) {
             size_t i = slots[s].key, j = slots[s].entry;

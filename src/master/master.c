@@ -1200,6 +1200,8 @@ int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
 /* ---- listing and statistics ------------------------------------------------------------- */
 
 #define LIST_DEFAULT_LIMIT 1000u
+/* Cursor: bucket << LIST_CURSOR_POS_BITS | entries of that bucket already listed. */
+#define LIST_CURSOR_POS_BITS 24
 /* Room for entries in a LIST reply: a frame less the reply's fixed fields. */
 #define LIST_MAX_BYTES (KVS_FRAME_MAX_PAYLOAD - KVS__MIN_BYTES_list_rsp)
 
@@ -1215,27 +1217,32 @@ int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t 
         kvs__arena_alloc(arena, (size_t)KVS_MIN(limit, m->nobjs) * sizeof(*rsp->entries));
     if (rsp->entries == NULL)
         return KVS_NO_MEMORY;
-    /* The cursor is the bucket to resume at, plus one. A page ends between buckets, so no
-     * entry is split between pages: a key present through the whole listing (with no table
-     * growth meanwhile) is listed exactly once. */
-    for (size_t b = req->cursor ? (size_t)req->cursor - 1 : 0; b < m->nbuckets; b++) {
-        uint32_t bucket_first = rsp->nentries;
+    /* The cursor names where the previous page stopped: a bucket and how many of its matching
+     * entries were listed, plus one (0 is the start). A key present through the whole listing
+     * (with no table growth meanwhile) is listed exactly once. */
+    size_t b0 = req->cursor ? (size_t)((req->cursor - 1) >> LIST_CURSOR_POS_BITS) : 0;
+    uint64_t skip = req->cursor ? (req->cursor - 1) & ((1ull << LIST_CURSOR_POS_BITS) - 1) : 0;
+    for (size_t b = b0; b < m->nbuckets; b++) {
+        uint64_t pos = 0; /* matching entries of this bucket seen */
         for (obj_t *o = m->buckets[b]; o != NULL; o = o->hnext) {
             if (o->key_len < req->prefix.len ||
                 (req->prefix.len && memcmp(o->key, req->prefix.ptr, req->prefix.len) != 0))
                 continue;
+            if (b == b0 && pos < skip) {
+                pos++;
+                continue;
+            }
+            /* Entries stop at the limit or where the reply would outgrow a frame. */
             bytes += KVS__MIN_BYTES_list_entry + o->key_len;
-            if (rsp->nentries == limit || bytes > LIST_MAX_BYTES) {
+            if (rsp->nentries == limit || bytes > LIST_MAX_BYTES ||
+                pos + 1 >= (1ull << LIST_CURSOR_POS_BITS)) {
                 rsp->truncated = 1;
-                /* Drop this bucket's part and resume at it, unless it alone is the page. */
-                if (bucket_first > 0) {
-                    rsp->nentries = bucket_first;
-                    rsp->next_cursor = b + 1;
-                }
+                rsp->next_cursor = (((uint64_t)b << LIST_CURSOR_POS_BITS) | pos) + 1;
                 return KVS_OK;
             }
             rsp->entries[rsp->nentries++] = (kvs__list_entry_t){
                 .key = {o->key, o->key_len}, .size = o->size, .state = o->state, .nrep = o->nrep};
+            pos++;
         }
     }
     return KVS_OK;

@@ -9,6 +9,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,12 +43,17 @@ typedef struct {
     char port[8];
 } resolve_job_t;
 
-kvs__getaddrinfo_fn kvs__resolver_hook;
+_Atomic(kvs__getaddrinfo_fn) kvs__resolver_hook;
+
+/* Lookups still running (their callers may have given up on them). Beyond the cap, new lookups
+ * fail at once rather than pile up threads behind a stalled resolver. */
+#define RESOLVERS_MAX 64
+static atomic_int resolvers_live;
 
 static int do_getaddrinfo(const char *host, const char *port, const struct addrinfo *hints,
                           struct addrinfo **res)
 {
-    kvs__getaddrinfo_fn fn = kvs__resolver_hook;
+    kvs__getaddrinfo_fn fn = atomic_load(&kvs__resolver_hook);
     return fn != NULL ? fn(host, port, hints, res) : getaddrinfo(host, port, hints, res);
 }
 
@@ -71,6 +77,7 @@ static void *resolve_thread(void *arg)
     resolve_job_t *j = arg;
     struct addrinfo *res = NULL;
     int rc = do_getaddrinfo(j->host, j->port, &j->hints, &res);
+    atomic_fetch_sub(&resolvers_live, 1);
     pthread_mutex_lock(&j->lock);
     j->gai_rc = rc;
     j->res = rc == 0 ? res : NULL;
@@ -86,8 +93,16 @@ static void *resolve_thread(void *arg)
 static int resolve_named(const char *host, const struct addrinfo *hints, const char *port,
                          uint64_t deadline_ns, struct addrinfo **res_p)
 {
+    if (kvs__now_ns() >= deadline_ns)
+        return KVS_TIMED_OUT;
+    if (atomic_fetch_add(&resolvers_live, 1) >= RESOLVERS_MAX) {
+        atomic_fetch_sub(&resolvers_live, 1);
+        kvs_error("cannot resolve '%s': %d earlier lookups are still stalled", host, RESOLVERS_MAX);
+        return KVS_TIMED_OUT;
+    }
     resolve_job_t *j = calloc(1, sizeof(*j));
     if (j == NULL || (j->host = strdup(host)) == NULL) {
+        atomic_fetch_sub(&resolvers_live, 1);
         free(j);
         return KVS_NO_MEMORY;
     }
@@ -103,6 +118,7 @@ static int resolve_named(const char *host, const struct addrinfo *hints, const c
     int prc = pthread_create(&th, &attr, resolve_thread, j);
     pthread_attr_destroy(&attr);
     if (prc != 0) {
+        atomic_fetch_sub(&resolvers_live, 1);
         j->refs = 1;
         job_unref(j);
         kvs_error("cannot resolve '%s': no thread for the resolver", host);

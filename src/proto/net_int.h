@@ -20,7 +20,7 @@ int kvs__resolve(const char *host, uint16_t port, bool passive, uint64_t deadlin
 /* Tests: resolves names in place of getaddrinfo() (a stand-in for a slow or broken resolver). */
 typedef int (*kvs__getaddrinfo_fn)(const char *host, const char *port, const struct addrinfo *hints,
                                    struct addrinfo **res);
-extern kvs__getaddrinfo_fn kvs__resolver_hook;
+extern _Atomic(kvs__getaddrinfo_fn) kvs__resolver_hook;
 /* Connects with a deadline. Returns fd or negative status: TIMED_OUT, RPC_FAIL (refused or
  * unreachable), INVALID_PARAMS (unresolvable host). */
 int kvs__tcp_connect(const char *host, uint16_t port, uint64_t deadline_ns);

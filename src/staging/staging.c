@@ -420,7 +420,8 @@ static void run_fill(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t a, ui
         for (uint32_t i = a; sub[k] != NULL && i < b; i++)
             if (keys[i].t == ts[k])
                 sub[k][m++] = reqs[i - a];
-        if (sub[k] == NULL || ts[k]->ops->submit(ts[k], sub[k], m, &batch[k]) != KVS_OK) {
+        if (sub[k] == NULL ||
+            ts[k]->ops->submit(ts[k], sub[k], m, deadline_ns, &batch[k]) != KVS_OK) {
             batch[k] = NULL;
             src = KVS_NO_MEMORY;
         }

@@ -69,8 +69,10 @@ typedef struct {
     /* Registers local memory once; transports that need no registration accept anything. */
     int (*mem_reg)(kvs_transport_t *t, void *addr, size_t len);
     int (*mem_dereg)(kvs_transport_t *t, void *addr, size_t len);
-    /* Starts every request of the batch; the requests array is borrowed until the wait. */
-    int (*submit)(kvs_transport_t *t, kvs_xfer_req_t *reqs, uint32_t n, kvs_batch_t **batch_p);
+    /* Starts every request of the batch; the requests array is borrowed until the wait. Any
+     * setup it needs (a same-host handshake) ends by the deadline. */
+    int (*submit)(kvs_transport_t *t, kvs_xfer_req_t *reqs, uint32_t n, uint64_t deadline_ns,
+                  kvs_batch_t **batch_p);
     /* Waits for every request or the deadline (kvs__now_ns clock). At the deadline the rest
      * are cancelled and get TIMED_OUT; when it returns, no transfer of the batch can still
      * touch local memory. Frees the batch. Returns OK if all requests succeeded, else the

@@ -25,6 +25,8 @@
 #define NEGATIVE_TTL_NS (1000ull * KVS_NS_PER_MS)
 /* shm_seg_t.status while one thread does the handshake (outside the lock); others wait. */
 #define SEG_PENDING 1
+/* A handshake that timed out after at least this long marks its owner unresponsive. */
+#define SHM_FAIR_HANDSHAKE_NS (50ull * KVS_NS_PER_MS)
 
 typedef struct shm_seg {
     struct shm_seg *next;
@@ -173,7 +175,8 @@ static void shm_ep_hold(kvs_transport_t *base, kvs_endpoint_t *ep)
     pthread_mutex_unlock(&t->lock);
 }
 
-static void reap_locked(shm_transport_t *t);
+static shm_seg_t *reap_locked(shm_transport_t *t);
+static void segs_free(const shm_transport_t *t, shm_seg_t *list);
 
 /* With the last user reference, the owner is gone for this client: its mappings are dropped
  * (once no transfer uses them) and with the last of them the endpoint. */
@@ -193,8 +196,9 @@ static void shm_ep_close(kvs_transport_t *base, kvs_endpoint_t *ep)
         }
     }
     ep_unref_locked(t, ep);
-    reap_locked(t);
+    shm_seg_t *gone = reap_locked(t);
     pthread_mutex_unlock(&t->lock);
+    segs_free(t, gone);
 }
 
 /* A handle on the owner process, so that writes can be confirmed only while it lives: a
@@ -310,17 +314,32 @@ static uint64_t nchunks(const shm_transport_t *t, const shm_seg_t *g)
     return (g->size + t->cfg.pin_chunk_bytes - 1) / t->cfg.pin_chunk_bytes;
 }
 
-static void seg_unmap(shm_transport_t *t, shm_seg_t *g)
+/* Takes an entry off the transport's books (its pinned bytes, its endpoint reference). Caller
+ * holds the lock and has unlinked it; seg_free does the slow part without the lock. */
+static void seg_detach_locked(shm_transport_t *t, shm_seg_t *g)
+{
+    for (int m = 0; m < 2; m++) {
+        const uint8_t *pinned = m ? g->rw_pinned : g->ro_pinned;
+        for (uint64_t i = 0; pinned != NULL && i < nchunks(t, g); i++) {
+            if (pinned[i] == PIN_DONE)
+                t->pinned_bytes -=
+                    KVS_MIN(t->cfg.pin_chunk_bytes, g->size - i * t->cfg.pin_chunk_bytes);
+        }
+    }
+    ep_unref_locked(t, g->ep);
+    g->ep = NULL;
+}
+
+/* Unregisters, unmaps and closes a detached entry: without the lock, since unregistering
+ * gigabytes of pinned mappings takes long and other threads' transfers need the lock. */
+static void seg_free(const shm_transport_t *t, shm_seg_t *g)
 {
     for (int m = 0; m < 2; m++) {
         uint8_t *pinned = m ? g->rw_pinned : g->ro_pinned;
         char *base = m ? g->rw : g->ro;
         for (uint64_t i = 0; pinned != NULL && i < nchunks(t, g); i++) {
-            if (pinned[i] == PIN_DONE) {
+            if (pinned[i] == PIN_DONE)
                 kvs__gpu_host_unregister(base + i * t->cfg.pin_chunk_bytes);
-                t->pinned_bytes -=
-                    KVS_MIN(t->cfg.pin_chunk_bytes, g->size - i * t->cfg.pin_chunk_bytes);
-            }
         }
         kvs__free(pinned);
     }
@@ -332,8 +351,35 @@ static void seg_unmap(shm_transport_t *t, shm_seg_t *g)
         close(g->fd);
     if (g->pidfd >= 0)
         close(g->pidfd);
-    ep_unref_locked(t, g->ep);
     kvs__free(g);
+}
+
+static void segs_free(const shm_transport_t *t, shm_seg_t *list)
+{
+    while (list != NULL) {
+        shm_seg_t *g = list;
+        list = g->next;
+        seg_free(t, g);
+    }
+}
+
+/* Detaches dead, idle entries; the caller frees them (segs_free) once it has let go of the
+ * lock. Caller holds the lock. */
+static shm_seg_t *reap_locked(shm_transport_t *t)
+{
+    shm_seg_t *gone = NULL;
+    for (shm_seg_t **pp = &t->segs; *pp != NULL;) {
+        shm_seg_t *g = *pp;
+        if (g->dead && g->inflight == 0) {
+            *pp = g->next;
+            seg_detach_locked(t, g);
+            g->next = gone;
+            gone = g;
+        } else {
+            pp = &g->next;
+        }
+    }
+    return gone;
 }
 
 /* The entry for (ep, id), mapped if need be, with a transfer counted on it (give it back with
@@ -361,12 +407,8 @@ static shm_seg_t *seg_acquire(shm_transport_t *t, kvs_endpoint_t *ep, uint64_t i
         }
         if (g != NULL && (g->status == KVS_OK || now - g->refused_ns < NEGATIVE_TTL_NS))
             break;
-        if (g != NULL && g->inflight == 0) { /* a stale refusal: ask again */
-            *pp = g->next;
-            seg_unmap(t, g);
-        } else if (g != NULL) {
-            g->dead = true;
-        }
+        if (g != NULL)
+            g->dead = true; /* a stale refusal: ask again (reaped below or once idle) */
         g = kvs__calloc(1, sizeof(*g));
         if (g == NULL) {
             pthread_mutex_unlock(&t->lock);
@@ -386,6 +428,7 @@ static shm_seg_t *seg_acquire(shm_transport_t *t, kvs_endpoint_t *ep, uint64_t i
         pid_t pid = 0;
         int fd = -1;
         uint64_t size = 0;
+        uint64_t t0 = kvs__now_ns();
         int st = handshake(t, ep, id, deadline_ns, &fd, &size, &pid);
         char *ro = NULL;
         if (st == KVS_OK) {
@@ -406,17 +449,21 @@ static shm_seg_t *seg_acquire(shm_transport_t *t, kvs_endpoint_t *ep, uint64_t i
         g->ro = ro;
         if (st == KVS_OK)
             owner_watch(g, pid);
-        /* A handshake cut short by this caller's deadline says nothing about the owner: the
-         * entry is dropped rather than cached as a refusal. */
+        /* An owner that let a handshake of fair length time out is stopped or swamped: it is
+         * refused for a while like one that said no, so that every other key and call does
+         * not wait for it again. One cut short by a nearly spent deadline says nothing: the
+         * entry is dropped. */
+        bool fair = kvs__now_ns() - t0 >= SHM_FAIR_HANDSHAKE_NS;
         g->status = st == KVS_TIMED_OUT ? KVS_UNSUPPORTED : st;
         g->refused_ns = kvs__now_ns();
-        if (st == KVS_TIMED_OUT)
+        if (st == KVS_TIMED_OUT && !fair)
             g->dead = true;
         g->inflight--;
         pthread_cond_broadcast(&t->cond);
         if (st == KVS_TIMED_OUT) {
-            reap_locked(t);
+            shm_seg_t *gone = reap_locked(t);
             pthread_mutex_unlock(&t->lock);
+            segs_free(t, gone);
             *rc_p = KVS_TIMED_OUT;
             return NULL;
         }
@@ -437,8 +484,9 @@ static void seg_release(shm_transport_t *t, shm_seg_t *g)
 {
     pthread_mutex_lock(&t->lock);
     g->inflight--;
-    reap_locked(t);
+    shm_seg_t *gone = reap_locked(t);
     pthread_mutex_unlock(&t->lock);
+    segs_free(t, gone);
 }
 
 int kvs__shm_map_segment(kvs_transport_t *base, kvs_endpoint_t *ep, uint64_t segment_id,
@@ -452,20 +500,6 @@ int kvs__shm_map_segment(kvs_transport_t *base, kvs_endpoint_t *ep, uint64_t seg
     if (g != NULL)
         seg_release(t, g);
     return rc;
-}
-
-/* Frees dead, idle entries. Caller holds the lock. */
-static void reap_locked(shm_transport_t *t)
-{
-    for (shm_seg_t **pp = &t->segs; *pp != NULL;) {
-        shm_seg_t *g = *pp;
-        if (g->dead && g->inflight == 0) {
-            *pp = g->next;
-            seg_unmap(t, g);
-        } else {
-            pp = &g->next;
-        }
-    }
 }
 
 void kvs__shm_retain(kvs_transport_t *base, const uint64_t *ids, size_t n)
@@ -482,8 +516,9 @@ void kvs__shm_retain(kvs_transport_t *base, const uint64_t *ids, size_t n)
                       (unsigned long long)g->id);
         }
     }
-    reap_locked(t);
+    shm_seg_t *gone = reap_locked(t);
     pthread_mutex_unlock(&t->lock);
+    segs_free(t, gone);
 }
 
 size_t kvs__shm_mapped(kvs_transport_t *base)
@@ -504,7 +539,7 @@ static int shm_mem_reg(kvs_transport_t *t, void *addr, size_t len)
     return t && addr && len ? KVS_OK : KVS_INVALID_PARAMS;
 }
 
-static int shm_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n,
+static int shm_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n, uint64_t deadline_ns,
                       kvs_batch_t **batch_p)
 {
     shm_transport_t *t = (shm_transport_t *)base;
@@ -520,7 +555,6 @@ static int shm_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n,
     b->reqs = reqs;
     b->n = n;
     b->segs = segs;
-    uint64_t deadline = kvs__now_ns() + t->cfg.io_timeout_ms * KVS_NS_PER_MS;
     for (uint32_t i = 0; i < n; i++) {
         kvs_xfer_req_t *r = &reqs[i];
         bool ok =
@@ -539,7 +573,7 @@ static int shm_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n,
         if (!ok)
             continue;
         int grc;
-        shm_seg_t *g = seg_acquire(t, r->ep, r->segment_id, deadline, &grc);
+        shm_seg_t *g = seg_acquire(t, r->ep, r->segment_id, deadline_ns, &grc);
         if (g == NULL) {
             r->status =
                 grc == KVS_SEGMENT_NOT_FOUND || grc == KVS_NO_MEMORY ? grc : KVS_TRANSFER_FAIL;
@@ -722,8 +756,9 @@ static int shm_wait(kvs_transport_t *base, kvs_batch_t *b, uint64_t deadline_ns)
         if (b->segs[i] != NULL)
             b->segs[i]->inflight--;
     }
-    reap_locked(t);
+    shm_seg_t *gone = reap_locked(t);
     pthread_mutex_unlock(&t->lock);
+    segs_free(t, gone);
     kvs__free(b->segs);
     kvs__free(b);
     return rc;
@@ -737,7 +772,8 @@ static void shm_destroy(kvs_transport_t *base)
     while (t->segs != NULL) {
         shm_seg_t *g = t->segs;
         t->segs = g->next;
-        seg_unmap(t, g);
+        seg_detach_locked(t, g);
+        seg_free(t, g);
     }
     while (t->eps != NULL) {
         kvs_endpoint_t *e = t->eps;

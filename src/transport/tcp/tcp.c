@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -28,7 +29,8 @@
 typedef struct tcp_conn tcp_conn_t;
 
 typedef struct chunk {
-    struct chunk *next;
+    struct chunk *next, *prev; /* in its connection's queue, while `queued` */
+    bool queued;
     kvs_batch_t *b;
     tcp_conn_t *conn;
     uint32_t req;
@@ -60,11 +62,12 @@ struct tcp_conn {
     int opening_fd;   /* the socket of a handshake in progress (cancel shuts it down), or -1 */
     unsigned version; /* negotiated at HELLO */
     chunk_t *head, *tail;
-    /* The batches of the chunks in the worker's window, for cancellation to compare against.
-     * Only compared, never followed: another batch's wait may have freed its chunks (and
-     * itself) while the window is still being served. */
-    const kvs_batch_t *inflight[MAX_WINDOW];
+    /* The ids of the batches of the chunks in the worker's window, for cancellation to compare
+     * against. Ids, not pointers: another batch's wait may have freed its batch (and a new one
+     * taken its address) while the window is still being served. */
+    uint64_t inflight[MAX_WINDOW];
     uint32_t ninflight;
+    bool shut; /* a cancel shut the socket down: the worker closes it after the window */
     uint32_t next_req_id;
     bool stop;
     bool started;
@@ -82,6 +85,7 @@ struct kvs_endpoint {
 };
 
 struct kvs_batch {
+    uint64_t id; /* unique per transport's life */
     kvs_xfer_req_t *reqs;
     uint32_t n;
     chunk_t *chunks;
@@ -95,9 +99,50 @@ struct kvs_batch {
 typedef struct tcp_transport {
     kvs_transport_t base;
     kvs__tcp_config_t cfg;
+    atomic_uint_fast64_t next_batch_id;
     pthread_mutex_t lock;
     kvs_endpoint_t *eps;
 } tcp_transport_t;
+
+/* The connection queue is doubly linked so that a cancel unlinks its own chunks without
+ * walking other batches' (a 65,536-key read cancels as many batches). Caller holds c->lock. */
+static void queue_push_back(tcp_conn_t *c, chunk_t *ch)
+{
+    ch->next = NULL;
+    ch->prev = c->tail;
+    if (c->tail != NULL)
+        c->tail->next = ch;
+    else
+        c->head = ch;
+    c->tail = ch;
+    ch->queued = true;
+}
+
+static void queue_push_front(tcp_conn_t *c, chunk_t *ch)
+{
+    ch->prev = NULL;
+    ch->next = c->head;
+    if (c->head != NULL)
+        c->head->prev = ch;
+    else
+        c->tail = ch;
+    c->head = ch;
+    ch->queued = true;
+}
+
+static void queue_unlink(tcp_conn_t *c, chunk_t *ch)
+{
+    if (ch->prev != NULL)
+        ch->prev->next = ch->next;
+    else
+        c->head = ch->next;
+    if (ch->next != NULL)
+        ch->next->prev = ch->prev;
+    else
+        c->tail = ch->prev;
+    ch->next = ch->prev = NULL;
+    ch->queued = false;
+}
 
 int kvs__tcp_config_init(kvs__tcp_config_t *cfg)
 {
@@ -184,23 +229,36 @@ static int io_all(int fd, bool to_memory, void *buf, size_t len)
 
 /* ---- connections -------------------------------------------------------------------------- */
 
-/* Whether a batch of the window being served was cancelled. Caller holds c->lock. */
-static bool window_cancelled_locked(const tcp_conn_t *c);
+static bool batch_cancelled(kvs_batch_t *b);
+
+/* Whether a batch of the window was cancelled. Safe to follow the chunks' batches: none of the
+ * window's chunks has completed yet, so none of their batches can have been freed. */
+static bool window_cancelled(chunk_t *const *win, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        if (batch_cancelled(win[i]->b))
+            return true;
+    }
+    return false;
+}
 
 /* Connects to the endpoint's addresses in turn. The socket is published as opening_fd before
  * the connect starts, so a cancelled wait can shut it down: a connect to an owner whose listen
  * backlog is full (SYNs dropped) then ends at once instead of at the I/O time-out. */
-static int conn_connect(tcp_conn_t *c, uint64_t deadline, int *fd_p)
+static int conn_connect(tcp_conn_t *c, chunk_t *const *win, uint32_t n, uint64_t deadline,
+                        int *fd_p)
 {
     int rc = KVS_RPC_FAIL;
     for (const struct addrinfo *ai = c->ep->addrs; ai != NULL; ai = ai->ai_next) {
         int fd;
         if (kvs__connect_start(ai, &fd) != KVS_OK)
             continue;
+        /* Published first, checked second: a cancel either sees the socket (and shuts it
+         * down) or set its batch's flag before this check. */
         pthread_mutex_lock(&c->lock);
-        bool cancelled = window_cancelled_locked(c);
-        c->opening_fd = cancelled ? -1 : fd;
+        c->opening_fd = fd;
         pthread_mutex_unlock(&c->lock);
+        bool cancelled = window_cancelled(win, n);
         rc = cancelled ? KVS_TIMED_OUT : kvs__connect_finish(fd, deadline);
         if (rc == KVS_OK) {
             *fd_p = fd;
@@ -216,12 +274,12 @@ static int conn_connect(tcp_conn_t *c, uint64_t deadline, int *fd_p)
     return rc;
 }
 
-static int conn_open(tcp_conn_t *c)
+static int conn_open(tcp_conn_t *c, chunk_t *const *win, uint32_t n)
 {
     tcp_transport_t *t = c->ep->t;
     uint64_t deadline = kvs__now_ns() + t->cfg.io_timeout_ms * KVS_NS_PER_MS;
     int fd = -1;
-    int crc = conn_connect(c, deadline, &fd);
+    int crc = conn_connect(c, win, n, deadline, &fd);
     if (crc != KVS_OK)
         return crc;
     kvs__set_nonblock(fd, false);
@@ -347,8 +405,6 @@ static void gpu_release(tcp_conn_t *c)
     memset(&c->gpu, 0, sizeof(c->gpu));
 }
 
-static bool batch_cancelled(kvs_batch_t *b);
-
 /* Puts chunks back at the front of the queue, in order. A chunk whose batch was cancelled
  * meanwhile completes instead: the cancel is decided under b->lock before the canceller takes
  * c->lock to empty the queue, so checking it here, under c->lock, leaves no window in which a
@@ -361,10 +417,7 @@ static void requeue_front(tcp_conn_t *c, chunk_t **chs, uint32_t n)
             chunk_complete(chs[i], KVS_TIMED_OUT);
             continue;
         }
-        chs[i]->next = c->head;
-        c->head = chs[i];
-        if (c->tail == NULL)
-            c->tail = chs[i];
+        queue_push_front(c, chs[i]);
     }
     pthread_cond_signal(&c->cond);
     pthread_mutex_unlock(&c->lock);
@@ -376,15 +429,6 @@ static bool batch_cancelled(kvs_batch_t *b)
     bool c = b->cancelled;
     pthread_mutex_unlock(&b->lock);
     return c;
-}
-
-static bool window_cancelled_locked(const tcp_conn_t *c)
-{
-    for (uint32_t i = 0; i < c->ninflight; i++) {
-        if (batch_cancelled((kvs_batch_t *)c->inflight[i]))
-            return true;
-    }
-    return false;
 }
 
 /* After an I/O error: fail or retry chunks [from, n) of the window. Writes are never sent
@@ -506,14 +550,43 @@ static int recv_response(tcp_conn_t *c, chunk_t *ch, uint32_t req_id, int *statu
     return KVS_OK;
 }
 
+/* A connection that a cancel shut down, or that the owner closed while it was idle (an owner
+ * restarted on the same port), is replaced before anything is sent on it. */
+static void conn_check(tcp_conn_t *c)
+{
+    pthread_mutex_lock(&c->lock);
+    bool shut = c->shut;
+    c->shut = false;
+    pthread_mutex_unlock(&c->lock);
+    if (c->fd < 0)
+        return;
+    char b;
+    ssize_t r = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (shut || r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+        conn_close(c); /* EOF, an error, or a byte nobody asked for */
+}
+
 static void process_window(tcp_conn_t *c, chunk_t **win, uint32_t n)
 {
+    conn_check(c);
     if (c->fd < 0) {
-        int rc = conn_open(c);
+        int rc = conn_open(c, win, n);
         if (rc != KVS_OK) {
-            for (uint32_t i = 0; i < n; i++)
-                chunk_complete(win[i],
-                               batch_cancelled(win[i]->b) ? KVS_TIMED_OUT : KVS_TRANSFER_FAIL);
+            /* Nothing was sent: chunks of batches still waiting go again (on a connect that
+             * another batch's cancel cut short), others fail. */
+            bool cut = window_cancelled(win, n);
+            chunk_t *again[MAX_WINDOW];
+            uint32_t nagain = 0;
+            for (uint32_t i = 0; i < n; i++) {
+                if (batch_cancelled(win[i]->b))
+                    chunk_complete(win[i], KVS_TIMED_OUT);
+                else if (cut && win[i]->retries++ < 1)
+                    again[nagain++] = win[i];
+                else
+                    chunk_complete(win[i], KVS_TRANSFER_FAIL);
+            }
+            if (nagain > 0)
+                requeue_front(c, again, nagain);
             return;
         }
     }
@@ -549,7 +622,8 @@ static void process_window(tcp_conn_t *c, chunk_t **win, uint32_t n)
     /* Chunks whose GPU copies are in flight complete when those are done. */
     gpu_flush(c);
     if (done < n) {
-        /* Only a stop before sending, with every answer read, leaves the stream in step. */
+        /* Only a stop before sending, with every answer read, leaves the stream in step (and a
+         * cancel that shut the socket meanwhile is caught by the next conn_check). */
         if (!(cancelled && rc == KVS_OK && done == sent))
             conn_close(c);
         window_fail(c, win, done, tried, n, rc == KVS_OK ? KVS_TIMED_OUT : rc);
@@ -572,11 +646,9 @@ static void *conn_thread(void *arg)
         }
         while (c->head != NULL && n < window) {
             chunk_t *ch = c->head;
-            c->head = ch->next;
-            if (c->head == NULL)
-                c->tail = NULL;
+            queue_unlink(c, ch);
             win[n] = ch;
-            c->inflight[n++] = ch->b;
+            c->inflight[n++] = ch->b->id;
         }
         c->ninflight = n;
         pthread_mutex_unlock(&c->lock);
@@ -740,9 +812,10 @@ static void batch_free(kvs_batch_t *b)
     kvs__free(b);
 }
 
-static int tcp_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n,
+static int tcp_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n, uint64_t deadline_ns,
                       kvs_batch_t **batch_p)
 {
+    (void)deadline_ns; /* submitting only queues: the workers wait, and the wait has the deadline */
     tcp_transport_t *t = (tcp_transport_t *)base;
     if (t == NULL || (reqs == NULL && n > 0) || batch_p == NULL)
         return KVS_INVALID_PARAMS;
@@ -765,6 +838,7 @@ static int tcp_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n,
         kvs__free(chunks);
         return KVS_NO_MEMORY;
     }
+    b->id = atomic_fetch_add(&t->next_batch_id, 1) + 1;
     b->reqs = reqs;
     b->n = n;
     b->chunks = chunks;
@@ -791,12 +865,7 @@ static int tcp_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n,
     for (k = 0; k < nchunks; k++) {
         tcp_conn_t *c = chunks[k].conn;
         pthread_mutex_lock(&c->lock);
-        chunks[k].next = NULL;
-        if (c->tail)
-            c->tail->next = &chunks[k];
-        else
-            c->head = &chunks[k];
-        c->tail = &chunks[k];
+        queue_push_back(c, &chunks[k]);
         pthread_cond_signal(&c->cond);
         pthread_mutex_unlock(&c->lock);
     }
@@ -804,32 +873,56 @@ static int tcp_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n,
     return KVS_OK;
 }
 
-/* Cancels what is left of a batch on one connection. */
-static void conn_cancel(tcp_conn_t *c, kvs_batch_t *b)
+static int cmp_ptr(const void *a, const void *b)
 {
-    pthread_mutex_lock(&c->lock);
-    chunk_t **pp = &c->head, *last = NULL;
-    while (*pp != NULL) {
-        chunk_t *ch = *pp;
-        if (ch->b == b) {
-            *pp = ch->next;
+    uintptr_t x = (uintptr_t) * (void *const *)a, y = (uintptr_t) * (void *const *)b;
+    return (x > y) - (x < y);
+}
+
+/* Cancels what is left of a batch: its queued chunks complete at once, and on every connection
+ * whose worker serves some of them the socket (or the connect in progress) is shut down, so the
+ * worker lets go at once too. Linear in the batch's chunks: nothing else is walked. */
+static void batch_cancel(kvs_batch_t *b)
+{
+    for (uint64_t k = 0; k < b->nchunks; k++) {
+        chunk_t *ch = &b->chunks[k];
+        tcp_conn_t *c = ch->conn;
+        pthread_mutex_lock(&c->lock);
+        if (ch->queued) {
+            queue_unlink(c, ch);
             chunk_complete(ch, KVS_TIMED_OUT);
-        } else {
-            last = ch;
-            pp = &ch->next;
+        }
+        pthread_mutex_unlock(&c->lock);
+    }
+    tcp_conn_t **conns = kvs__malloc(KVS_MAX(b->nchunks, 1) * sizeof(*conns));
+    uint64_t nc = 0;
+    if (conns != NULL) {
+        for (uint64_t k = 0; k < b->nchunks; k++)
+            conns[k] = b->chunks[k].conn;
+        qsort(conns, b->nchunks, sizeof(*conns), cmp_ptr);
+        for (uint64_t k = 0; k < b->nchunks; k++) {
+            if (nc == 0 || conns[nc - 1] != conns[k])
+                conns[nc++] = conns[k];
         }
     }
-    c->tail = last;
-    for (uint32_t i = 0; i < c->ninflight; i++) {
-        if (c->inflight[i] == b) {
-            if (c->fd >= 0)
+    /* Without memory for the list, every chunk's connection is checked (repeats are harmless). */
+    for (uint64_t k = 0; k < (conns != NULL ? nc : b->nchunks); k++) {
+        tcp_conn_t *c = conns != NULL ? conns[k] : b->chunks[k].conn;
+        pthread_mutex_lock(&c->lock);
+        for (uint32_t i = 0; i < c->ninflight; i++) {
+            if (c->inflight[i] != b->id)
+                continue;
+            if (c->fd >= 0) {
                 shutdown(c->fd, SHUT_RDWR);
+                c->shut = true;
+            }
             if (c->opening_fd >= 0)
-                shutdown(c->opening_fd, SHUT_RDWR); /* its handshake fails at once */
+                shutdown(c->opening_fd, SHUT_RDWR); /* its connect or handshake fails at once */
             break;
         }
+        pthread_mutex_unlock(&c->lock);
     }
-    pthread_mutex_unlock(&c->lock);
+    kvs__free(conns);
 }
 
 static int tcp_wait(kvs_transport_t *base, kvs_batch_t *b, uint64_t deadline_ns)
@@ -842,14 +935,7 @@ static int tcp_wait(kvs_transport_t *base, kvs_batch_t *b, uint64_t deadline_ns)
     if (b->outstanding > 0) {
         b->cancelled = true;
         pthread_mutex_unlock(&b->lock);
-        for (uint64_t k = 0; k < b->nchunks; k++) {
-            tcp_conn_t *c = b->chunks[k].conn;
-            bool seen = false; /* cancel each connection once */
-            for (uint64_t j = 0; j < k && !seen; j++)
-                seen = b->chunks[j].conn == c;
-            if (!seen)
-                conn_cancel(c, b);
-        }
+        batch_cancel(b);
         pthread_mutex_lock(&b->lock);
         /* The workers let go quickly: their sockets are shut down. */
         while (b->outstanding > 0)
