@@ -862,6 +862,9 @@ int kvs__client_endpoint(kvs_client_t *c, kvs_transport_t *t, const char *name,
  * and pinned memory go once no call uses them. */
 static void endpoints_retain(kvs_client_t *c, const kvs__stat_rsp_t *sr)
 {
+    /* Closed after the lock is let go: a last close joins threads and unmaps segments. */
+    kvs__client_ep_t *gone = NULL;
+    size_t ngone = 0;
     pthread_mutex_lock(&c->eps_lock);
     for (size_t i = 0; i < c->neps;) {
         bool live = false;
@@ -871,13 +874,18 @@ static void endpoints_retain(kvs_client_t *c, const kvs__stat_rsp_t *sr)
             i++;
             continue;
         }
-        kvs__client_ep_t e = c->eps[i];
+        if (gone == NULL && (gone = kvs__malloc(c->neps * sizeof(*gone))) == NULL)
+            break; /* tried again at the next sweep */
+        gone[ngone++] = c->eps[i];
         c->eps[i] = c->eps[--c->neps];
-        kvs_debug("%s endpoint %s: its owner left; closed", e.t->ops->name, e.name);
-        e.t->ops->ep_close(e.t, e.ep);
-        kvs__free(e.name);
     }
     pthread_mutex_unlock(&c->eps_lock);
+    for (size_t i = 0; i < ngone; i++) {
+        kvs_debug("%s endpoint %s: its owner left; closed", gone[i].t->ops->name, gone[i].name);
+        gone[i].t->ops->ep_close(gone[i].t, gone[i].ep);
+        kvs__free(gone[i].name);
+    }
+    kvs__free(gone);
 }
 
 void kvs__client_sweep(kvs_client_t *c, uint64_t deadline_ns)
