@@ -61,14 +61,23 @@ typedef struct {
     uint64_t segment_size;
     const char *advertise_host; /* host readers use to reach the data port (default bind) */
     uint64_t rpc_timeout_ms;
+    uint64_t heartbeat_max_ms; /* longest heartbeat period (0: KVS_OWNER_HEARTBEAT_MAX_MS) */
+    uint64_t retry_min_ms;     /* first back-off after a failed heartbeat or mount (0: default) */
     kvs__data_server_config_t data;
 } kvs__owner_config_t;
+
+/* The heartbeat period is a third of the master's heartbeat time-out, at most this: an owner
+ * notices a restarted master at its next heartbeat, so this bounds the time to mount again. */
+#define KVS_OWNER_HEARTBEAT_MAX_MS 500u
+#define KVS_OWNER_RETRY_MIN_MS     20u
 
 typedef struct kvs__owner kvs__owner_t;
 
 /* Creates the segment, starts the data server, mounts with the master and starts the
- * heartbeat thread (every third of the master's heartbeat time-out; remounts when the master
- * has dropped the segment, which then starts empty). */
+ * heartbeat thread (every third of the heartbeat time-out the master announced at the latest
+ * HELLO, at most heartbeat_max_ms; remounts when the master has dropped the segment or
+ * restarted, and the segment then starts empty; failed rounds are retried after a back-off of
+ * retry_min_ms that doubles up to the period). */
 int kvs__owner_create(const kvs__owner_config_t *cfg, kvs__owner_t **owner_p);
 uint64_t kvs__owner_segment_id(const kvs__owner_t *o);
 uint16_t kvs__owner_data_port(const kvs__owner_t *o);
