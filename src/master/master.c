@@ -1296,6 +1296,12 @@ uint64_t kvs__master_counter(kvs__master_t *m, const char *name)
 
 /* ---- time-driven work ------------------------------------------------------------------- */
 
+void kvs__master_resumed(kvs__master_t *m, uint64_t now_ns)
+{
+    for (uint32_t i = 0; i < m->nseg; i++)
+        m->segs[i]->last_heartbeat_ns = KVS_MAX(m->segs[i]->last_heartbeat_ns, now_ns);
+}
+
 void kvs__master_tick(kvs__master_t *m, uint64_t now_ns)
 {
     limbo_sweep(m, now_ns, false);

@@ -89,6 +89,10 @@ int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs
 void kvs__master_client_connected(kvs__master_t *m, uint64_t now_ns, uint64_t client_id);
 void kvs__master_client_disconnected(kvs__master_t *m, uint64_t now_ns, uint64_t client_id);
 
+/* The caller did not run until `now_ns` (its process was stopped or starved): no owner could
+ * be heard, so every segment's silence starts again from now. */
+void kvs__master_resumed(kvs__master_t *m, uint64_t now_ns);
+
 /* Time-driven work: discards stale puts and drops silent owners. Cheap when nothing is due. */
 void kvs__master_tick(kvs__master_t *m, uint64_t now_ns);
 

@@ -45,6 +45,9 @@ struct kvs__master_server {
     conn_t *conns;
     kvs__wbuf_t scratch;
     uint64_t incarnation; /* random per start, told to every peer at HELLO */
+    uint64_t pause_ns;    /* a gap between two looks at the clock longer than this is a pause */
+    uint64_t last_run_ns; /* the monotonic clock at the last look (0: none yet) */
+    uint64_t paused_ns;   /* the time the loop did not run, taken off the master's clock */
     pthread_t thread;
     bool thread_started;
 };
@@ -62,6 +65,38 @@ int kvs__master_server_config_init(kvs__master_server_config_t *cfg)
     return kvs__master_config_init(&cfg->master);
 }
 
+/* The longest gap between two looks at the clock that is not a pause: the loop looks at least
+ * once a tick, so well above a tick, and well below the heartbeat time-out, so that a pause
+ * that could expire an owner is seen. */
+static uint64_t server_pause_ms(const kvs__master_server_config_t *cfg)
+{
+    if (cfg->pause_ms != 0)
+        return cfg->pause_ms;
+    uint64_t ms = KVS_MIN(cfg->master.heartbeat_timeout_ms / 4, 1000);
+    return KVS_MAX(ms, 2 * cfg->tick_ms);
+}
+
+/* The clock the master's state machine runs on: the monotonic clock less every time the
+ * loop did not run (the process was stopped, or starved of the CPU). The master counts an
+ * owner's silence, a lease or a pending put only while it runs itself, so a pause cuts none
+ * short; leases then last longer at the master than at their readers, which only keeps space
+ * longer. After a pause every owner also gets a whole heartbeat time-out: their heartbeats
+ * during it failed or wait unread in the sockets, and a retry needs a moment. The loop looks
+ * at the clock after every wait (a tick at most), so a longer gap means it did not run. */
+static uint64_t server_now(kvs__master_server_t *s)
+{
+    uint64_t now = kvs__now_ns();
+    if (s->last_run_ns != 0 && now - s->last_run_ns > s->pause_ns) {
+        uint64_t gap = now - s->last_run_ns;
+        s->paused_ns += gap - KVS_MIN(gap, s->cfg.tick_ms * KVS_NS_PER_MS);
+        kvs_warn("the master did not run for %llu ms; every owner gets a new heartbeat time-out",
+                 (unsigned long long)(gap / KVS_NS_PER_MS));
+        kvs__master_resumed(s->master, now - s->paused_ns);
+    }
+    s->last_run_ns = now;
+    return now - s->paused_ns;
+}
+
 int kvs__master_server_create(const kvs__master_server_config_t *cfg,
                               kvs__master_server_t **server_p)
 {
@@ -74,6 +109,7 @@ int kvs__master_server_create(const kvs__master_server_config_t *cfg,
     s->cfg = *cfg;
     s->listen_fd = s->epoll_fd = s->stop_fd = -1;
     s->incarnation = kvs__random_u64();
+    s->pause_ns = server_pause_ms(cfg) * KVS_NS_PER_MS;
     kvs__wbuf_init(&s->scratch);
     int rc = kvs__master_create(&cfg->master, &s->master);
     if (rc != KVS_OK)
@@ -115,7 +151,7 @@ uint16_t kvs__master_server_port(const kvs__master_server_t *s)
 static void conn_close(kvs__master_server_t *s, conn_t *c)
 {
     if (c->hello_done)
-        kvs__master_client_disconnected(s->master, kvs__now_ns(), c->client_id);
+        kvs__master_client_disconnected(s->master, server_now(s), c->client_id);
     epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     if (c->prev)
@@ -176,7 +212,7 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     size_t len = c->h.len;
     unsigned type = c->h.type;
     unsigned ver = c->h.version; /* requests decode in theirs; replies go out in the same */
-    uint64_t now = kvs__now_ns();
+    uint64_t now = server_now(s);
     kvs__arena_t arena;
     kvs__arena_init(&arena);
     kvs__wbuf_t *w = &s->scratch;
@@ -477,13 +513,14 @@ int kvs__master_server_run(kvs__master_server_t *s)
         return KVS_INVALID_PARAMS;
     kvs_info("master serving on port %u", (unsigned)s->port);
     struct epoll_event evs[64];
-    uint64_t tick_ns = s->cfg.tick_ms * KVS_NS_PER_MS, next_tick = kvs__now_ns() + tick_ns;
+    uint64_t tick_ns = s->cfg.tick_ms * KVS_NS_PER_MS, next_tick = server_now(s) + tick_ns;
     for (;;) {
         int n = epoll_wait(s->epoll_fd, evs, (int)KVS_ARRAY_SIZE(evs), (int)s->cfg.tick_ms);
         if (n < 0 && errno != EINTR) {
             kvs_error("epoll_wait: %s", strerror(errno));
             return KVS_IO_ERROR;
         }
+        server_now(s); /* a pause shows here, before any request or tick uses the clock */
         for (int i = 0; i < n; i++) {
             void *tag = evs[i].data.ptr;
             if (tag == &s->stop_fd)
@@ -503,7 +540,7 @@ int kvs__master_server_run(kvs__master_server_t *s)
             else
                 conn_update_events(s, c);
         }
-        uint64_t now = kvs__now_ns();
+        uint64_t now = server_now(s);
         if (now >= next_tick) {
             kvs__master_tick(s->master, now);
             next_tick = now + tick_ns;

@@ -12,6 +12,9 @@ typedef struct {
     uint32_t max_payload;  /* largest request accepted (default 64 MiB) */
     uint32_t max_conns;    /* connections beyond this are closed at accept (default 4096) */
     uint64_t tick_ms;      /* how often time-driven work runs (default 100) */
+    uint64_t pause_ms;     /* the loop not running this long is a pause: the master's clock
+                            * skips it and owners get a new heartbeat time-out (0: a quarter
+                            * of the heartbeat time-out, at most 1 s, at least two ticks) */
     kvs__master_config_t master;
 } kvs__master_server_config_t;
 
