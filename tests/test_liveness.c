@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* What one STAT says about a segment name and a counter; false when the master did not
@@ -227,12 +228,107 @@ static void test_remount_time_after_master_restart(void)
     server_stop(&m);
 }
 
+/* Runs kvstash-server with `args` and waits (at most 10 s) for it to exit; returns the exit
+ * status (or -1 if it was still running: then it is killed). */
+static int run_server_to_exit(const char *const *args)
+{
+    const char *argv[24] = {KVS_SERVER_PATH, "--port", "0", "--log-level", "error"};
+    int n = 5;
+    for (int i = 0; args[i] && n < 23; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    for (int i = 0; i < 1000; i++) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+/* An owner killed (SIGKILL) and restarted at once under its name mounts at once: its old
+ * registration is proven dead (its master connection closed, its data port refuses) and
+ * replaced, its objects dropped as by an expiry; the same with a fixed data port, which the
+ * new owner then holds itself. A second owner asking for the name of a live one is still
+ * refused. (The restarted owner used to exit with "segment already exists" until the old
+ * registration timed out.) */
+static void test_owner_restarted_under_its_name_mounts_at_once(void)
+{
+    server_t m, o;
+    master_start(&m, "0", NULL); /* 10 s time-out: an expiry cannot explain a quick mount */
+    owner_start(&o, m.port, "same", "0");
+    master_view_t v0, v;
+    CHECK(master_view(m.port, "same", &v0) && v0.segment_id != 0);
+    kvs_client_t *c = client_open(m.port);
+    put_bytes(c, "on-old", 0x33, 4096);
+
+    for (int round = 0; round < 2; round++) {
+        uint64_t t0 = kvs__now_ns();
+        server_kill(&o);
+        owner_start(&o, m.port, "same", "0");
+        uint64_t ms = (kvs__now_ns() - t0) / KVS_NS_PER_MS;
+        printf("owner restarted under its name (round %d): mounted %llu ms after the kill\n", round,
+               (unsigned long long)ms);
+        CHECK_CMP_U64(ms, <, 1000);
+        CHECK(master_view(m.port, "same", &v));
+        CHECK(v.segment_id != 0 && v.segment_id != v0.segment_id);
+        CHECK_EQ_U64(v.replaced, (uint64_t)round + 1);
+        CHECK_EQ_U64(v.expired, 0);
+        CHECK_EQ_INT(kvs_client_exists(c, "on-old"), 0); /* dropped with its registration */
+        v0 = v;
+    }
+
+    /* A fixed data port, taken again by the restarted owner. */
+    char dport[8];
+    snprintf(dport, sizeof(dport), "%u", (unsigned)o.port);
+    server_kill(&o);
+    uint64_t t0 = kvs__now_ns();
+    owner_start(&o, m.port, "same", dport);
+    CHECK_CMP_U64((kvs__now_ns() - t0) / KVS_NS_PER_MS, <, 1000);
+    CHECK(master_view(m.port, "same", &v));
+    CHECK(v.segment_id != 0 && v.segment_id != v0.segment_id);
+    CHECK_EQ_U64(o.port, (uint64_t)atoi(dport));
+
+    /* A second live owner with the name: refused, and the live one keeps its registration. */
+    char master[32];
+    snprintf(master, sizeof(master), "127.0.0.1:%u", (unsigned)m.port);
+    const char *dup[] = {"--owner-only", "--master",       master, "--segment-size",
+                         "4MiB",         "--segment-name", "same", NULL};
+    CHECK_EQ_INT(run_server_to_exit(dup), 1);
+    master_view_t after;
+    CHECK(master_view(m.port, "same", &after));
+    CHECK_EQ_U64(after.segment_id, v.segment_id);
+    put_bytes(c, "on-new", 0x44, 4096);
+    check_bytes(c, "on-new", 0x44, 4096);
+
+    /* A stopped owner is not proven dead either (its port still accepts): refused too. */
+    CHECK_EQ_INT(kill(o.pid, SIGSTOP), 0);
+    CHECK_EQ_INT(run_server_to_exit(dup), 1);
+    CHECK_EQ_INT(kill(o.pid, SIGCONT), 0);
+    CHECK(master_view(m.port, "same", &after));
+    CHECK_EQ_U64(after.segment_id, v.segment_id);
+
+    kvs_client_close(c);
+    server_stop(&o);
+    server_stop(&m);
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
         KVS_TEST_CASE(test_master_paused_expires_no_owner),
         KVS_TEST_CASE(test_master_restarted_with_shorter_timeout_no_flapping),
         KVS_TEST_CASE(test_remount_time_after_master_restart),
+        KVS_TEST_CASE(test_owner_restarted_under_its_name_mounts_at_once),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
 }
