@@ -41,10 +41,13 @@ uint16_t kvs__data_server_port(const kvs__data_server_t *srv);
  * (the segment's sealed memfd, borrowed) is handed to same-host readers; -1: tcp only. */
 int kvs__data_server_add(kvs__data_server_t *srv, uint64_t segment_id, void *base, uint64_t size,
                          int fd);
-/* Stops serving a segment; waits for requests that are using it. */
+/* Stops serving a segment. Waits for the requests' memory steps in progress (one non-blocking
+ * send or receive each), never for a peer: once it returns no request touches the memory,
+ * and a read it cut short ends with its connection closed. */
 int kvs__data_server_remove(kvs__data_server_t *srv, uint64_t segment_id);
 /* Fences puts of a served segment: every write carrying one of `tokens` from now on is refused
- * (INVALID_WRITE), and writes in progress are waited for. SEGMENT_NOT_FOUND when not served. */
+ * (INVALID_WRITE), including the rest of a write in progress; only its memory step in progress
+ * is waited for, never the peer. SEGMENT_NOT_FOUND when not served. */
 int kvs__data_server_fence(kvs__data_server_t *srv, uint64_t segment_id, const uint64_t *tokens,
                            size_t n);
 /* Requests served and refused so far. */
