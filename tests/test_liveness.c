@@ -9,10 +9,14 @@
 
 #include <kvstash/kvstash.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -322,6 +326,119 @@ static void test_owner_restarted_under_its_name_mounts_at_once(void)
     server_stop(&m);
 }
 
+/* MOUNT of `name` (node `node`, data endpoint `endpoint`) on a connection of its own; returns
+ * the status. With `keep_p` the connection stays open and is handed back. */
+static int raw_mount(uint16_t port, const char *name, const char *node, const char *endpoint,
+                     kvs__rpc_t **keep_p)
+{
+    kvs__rpc_config_t cfg = {.host = "127.0.0.1", .port = port, .timeout_ms = 5000};
+    kvs__rpc_t *rpc = NULL;
+    CHECK_STATUS(kvs__rpc_open(&cfg, &rpc), KVS_OK);
+    kvs__wbuf_t req, rsp;
+    kvs__wbuf_init(&req);
+    kvs__wbuf_init(&rsp);
+    kvs__rpc_begin(rpc, &req, KVS_MSG_MOUNT);
+    kvs__mount_req_t m = {kvs__str_c(name), kvs__str_c(node), kvs__str_c(endpoint), 1u << 20};
+    kvs__mount_req_encode(&req, &m);
+    CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
+    CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
+    kvs__mount_rsp_t mr;
+    CHECK_STATUS(kvs__mount_rsp_decode(rsp.data, rsp.len, rsp.version, NULL, &mr), KVS_OK);
+    kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
+    if (keep_p != NULL)
+        *keep_p = rpc;
+    else
+        kvs__rpc_close(rpc);
+    return mr.status;
+}
+
+typedef struct {
+    uint16_t port;
+    int status;
+    uint64_t ms;
+} mount_job_t;
+
+static void *mount_job(void *arg)
+{
+    mount_job_t *j = arg;
+    uint64_t t0 = kvs__now_ns();
+    j->status = raw_mount(j->port, "ghost", "n2", "127.0.0.1:9", NULL);
+    j->ms = (kvs__now_ns() - t0) / KVS_NS_PER_MS;
+    return NULL;
+}
+
+/* A holder whose master connection closed is replaced only when a connect to its data
+ * endpoint is refused: not while the endpoint accepts (a live owner that lost its master
+ * connection), nor while the connect hangs (its SYN dropped: the probe times out), during
+ * which the master serves other requests. (A taken name was always refused.) */
+static void test_holder_replaced_only_when_its_port_refuses(void)
+{
+    server_t m;
+    const char *args[] = {"--master-only", "--probe-timeout-ms", "400", NULL};
+    server_start(&m, args);
+    int lfd = kvs__tcp_listen("127.0.0.1", 0, 0); /* a backlog of 0: easy to fill */
+    CHECK(lfd >= 0);
+    CHECK_STATUS(kvs__set_nonblock(lfd, true), KVS_OK);
+    char endpoint[32];
+    snprintf(endpoint, sizeof(endpoint), "127.0.0.1:%u", (unsigned)kvs__sock_port(lfd));
+    CHECK_STATUS(raw_mount(m.port, "ghost", "n1", endpoint, NULL), KVS_OK); /* then it leaves */
+    master_view_t v0, v;
+    CHECK(master_view(m.port, "ghost", &v0) && v0.segment_id != 0);
+
+    /* Fill the backlog: the probe's SYN is dropped and its connect hangs. */
+    int fill[3];
+    for (int i = 0; i < 3; i++) {
+        fill[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET,
+                                 .sin_port = htons(kvs__sock_port(lfd)),
+                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        connect(fill[i], (struct sockaddr *)&sa, sizeof(sa));
+    }
+    usleep(50000);
+    mount_job_t job = {.port = m.port};
+    pthread_t th;
+    CHECK_EQ_INT(pthread_create(&th, NULL, mount_job, &job), 0);
+    usleep(100000);
+    uint64_t t0 = kvs__now_ns();
+    CHECK(master_view(m.port, "ghost", &v)); /* answered while the probe is in flight */
+    uint64_t stat_ms = (kvs__now_ns() - t0) / KVS_NS_PER_MS;
+    pthread_join(th, NULL);
+    printf("MOUNT against a hanging probe: %d after %llu ms; a STAT meanwhile: %llu ms\n",
+           job.status, (unsigned long long)job.ms, (unsigned long long)stat_ms);
+    CHECK_STATUS(job.status, KVS_SEGMENT_ALREADY_EXISTS);
+    CHECK_CMP_U64(stat_ms, <, 200);
+    CHECK_CMP_U64(job.ms, >=, 300);
+    CHECK_CMP_U64(job.ms, <, 2000);
+    for (int i = 0; i < 3; i++)
+        close(fill[i]);
+
+    /* The endpoint accepts: alive. */
+    for (int i = 0; i < 4; i++) { /* empty the accept queue */
+        int a = accept4(lfd, NULL, NULL, SOCK_NONBLOCK);
+        if (a >= 0)
+            close(a);
+    }
+    CHECK_STATUS(raw_mount(m.port, "ghost", "n2", "127.0.0.1:9", NULL), KVS_SEGMENT_ALREADY_EXISTS);
+    CHECK(master_view(m.port, "ghost", &v));
+    CHECK_EQ_U64(v.segment_id, v0.segment_id);
+    CHECK_EQ_U64(v.replaced, 0);
+
+    /* A holder still connected is alive whatever its port says. */
+    close(lfd);
+    kvs__rpc_t *keep = NULL;
+    CHECK_STATUS(raw_mount(m.port, "held", "n1", endpoint, &keep), KVS_OK);
+    CHECK_STATUS(raw_mount(m.port, "held", "n2", "127.0.0.1:9", NULL), KVS_SEGMENT_ALREADY_EXISTS);
+
+    /* Refused: dead, replaced. */
+    CHECK_STATUS(raw_mount(m.port, "ghost", "n2", "127.0.0.1:9", NULL), KVS_OK);
+    CHECK(master_view(m.port, "ghost", &v));
+    CHECK(v.segment_id != 0 && v.segment_id != v0.segment_id);
+    CHECK_EQ_U64(v.replaced, 1);
+    kvs__rpc_close(keep);
+    server_stop(&m);
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
@@ -329,6 +446,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_master_restarted_with_shorter_timeout_no_flapping),
         KVS_TEST_CASE(test_remount_time_after_master_restart),
         KVS_TEST_CASE(test_owner_restarted_under_its_name_mounts_at_once),
+        KVS_TEST_CASE(test_holder_replaced_only_when_its_port_refuses),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
 }
