@@ -133,13 +133,51 @@ static void check_bytes(kvs_client_t *c, const char *key, uint8_t fill, size_t n
     kvs_free(p);
 }
 
+/* PUT_START (one replica of 4 KiB) or PUT_END of `key`; returns the key's status. */
+static int writer_call(kvs__rpc_t *rpc, uint16_t type, const char *key)
+{
+    kvs__wbuf_t req, rsp;
+    kvs__wbuf_init(&req);
+    kvs__wbuf_init(&rsp);
+    kvs__arena_t a;
+    kvs__arena_init(&a);
+    kvs__rpc_begin(rpc, &req, type);
+    kvs__put_item_t it = {kvs__str_c(key), 4096};
+    kvs__put_start_req_t ps = {kvs__str_c("n"), 1, kvs__str_c(""), 0, 1, &it};
+    kvs__str_t k = kvs__str_c(key);
+    kvs__keys_req_t kr = {0, 1, &k, 0, NULL, 0, NULL};
+    if (type == KVS_MSG_PUT_START)
+        kvs__put_start_req_encode(&req, &ps);
+    else
+        kvs__keys_req_encode(&req, &kr);
+    CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
+    CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
+    int st;
+    if (type == KVS_MSG_PUT_START) {
+        kvs__placement_rsp_t pr;
+        CHECK_STATUS(kvs__placement_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &pr), KVS_OK);
+        st = pr.objs[0].status;
+    } else {
+        kvs__status_list_rsp_t sr;
+        CHECK_STATUS(kvs__status_list_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &sr), KVS_OK);
+        st = sr.results[0];
+    }
+    kvs__arena_free(&a);
+    kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
+    return st;
+}
+
 /* A master stopped (SIGSTOP) for 2.5 heartbeat time-outs and resumed: it did not hear its
- * owners while it did not run, so none is expired and every object stays readable. (On
- * resuming it used to expire every owner, with all their objects.) */
+ * owners while it did not run, so none is expired and every object stays readable, and a put
+ * pending across the pause is not discarded. (On resuming it used to expire every owner, with
+ * all their objects.) */
 static void test_master_paused_expires_no_owner(void)
 {
     server_t m, a, b;
-    master_start(&m, "0", "1000");
+    const char *margs[] = {
+        "--master-only", "--heartbeat-timeout-ms", "1000", "--put-discard-ms", "3000", NULL};
+    server_start(&m, margs);
     owner_start(&a, m.port, "pause-a", "0");
     owner_start(&b, m.port, "pause-b", "0");
     master_view_t v0, v;
@@ -149,6 +187,10 @@ static void test_master_paused_expires_no_owner(void)
     kvs_client_t *c = client_open(m.port);
     put_bytes(c, "k1", 0x11, 65536);
     put_bytes(c, "k2", 0x22, 65536);
+    kvs__rpc_t *writer = NULL; /* a put started before the pause and ended after it */
+    kvs__rpc_config_t wcfg = {.host = "127.0.0.1", .port = m.port, .timeout_ms = 3000};
+    CHECK_STATUS(kvs__rpc_open(&wcfg, &writer), KVS_OK);
+    CHECK_STATUS(writer_call(writer, KVS_MSG_PUT_START, "pending"), KVS_OK);
 
     CHECK_EQ_INT(kill(m.pid, SIGSTOP), 0);
     usleep(2500000);
@@ -163,6 +205,9 @@ static void test_master_paused_expires_no_owner(void)
     CHECK(master_view(m.port, "pause-b", &v));
     CHECK_EQ_U64(v.segment_id, id_b);
     CHECK_EQ_U64(v.mounted, 2);
+    /* 4 s after its start, but the master ran for less than its 3 s discard time. */
+    CHECK_STATUS(writer_call(writer, KVS_MSG_PUT_END, "pending"), KVS_OK);
+    kvs__rpc_close(writer);
     check_bytes(c, "k1", 0x11, 65536);
     check_bytes(c, "k2", 0x22, 65536);
     kvs_client_close(c);
