@@ -822,6 +822,28 @@ static void test_segment_ids_are_never_reused(void)
     }
 }
 
+/* After a pause of the server (kvs__master_resumed), every owner has a whole heartbeat
+ * time-out from the resume: silence it could not have heard does not count. */
+static void test_resumed_restarts_owner_silence(void)
+{
+    fx_t f;
+    fx_init(&f, 100);
+    mount(&f, f.client, "s1", "n1", 1 << 20);
+    uint64_t t0 = f.now;
+    f.now = t0 + 2500 * MS; /* the server did not run: 2.5 time-outs */
+    kvs__master_resumed(f.m, f.now);
+    kvs__master_tick(f.m, f.now);
+    CHECK_EQ_U64(counter(&f, "segments"), 1);
+    f.now += 999 * MS;
+    kvs__master_tick(f.m, f.now);
+    CHECK_EQ_U64(counter(&f, "segments"), 1);
+    f.now += 1 * MS; /* silent for a whole time-out after the resume */
+    kvs__master_tick(f.m, f.now);
+    CHECK_EQ_U64(counter(&f, "segments"), 0);
+    CHECK_EQ_U64(counter(&f, "segments_expired"), 1);
+    fx_fini(&f);
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
@@ -844,6 +866,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_list_pages_cover_the_largest_listing),
         KVS_TEST_CASE(test_list_pages_of_one_entry),
         KVS_TEST_CASE(test_alloc_failure_leaves_store_unchanged),
+        KVS_TEST_CASE(test_resumed_restarts_owner_silence),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
 }

@@ -7,6 +7,8 @@
 #include "master/master_server_int.h"
 #include "owner_fixture.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -337,6 +339,177 @@ static void test_owner_with_master(void)
     CHECK_STATUS(kvs__owner_create(&oc, &o), KVS_INVALID_PARAMS);
 }
 
+/* ---- the segment lock is not held across socket I/O ---------------------------------------- */
+
+#define LOCK_SEG_SIZE (32u << 20)
+#define LOCK_READ_LEN 4096u
+
+static uint8_t lock_pattern(uint64_t off)
+{
+    return (uint8_t)(off * 7 + 3);
+}
+
+typedef struct {
+    uint16_t port;
+    atomic_bool stop;
+    atomic_uint_least64_t ok, refused, wrong, cut;
+} steady_t;
+
+/* Reads 4 KiB after 4 KiB of segment 7 and checks each; counts the refusals that follow its
+ * removal, and the reads it cut off. */
+static void *steady_reader(void *arg)
+{
+    steady_t *st = arg;
+    owner_fixture_t f = {.port = st->port};
+    int fd = dial(&f);
+    hello(fd);
+    static uint8_t bufs[8][LOCK_READ_LEN];
+    static atomic_uint next;
+    uint8_t *buf = bufs[atomic_fetch_add(&next, 1) % 8];
+    for (uint64_t i = 0; !atomic_load(&st->stop); i++) {
+        uint64_t off = (i * LOCK_READ_LEN) % (1u << 20);
+        uint8_t req[KVS_DATA_REQ_LEN];
+        data_req(req, FIX_SEGMENT_ID, off, LOCK_READ_LEN);
+        send_frame(fd, KVS_MSG_DATA_READ, KVS_DATA_REQ_LEN, req, sizeof(req));
+        uint8_t hb[KVS_FRAME_HDR_LEN + 4];
+        uint64_t dl = kvs__now_ns() + 3 * KVS_NS_PER_S;
+        CHECK_STATUS(kvs__recv_all(fd, hb, sizeof(hb), dl), KVS_OK);
+        kvs__rbuf_t r;
+        kvs__rbuf_init(&r, hb + KVS_FRAME_HDR_LEN, 4);
+        int32_t status = kvs__rbuf_i32(&r);
+        if (status != KVS_OK) {
+            CHECK_STATUS(status, KVS_SEGMENT_NOT_FOUND);
+            atomic_fetch_add(&st->refused, 1);
+            usleep(1000);
+            continue;
+        }
+        if (kvs__recv_all(fd, buf, LOCK_READ_LEN, dl) != KVS_OK) {
+            /* Cut off by the remove after its OK header: the connection closed (never a
+             * short success). Dial again. */
+            CHECK(closed_by_peer(fd));
+            close(fd);
+            fd = dial(&f);
+            hello(fd);
+            atomic_fetch_add(&st->cut, 1);
+            continue;
+        }
+        bool right = true;
+        for (uint32_t j = 0; j < LOCK_READ_LEN; j++)
+            right &= buf[j] == lock_pattern(off + j);
+        atomic_fetch_add(right ? &st->ok : &st->wrong, 1);
+    }
+    close(fd);
+    return NULL;
+}
+
+static uint64_t ms_since(uint64_t t0)
+{
+    return (kvs__now_ns() - t0) / KVS_NS_PER_MS;
+}
+
+/* Steady reads in four threads, a reader that stopped reading a 16 MiB response, and a writer
+ * stalled half way through a put's bytes: a fence of that put and a remount (remove, add)
+ * still complete at once, the stalled write's later bytes never land, and the cut-off read
+ * ends with its connection closed. (The data server held the segment lock across socket I/O,
+ * so the fence and the remount waited for the stalled peers' time-outs, and behind the
+ * writer-preferring lock every other read waited too.) */
+static void test_fence_and_remount_do_not_wait_for_peers(void)
+{
+    kvs__data_server_config_t cfg;
+    kvs__data_server_config_init(&cfg);
+    cfg.shm_dir = "/nonexistent"; /* tcp only */
+    cfg.io_timeout_ms = 3000;
+    kvs__data_server_t *srv;
+    CHECK_STATUS(kvs__data_server_create(&cfg, &srv), KVS_OK);
+    kvs__segment_mem_t mem, fresh;
+    CHECK_STATUS(kvs__segment_mem_create("lock-test", LOCK_SEG_SIZE, &mem), KVS_OK);
+    uint8_t *seg = mem.base;
+    for (uint64_t i = 0; i < LOCK_SEG_SIZE; i++)
+        seg[i] = lock_pattern(i);
+    CHECK_STATUS(kvs__data_server_add(srv, FIX_SEGMENT_ID, mem.base, mem.size, -1), KVS_OK);
+    owner_fixture_t f = {.port = kvs__data_server_port(srv)};
+
+    /* A reader that asks for 16 MiB and reads none of it: the server's send blocks. */
+    int stalled = dial(&f);
+    hello(stalled);
+    uint8_t req[KVS_DATA_REQ_LEN];
+    data_req(req, FIX_SEGMENT_ID, 0, KVS_DATA_MAX_CHUNK);
+    send_frame(stalled, KVS_MSG_DATA_READ, KVS_DATA_REQ_LEN, req, sizeof(req));
+
+    steady_t st = {.port = f.port};
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ_INT(pthread_create(&th[i], NULL, steady_reader, &st), 0);
+
+    /* A writer of put 0x5107 sends half of 64 KiB at 20 MiB, then stalls. */
+    const uint64_t woff = 20u << 20, wlen = 64u << 10;
+    int writer = dial(&f);
+    hello(writer);
+    uint8_t wreq[KVS_DATA_REQ_LEN];
+    data_req_token(wreq, FIX_SEGMENT_ID, woff, wlen, 0x5107);
+    uint8_t *wbytes = malloc(wlen);
+    CHECK(wbytes != NULL);
+    memset(wbytes, 0xEE, wlen);
+    send_frame(writer, KVS_MSG_DATA_WRITE, (uint32_t)(KVS_DATA_REQ_LEN + wlen), wreq, sizeof(wreq));
+    CHECK_STATUS(kvs__send_all(writer, wbytes, wlen / 2, kvs__now_ns() + KVS_NS_PER_S), KVS_OK);
+    usleep(200000); /* the first half is in; readers are streaming */
+    CHECK(atomic_load(&st.ok) > 0);
+
+    uint64_t t0 = kvs__now_ns();
+    CHECK_STATUS(kvs__data_server_fence(srv, FIX_SEGMENT_ID, (const uint64_t[]){0x5107}, 1),
+                 KVS_OK);
+    uint64_t fence_ms = ms_since(t0);
+    CHECK_CMP_U64(fence_ms, <, 500); /* it waited for no peer */
+    CHECK_STATUS(kvs__send_all(writer, wbytes + wlen / 2, wlen / 2, kvs__now_ns() + KVS_NS_PER_S),
+                 KVS_OK);
+    int32_t wst;
+    CHECK_EQ_INT(response(writer, &wst), KVS_MSG_DATA_WRITE | KVS_RSP_FLAG);
+    CHECK_STATUS(wst, KVS_INVALID_WRITE);
+    for (uint64_t i = woff + wlen / 2; i < woff + wlen; i++)
+        CHECK_EQ_INT(seg[i], lock_pattern(i)); /* nothing sent after the fence landed */
+    uint64_t ok_before = atomic_load(&st.ok);
+    usleep(50000);
+    CHECK(atomic_load(&st.ok) > ok_before); /* reads go on */
+
+    t0 = kvs__now_ns();
+    CHECK_STATUS(kvs__data_server_remove(srv, FIX_SEGMENT_ID), KVS_OK);
+    CHECK_STATUS(kvs__segment_mem_create("lock-test", LOCK_SEG_SIZE, &fresh), KVS_OK);
+    CHECK_STATUS(kvs__data_server_add(srv, FIX_SEGMENT_ID + 1, fresh.base, fresh.size, -1), KVS_OK);
+    uint64_t remount_ms = ms_since(t0);
+    kvs__segment_mem_destroy(&mem); /* as the owner does: nothing may touch it any more */
+    printf("fence %llu ms, remount %llu ms, with a stalled reader and writer; %llu reads cut off\n",
+           (unsigned long long)fence_ms, (unsigned long long)remount_ms,
+           (unsigned long long)atomic_load(&st.cut));
+    CHECK_CMP_U64(remount_ms, <, 500);
+    for (int i = 0; i < 100 && atomic_load(&st.refused) < 4; i++)
+        usleep(10000);
+    CHECK(atomic_load(&st.refused) >= 4); /* the readers see the segment gone */
+    atomic_store(&st.stop, true);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    CHECK_EQ_U64(atomic_load(&st.wrong), 0);
+    /* The cut-off read: its frame can only end in a close, before all its bytes came. */
+    static char sink[1 << 16];
+    uint64_t got = 0;
+    struct timeval tv = {.tv_sec = 3};
+    CHECK_STATUS(kvs__set_nonblock(stalled, false), KVS_OK);
+    setsockopt(stalled, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)); /* bounded */
+    for (;;) {
+        ssize_t n = recv(stalled, sink, sizeof(sink), 0);
+        if (n <= 0) {
+            CHECK(n == 0);
+            break;
+        }
+        got += (uint64_t)n;
+    }
+    CHECK_CMP_U64(got, <, KVS_FRAME_HDR_LEN + 4 + KVS_DATA_MAX_CHUNK);
+    close(stalled);
+    close(writer);
+    free(wbytes);
+    kvs__data_server_destroy(srv);
+    kvs__segment_mem_destroy(&fresh);
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -344,6 +517,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_bad_frames_and_offsets),
         KVS_TEST_CASE(test_fenced_writes_are_refused),
         KVS_TEST_CASE(test_owner_with_master),
+        KVS_TEST_CASE(test_fence_and_remount_do_not_wait_for_peers),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
 }

@@ -9,6 +9,7 @@
     X(segments_mounted)                                                                            \
     X(segments_unmounted)                                                                          \
     X(segments_expired)                                                                            \
+    X(segments_replaced)                                                                           \
     X(puts_started)                                                                                \
     X(puts_ended)                                                                                  \
     X(puts_revoked)                                                                                \
@@ -695,6 +696,34 @@ int kvs__master_unmount(kvs__master_t *m, uint64_t client_id, uint64_t segment_i
     return KVS_OK;
 }
 
+int kvs__master_holder(kvs__master_t *m, kvs__str_t name, kvs__master_holder_t *holder_p)
+{
+    if (m == NULL || holder_p == NULL)
+        return KVS_INVALID_PARAMS;
+    seg_t *s = seg_by_name(m, name);
+    if (s == NULL)
+        return KVS_SEGMENT_NOT_FOUND;
+    const client_rec_t *r = client_rec(m, s->client_id);
+    *holder_p = (kvs__master_holder_t){.segment_id = s->id,
+                                       .client_id = s->client_id,
+                                       .connected = r != NULL && r->nconns > 0,
+                                       .node = s->node,
+                                       .endpoint = s->endpoint};
+    return KVS_OK;
+}
+
+int kvs__master_replace(kvs__master_t *m, uint64_t segment_id)
+{
+    seg_t *s = m ? seg_by_id(m, segment_id) : NULL;
+    if (s == NULL)
+        return KVS_SEGMENT_NOT_FOUND;
+    kvs_warn("segment %llu '%s' dropped: its owner at %s is gone and a new one takes the name",
+             (unsigned long long)s->id, s->name, s->endpoint);
+    seg_remove(m, s); /* as an expiry: its replicas and objects go, its limbo space with it */
+    m->c.segments_replaced++;
+    return KVS_OK;
+}
+
 /* The owner has applied every fence of `s` up to `seq`: forget them, free what they held. */
 static void fence_acked(kvs__master_t *m, seg_t *s, uint64_t seq, uint64_t now_ns)
 {
@@ -1310,6 +1339,12 @@ uint64_t kvs__master_counter(kvs__master_t *m, const char *name)
 }
 
 /* ---- time-driven work ------------------------------------------------------------------- */
+
+void kvs__master_resumed(kvs__master_t *m, uint64_t now_ns)
+{
+    for (uint32_t i = 0; i < m->nseg; i++)
+        m->segs[i]->last_heartbeat_ns = KVS_MAX(m->segs[i]->last_heartbeat_ns, now_ns);
+}
 
 void kvs__master_tick(kvs__master_t *m, uint64_t now_ns)
 {

@@ -39,6 +39,19 @@ uint64_t kvs__master_new_client(kvs__master_t *m);
  * unique among mounted segments (SEGMENT_ALREADY_EXISTS). Ids are random and never reused. */
 int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
                       const kvs__mount_req_t *req, uint64_t *segment_id_p);
+/* Who holds a segment name (for a MOUNT refused with SEGMENT_ALREADY_EXISTS): the server may
+ * prove that owner dead and replace it. Strings are borrowed, valid until the segment goes. */
+typedef struct {
+    uint64_t segment_id;
+    uint64_t client_id;
+    bool connected; /* the owner's client has a connection open */
+    const char *node;
+    const char *endpoint;
+} kvs__master_holder_t;
+int kvs__master_holder(kvs__master_t *m, kvs__str_t name, kvs__master_holder_t *holder_p);
+/* Drops a segment whose owner is proven dead, exactly as an expiry does (its replicas vanish,
+ * objects left without one go), so that a new owner can mount under its name. */
+int kvs__master_replace(kvs__master_t *m, uint64_t segment_id);
 /* Unmounts a segment of that client: its replicas vanish and objects left without one go. */
 int kvs__master_unmount(kvs__master_t *m, uint64_t client_id, uint64_t segment_id);
 /* Refreshes the client's segments that `req` names (every one when `req` is NULL).
@@ -88,6 +101,10 @@ int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs
  * within that time, after a failed call, is not a departure). */
 void kvs__master_client_connected(kvs__master_t *m, uint64_t now_ns, uint64_t client_id);
 void kvs__master_client_disconnected(kvs__master_t *m, uint64_t now_ns, uint64_t client_id);
+
+/* The caller did not run until `now_ns` (its process was stopped or starved): no owner could
+ * be heard, so every segment's silence starts again from now. */
+void kvs__master_resumed(kvs__master_t *m, uint64_t now_ns);
 
 /* Time-driven work: discards stale puts and drops silent owners. Cheap when nothing is due. */
 void kvs__master_tick(kvs__master_t *m, uint64_t now_ns);

@@ -4,6 +4,7 @@
 #include "../proto/net_int.h"
 
 #include <errno.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -17,10 +18,19 @@
 /* Reading from a peer pauses while this much of its output waits to be sent. */
 #define OUT_HIGH_WATER (1u << 20)
 
+/* What an epoll event's tag points at, besides the listening and stop descriptors. */
+typedef enum { TAG_CONN = 1, TAG_PROBE } tag_t;
+
+struct probe;
+
 typedef struct conn {
+    tag_t tag;                /* TAG_CONN */
     struct conn *prev, *next; /* every open connection, for shutdown */
     int fd;
     bool hello_done;
+    bool parked;            /* a MOUNT waits for its probe: nothing more is read meanwhile */
+    bool probed;            /* the MOUNT being served again after its probe: no second one */
+    struct probe *probe;    /* while parked */
     bool closing;           /* close once the output is flushed */
     unsigned reply_version; /* of the last request whose header decoded; errors go out in it */
     uint64_t client_id;
@@ -34,6 +44,22 @@ typedef struct conn {
     uint32_t events; /* what epoll currently watches */
 } conn_t;
 
+/* A MOUNT of a name whose owner may be dead (no connection of its client is open) waits while
+ * a non-blocking connect to that owner's data endpoint, driven by the event loop, finds out:
+ * refused proves the owner dead (nothing listens there), so its registration is replaced;
+ * anything else (it connects, the time runs out, the host is unreachable) is no proof, and the
+ * MOUNT is refused with SEGMENT_ALREADY_EXISTS as before. */
+typedef struct probe {
+    tag_t tag; /* TAG_PROBE */
+    struct probe *next;
+    conn_t *conn; /* the parked connection; NULL once it closed (freed after the batch) */
+    int fd;
+    uint64_t segment_id; /* the registration it probes */
+    uint64_t deadline_ns;
+    kvs__frame_hdr_t h; /* the MOUNT request, served again when the probe ends */
+    uint8_t *payload;
+} probe_t;
+
 struct kvs__master_server {
     kvs__master_server_config_t cfg;
     kvs__master_t *master;
@@ -43,8 +69,13 @@ struct kvs__master_server {
     uint16_t port;
     uint32_t nconns;
     conn_t *conns;
+    probe_t *probes;      /* in flight */
+    probe_t *dead_probes; /* finished; freed after the event batch that may still name them */
     kvs__wbuf_t scratch;
     uint64_t incarnation; /* random per start, told to every peer at HELLO */
+    uint64_t pause_ns;    /* a gap between two looks at the clock longer than this is a pause */
+    uint64_t last_run_ns; /* the monotonic clock at the last look (0: none yet) */
+    uint64_t paused_ns;   /* the time the loop did not run, taken off the master's clock */
     pthread_t thread;
     bool thread_started;
 };
@@ -59,14 +90,47 @@ int kvs__master_server_config_init(kvs__master_server_config_t *cfg)
     cfg->max_payload = KVS_FRAME_MAX_PAYLOAD;
     cfg->max_conns = 4096;
     cfg->tick_ms = 100;
+    cfg->probe_ms = 1000;
     return kvs__master_config_init(&cfg->master);
+}
+
+/* The longest gap between two looks at the clock that is not a pause: the loop looks at least
+ * once a tick, so well above a tick, and well below the heartbeat time-out, so that a pause
+ * that could expire an owner is seen. */
+static uint64_t server_pause_ms(const kvs__master_server_config_t *cfg)
+{
+    if (cfg->pause_ms != 0)
+        return cfg->pause_ms;
+    uint64_t ms = KVS_MIN(cfg->master.heartbeat_timeout_ms / 4, 1000);
+    return KVS_MAX(ms, 2 * cfg->tick_ms);
+}
+
+/* The clock the master's state machine runs on: the monotonic clock less every time the
+ * loop did not run (the process was stopped, or starved of the CPU). The master counts an
+ * owner's silence, a lease or a pending put only while it runs itself, so a pause cuts none
+ * short; leases then last longer at the master than at their readers, which only keeps space
+ * longer. After a pause every owner also gets a whole heartbeat time-out: their heartbeats
+ * during it failed or wait unread in the sockets, and a retry needs a moment. The loop looks
+ * at the clock after every wait (a tick at most), so a longer gap means it did not run. */
+static uint64_t server_now(kvs__master_server_t *s)
+{
+    uint64_t now = kvs__now_ns();
+    if (s->last_run_ns != 0 && now - s->last_run_ns > s->pause_ns) {
+        uint64_t gap = now - s->last_run_ns;
+        s->paused_ns += gap - KVS_MIN(gap, s->cfg.tick_ms * KVS_NS_PER_MS);
+        kvs_warn("the master did not run for %llu ms; every owner gets a new heartbeat time-out",
+                 (unsigned long long)(gap / KVS_NS_PER_MS));
+        kvs__master_resumed(s->master, now - s->paused_ns);
+    }
+    s->last_run_ns = now;
+    return now - s->paused_ns;
 }
 
 int kvs__master_server_create(const kvs__master_server_config_t *cfg,
                               kvs__master_server_t **server_p)
 {
     if (cfg == NULL || server_p == NULL || cfg->max_payload == 0 || cfg->max_conns == 0 ||
-        cfg->tick_ms == 0 || kvs__master_config_check(&cfg->master) != KVS_OK)
+        cfg->tick_ms == 0 || cfg->probe_ms == 0 || kvs__master_config_check(&cfg->master) != KVS_OK)
         return KVS_INVALID_PARAMS;
     kvs__master_server_t *s = kvs__calloc(1, sizeof(*s));
     if (s == NULL)
@@ -74,6 +138,7 @@ int kvs__master_server_create(const kvs__master_server_config_t *cfg,
     s->cfg = *cfg;
     s->listen_fd = s->epoll_fd = s->stop_fd = -1;
     s->incarnation = kvs__random_u64();
+    s->pause_ns = server_pause_ms(cfg) * KVS_NS_PER_MS;
     kvs__wbuf_init(&s->scratch);
     int rc = kvs__master_create(&cfg->master, &s->master);
     if (rc != KVS_OK)
@@ -112,10 +177,14 @@ uint16_t kvs__master_server_port(const kvs__master_server_t *s)
 
 /* ---- connections ------------------------------------------------------------------------ */
 
+static void probe_unlink(kvs__master_server_t *s, probe_t *p);
+
 static void conn_close(kvs__master_server_t *s, conn_t *c)
 {
+    if (c->probe != NULL)
+        probe_unlink(s, c->probe);
     if (c->hello_done)
-        kvs__master_client_disconnected(s->master, kvs__now_ns(), c->client_id);
+        kvs__master_client_disconnected(s->master, server_now(s), c->client_id);
     epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     if (c->prev)
@@ -134,7 +203,7 @@ static void conn_update_events(kvs__master_server_t *s, conn_t *c)
 {
     size_t pending = c->out.len - c->out_sent;
     uint32_t ev = 0;
-    if (!c->closing && pending < OUT_HIGH_WATER)
+    if (!c->closing && !c->parked && pending < OUT_HIGH_WATER)
         ev |= EPOLLIN;
     if (pending > 0)
         ev |= EPOLLOUT;
@@ -169,6 +238,176 @@ static void send_error(kvs__master_server_t *s, conn_t *c, uint32_t req_id, int 
         c->closing = true;
 }
 
+/* ---- proving a segment's owner dead ------------------------------------------------------ */
+
+/* Takes a finished probe out of the loop; it is freed after the current event batch. */
+static void probe_unlink(kvs__master_server_t *s, probe_t *p)
+{
+    epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, p->fd, NULL);
+    close(p->fd);
+    for (probe_t **pp = &s->probes; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    }
+    if (p->conn != NULL)
+        p->conn->probe = NULL;
+    p->conn = NULL;
+    kvs__free(p->payload);
+    p->payload = NULL;
+    p->next = s->dead_probes;
+    s->dead_probes = p;
+}
+
+/* Whether the registration `h` names may be replaced now: the same one, its client still
+ * without a connection (an owner that reconnected meanwhile is alive). */
+static bool holder_still_gone(kvs__master_server_t *s, kvs__str_t name, uint64_t segment_id)
+{
+    kvs__master_holder_t h;
+    return kvs__master_holder(s->master, name, &h) == KVS_OK && h.segment_id == segment_id &&
+           !h.connected;
+}
+
+typedef enum { PROBE_ALIVE, PROBE_DEAD, PROBE_PARKED } probe_rc_t;
+
+/* Starts a connect to a data endpoint "HOST:PORT" with a numeric host (a name would need a
+ * resolver call, which blocks); *fd_p gets the socket. DEAD when refused at once, PARKED when
+ * in progress, ALIVE when connected or not probeable. */
+static probe_rc_t probe_connect(const char *endpoint, int *fd_p)
+{
+    char *host = NULL;
+    uint16_t port = 0;
+    if (kvs__parse_host_port(endpoint, NULL, &host, &port) != KVS_OK || host == NULL || port == 0) {
+        kvs__free(host);
+        return PROBE_ALIVE;
+    }
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST};
+    char ports[8];
+    snprintf(ports, sizeof(ports), "%u", (unsigned)port);
+    struct addrinfo *res = NULL;
+    int grc = getaddrinfo(host, ports, &hints, &res);
+    kvs__free(host);
+    if (grc != 0)
+        return PROBE_ALIVE;
+    probe_rc_t rc = PROBE_ALIVE;
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+        if (connect(fd, res->ai_addr, res->ai_addrlen) == 0)
+            rc = PROBE_ALIVE;
+        else if (errno == EINPROGRESS)
+            rc = PROBE_PARKED;
+        else if (errno == ECONNREFUSED)
+            rc = PROBE_DEAD;
+        if (rc != PROBE_PARKED) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    *fd_p = fd;
+    return rc;
+}
+
+/* A MOUNT of `req` found its name taken. Decides whether the holder is proven dead now
+ * (DEAD: replace it and mount again), may be (PARKED: the connection waits for a probe and
+ * is answered when it ends) or is not (ALIVE: refuse). A holder whose client still has a
+ * connection is alive. One on the same node and data endpoint as the new owner is dead: the
+ * new owner listens there, so the old one cannot. */
+static probe_rc_t mount_probe(kvs__master_server_t *s, conn_t *c, uint64_t now,
+                              const kvs__mount_req_t *req)
+{
+    kvs__master_holder_t h;
+    if (kvs__master_holder(s->master, req->name, &h) != KVS_OK || h.connected ||
+        h.client_id == c->client_id)
+        return PROBE_ALIVE;
+    if (kvs__str_eq(kvs__str_c(h.node), req->node) &&
+        kvs__str_eq(kvs__str_c(h.endpoint), req->endpoint))
+        return PROBE_DEAD;
+    int fd = -1;
+    probe_rc_t rc = probe_connect(h.endpoint, &fd);
+    if (rc != PROBE_PARKED)
+        return rc;
+    probe_t *p = kvs__calloc(1, sizeof(*p));
+    struct epoll_event ev = {.events = EPOLLOUT, .data.ptr = p};
+    if (p == NULL || epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        kvs__free(p);
+        close(fd);
+        return PROBE_ALIVE;
+    }
+    *p = (probe_t){.tag = TAG_PROBE,
+                   .next = s->probes,
+                   .conn = c,
+                   .fd = fd,
+                   .segment_id = h.segment_id,
+                   .deadline_ns = now + s->cfg.probe_ms * KVS_NS_PER_MS,
+                   .h = c->h,
+                   .payload = c->payload};
+    s->probes = p;
+    c->payload = NULL; /* the probe keeps the request */
+    c->parked = true;
+    c->probe = p;
+    return PROBE_PARKED;
+}
+
+static void dispatch(kvs__master_server_t *s, conn_t *c);
+
+/* A probe ended: `dead` when its connect was refused. The parked MOUNT is served again, after
+ * the old registration went if it is proven dead; its reply goes out from the loop (the
+ * connection is never closed here: the current event batch may still name it). */
+static void probe_finish(kvs__master_server_t *s, probe_t *p, bool dead)
+{
+    conn_t *c = p->conn;
+    kvs__mount_req_t req;
+    if (dead && kvs__mount_req_decode(p->payload, p->h.len, p->h.version, NULL, &req) == KVS_OK &&
+        holder_still_gone(s, req.name, p->segment_id))
+        kvs__master_replace(s->master, p->segment_id);
+    c->h = p->h;
+    c->payload = p->payload;
+    p->payload = NULL;
+    probe_unlink(s, p);
+    c->parked = false;
+    c->probed = true;
+    dispatch(s, c);
+    c->probed = false;
+    kvs__free(c->payload);
+    c->payload = NULL;
+    conn_update_events(s, c); /* reads again; the reply waits for EPOLLOUT */
+}
+
+static void probe_event(kvs__master_server_t *s, probe_t *p)
+{
+    if (p->conn == NULL)
+        return; /* finished earlier in this batch */
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (getsockopt(p->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+        err = errno;
+    probe_finish(s, p, err == ECONNREFUSED);
+}
+
+/* Probes out of time prove nothing. */
+static void probes_expire(kvs__master_server_t *s, uint64_t now)
+{
+    for (probe_t *p = s->probes, *next; p != NULL; p = next) {
+        next = p->next;
+        if (p->deadline_ns <= now)
+            probe_finish(s, p, false);
+    }
+}
+
+static void probes_free_dead(kvs__master_server_t *s)
+{
+    while (s->dead_probes != NULL) {
+        probe_t *p = s->dead_probes;
+        s->dead_probes = p->next;
+        kvs__free(p);
+    }
+}
+
+/* ---- requests --------------------------------------------------------------------------- */
+
 /* Decodes and serves one request; the response (or an ERROR frame) goes to the output. */
 static void dispatch(kvs__master_server_t *s, conn_t *c)
 {
@@ -176,7 +415,7 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     size_t len = c->h.len;
     unsigned type = c->h.type;
     unsigned ver = c->h.version; /* requests decode in theirs; replies go out in the same */
-    uint64_t now = kvs__now_ns();
+    uint64_t now = server_now(s);
     kvs__arena_t arena;
     kvs__arena_init(&arena);
     kvs__wbuf_t *w = &s->scratch;
@@ -250,6 +489,16 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
             break;
         kvs__mount_rsp_t rsp = {0};
         rsp.status = kvs__master_mount(s->master, now, c->client_id, &req, &rsp.segment_id);
+        if (rsp.status == KVS_SEGMENT_ALREADY_EXISTS && !c->probed) {
+            kvs__master_holder_t h;
+            probe_rc_t pr = mount_probe(s, c, now, &req);
+            if (pr == PROBE_PARKED)
+                goto out; /* answered when the probe ends */
+            if (pr == PROBE_DEAD && kvs__master_holder(s->master, req.name, &h) == KVS_OK) {
+                kvs__master_replace(s->master, h.segment_id);
+                rsp.status = kvs__master_mount(s->master, now, c->client_id, &req, &rsp.segment_id);
+            }
+        }
         kvs__mount_rsp_encode(w, &rsp);
         break;
     }
@@ -365,7 +614,7 @@ out:
 /* Reads what is available and serves each complete frame. Returns false to close now. */
 static bool conn_read(kvs__master_server_t *s, conn_t *c)
 {
-    while (!c->closing && c->out.len - c->out_sent < OUT_HIGH_WATER) {
+    while (!c->closing && !c->parked && c->out.len - c->out_sent < OUT_HIGH_WATER) {
         uint8_t *dst;
         size_t want;
         if (c->hdr_got < KVS_FRAME_HDR_LEN) {
@@ -453,6 +702,7 @@ static void accept_all(kvs__master_server_t *s)
             close(fd);
             continue;
         }
+        c->tag = TAG_CONN;
         c->fd = fd;
         c->reply_version = KVS_PROTO_VERSION_MIN;
         c->events = EPOLLIN;
@@ -477,13 +727,14 @@ int kvs__master_server_run(kvs__master_server_t *s)
         return KVS_INVALID_PARAMS;
     kvs_info("master serving on port %u", (unsigned)s->port);
     struct epoll_event evs[64];
-    uint64_t tick_ns = s->cfg.tick_ms * KVS_NS_PER_MS, next_tick = kvs__now_ns() + tick_ns;
+    uint64_t tick_ns = s->cfg.tick_ms * KVS_NS_PER_MS, next_tick = server_now(s) + tick_ns;
     for (;;) {
         int n = epoll_wait(s->epoll_fd, evs, (int)KVS_ARRAY_SIZE(evs), (int)s->cfg.tick_ms);
         if (n < 0 && errno != EINTR) {
             kvs_error("epoll_wait: %s", strerror(errno));
             return KVS_IO_ERROR;
         }
+        server_now(s); /* a pause shows here, before any request or tick uses the clock */
         for (int i = 0; i < n; i++) {
             void *tag = evs[i].data.ptr;
             if (tag == &s->stop_fd)
@@ -492,9 +743,15 @@ int kvs__master_server_run(kvs__master_server_t *s)
                 accept_all(s);
                 continue;
             }
+            if (*(tag_t *)tag == TAG_PROBE) {
+                probe_event(s, tag);
+                continue;
+            }
             conn_t *c = tag;
             bool ok = true;
-            if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP))
+            if (c->parked && (evs[i].events & (EPOLLERR | EPOLLHUP)))
+                ok = false; /* reported whatever we watch: a parked peer that failed goes now */
+            else if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP))
                 ok = conn_read(s, c);
             if (ok)
                 ok = conn_write(c);
@@ -503,7 +760,9 @@ int kvs__master_server_run(kvs__master_server_t *s)
             else
                 conn_update_events(s, c);
         }
-        uint64_t now = kvs__now_ns();
+        uint64_t now = server_now(s);
+        probes_expire(s, now);
+        probes_free_dead(s);
         if (now >= next_tick) {
             kvs__master_tick(s->master, now);
             next_tick = now + tick_ns;
@@ -546,6 +805,7 @@ void kvs__master_server_destroy(kvs__master_server_t *s)
     }
     while (s->conns != NULL)
         conn_close(s, s->conns);
+    probes_free_dead(s);
     if (s->listen_fd >= 0)
         close(s->listen_fd);
     if (s->stop_fd >= 0)

@@ -12,6 +12,12 @@ typedef struct {
     uint32_t max_payload;  /* largest request accepted (default 64 MiB) */
     uint32_t max_conns;    /* connections beyond this are closed at accept (default 4096) */
     uint64_t tick_ms;      /* how often time-driven work runs (default 100) */
+    uint64_t pause_ms;     /* the loop not running this long is a pause: the master's clock
+                            * skips it and owners get a new heartbeat time-out (0: a quarter
+                            * of the heartbeat time-out, at most 1 s, at least two ticks) */
+    uint64_t probe_ms;     /* a MOUNT of a taken name whose owner has no connection waits this
+                            * long at most for a connect to the old owner's data endpoint: if
+                            * it is refused, the old registration is replaced (default 1000) */
     kvs__master_config_t master;
 } kvs__master_server_config_t;
 

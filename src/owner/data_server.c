@@ -6,6 +6,7 @@
 #include "../transport/shm/shm_int.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -98,7 +99,8 @@ struct kvs__data_server {
     pthread_t unix_thread;
     bool unix_started;
     atomic_bool stopping;
-    pthread_rwlock_t seg_lock; /* readers: requests in progress; writer: add/remove */
+    pthread_rwlock_t seg_lock; /* readers: a request's memory steps (segment_io); writer:
+                                * add/remove/fence */
     served_t *segs;
     uint32_t nseg;
     pthread_mutex_t conn_lock;
@@ -176,17 +178,82 @@ void __tsan_ignore_thread_end(void);
 #define TSAN_IGNORE_END()   ((void)0)
 #endif
 
-/* Moves segment bytes between the socket and the segment. Segment memory is shared with every
- * peer by design, like memory a NIC writes: requests on different connections are ordered by
- * the protocol (the master hands out space; readers read complete objects), through sockets
- * and other processes that ThreadSanitizer cannot see, so its checks are off for these bytes
- * (and only these). */
-static int segment_io(int fd, bool to_segment, char *addr, uint64_t len, uint64_t deadline)
+/* Waits until the socket is ready for `events` or the deadline passes. */
+static int wait_sock(int fd, short events, uint64_t deadline)
 {
-    TSAN_IGNORE_BEGIN();
-    int rc = to_segment ? kvs__recv_all(fd, addr, len, deadline)
-                        : kvs__send_all(fd, addr, len, deadline);
-    TSAN_IGNORE_END();
+    for (;;) {
+        uint64_t now = kvs__now_ns();
+        if (now >= deadline)
+            return KVS_TIMED_OUT;
+        uint64_t ms = (deadline - now + KVS_NS_PER_MS - 1) / KVS_NS_PER_MS;
+        struct pollfd p = {.fd = fd, .events = events};
+        int rc = poll(&p, 1, ms > 60000 ? 60000 : (int)ms);
+        if (rc > 0)
+            return KVS_OK;
+        if (rc < 0 && errno != EINTR)
+            return KVS_IO_ERROR;
+    }
+}
+
+/* Moves the bytes of request `r` between the socket and its segment; *done_p says how many
+ * moved. Returns OK, a transport error (IO_ERROR, TIMED_OUT), or the refusal check_range gives
+ * when the segment went or the put was fenced part way (SEGMENT_NOT_FOUND, INVALID_WRITE).
+ *
+ * The segment lock is held around each non-blocking send or receive only (the step that
+ * touches segment memory, bounded by what the socket buffer holds), never while waiting for
+ * the peer: a slow or stopped peer cannot hold up a fence, a remount, or through the
+ * writer-preferring lock every other request. What the lock guaranteed still holds, step by
+ * step: each step re-checks under the lock that the segment is still served and the put not
+ * fenced before it touches memory, and fence and remove take the lock for writing, so once
+ * they return no step is under way and every later one sees the change. A fenced put's bytes
+ * therefore never land after its fence returned (the rest of its payload is drained, and the
+ * write refused), and no step reads or writes memory the owner freed after a remove. A read
+ * cut off by a remove has sent part of its data after an OK header: the caller closes the
+ * connection, so the reader gets an error, never a short or foreign object as success. (The
+ * bytes it did get came from the segment its lookup named: a remounted segment gets fresh
+ * memory and a new id.)
+ *
+ * Segment memory is shared with every peer by design, like memory a NIC writes: requests on
+ * different connections are ordered by the protocol (the master hands out space; readers read
+ * complete objects), through sockets and other processes that ThreadSanitizer cannot see, so
+ * its checks are off for these bytes (and only these). */
+static int segment_io(kvs__data_server_t *s, int fd, const kvs__data_req_t *r, bool to_segment,
+                      uint64_t deadline, uint64_t *done_p)
+{
+    uint64_t done = 0;
+    int rc = KVS_OK;
+    while (done < r->length) {
+        pthread_rwlock_rdlock(&s->seg_lock);
+        char *addr = NULL;
+        ssize_t n = -1;
+        int err = 0;
+        rc = check_range(s, r, to_segment, &addr);
+        if (rc == KVS_OK) {
+            size_t want = (size_t)(r->length - done);
+            TSAN_IGNORE_BEGIN();
+            n = to_segment ? recv(fd, addr + done, want, MSG_DONTWAIT)
+                           : send(fd, addr + done, want, MSG_DONTWAIT | MSG_NOSIGNAL);
+            err = errno;
+            TSAN_IGNORE_END();
+        }
+        pthread_rwlock_unlock(&s->seg_lock);
+        if (rc != KVS_OK)
+            break;
+        if (n > 0) {
+            done += (uint64_t)n;
+        } else if (n == 0) {
+            rc = KVS_IO_ERROR; /* the peer closed */
+            break;
+        } else if (err == EAGAIN || err == EWOULDBLOCK) {
+            rc = wait_sock(fd, to_segment ? POLLIN : POLLOUT, deadline);
+            if (rc != KVS_OK)
+                break;
+        } else if (err != EINTR) {
+            rc = KVS_IO_ERROR;
+            break;
+        }
+    }
+    *done_p = done;
     return rc;
 }
 
@@ -312,35 +379,41 @@ static void serve(kvs__data_server_t *s, int fd)
         pthread_rwlock_rdlock(&s->seg_lock);
         char *addr = NULL;
         rc = check_range(s, &r, is_write, &addr);
-        if (rc != KVS_OK) {
-            pthread_rwlock_unlock(&s->seg_lock);
-            atomic_fetch_add(&s->refused, 1);
-            if (is_read) {
-                if (send_status(fd, ver, KVS_MSG_DATA_READ, h.req_id, rc, 0, deadline) != KVS_OK)
-                    return;
-                continue;
-            }
-            /* Drain the announced bytes (never into the segment) so the stream stays in
-             * step, then refuse; the peer keeps its connection. */
-            deadline = kvs__now_ns() + io_ns + r.length / 256;
-            if (drain(fd, r.length, deadline) != KVS_OK)
+        pthread_rwlock_unlock(&s->seg_lock);
+        uint64_t done = 0;
+        deadline = kvs__now_ns() + io_ns + r.length / 256; /* at least ~256 MB/s */
+        if (rc == KVS_OK && is_read) {
+            rc = send_status(fd, ver, KVS_MSG_DATA_READ, h.req_id, KVS_OK, r.length, deadline);
+            if (rc != KVS_OK)
                 return;
-            if (send_status(fd, ver, KVS_MSG_DATA_WRITE, h.req_id, rc, 0, deadline) != KVS_OK)
+            /* Any failure after the OK header (a remove part way included) leaves the frame
+             * short: only closing the connection tells the reader. */
+            if (segment_io(s, fd, &r, false, deadline, &done) != KVS_OK)
                 return;
             continue;
         }
-        deadline = kvs__now_ns() + io_ns + r.length / 256; /* at least ~256 MB/s */
-        if (is_read) {
-            rc = send_status(fd, ver, KVS_MSG_DATA_READ, h.req_id, KVS_OK, r.length, deadline);
-            if (rc == KVS_OK)
-                rc = segment_io(fd, false, addr, r.length, deadline);
-        } else {
-            rc = segment_io(fd, true, addr, r.length, deadline);
-            if (rc == KVS_OK)
-                rc = send_status(fd, ver, KVS_MSG_DATA_WRITE, h.req_id, KVS_OK, 0, deadline);
+        if (rc == KVS_OK) {
+            rc = segment_io(s, fd, &r, true, deadline, &done);
+            if (rc == KVS_OK) {
+                if (send_status(fd, ver, KVS_MSG_DATA_WRITE, h.req_id, KVS_OK, 0, deadline) !=
+                    KVS_OK)
+                    return;
+                continue;
+            }
+            if (rc != KVS_SEGMENT_NOT_FOUND && rc != KVS_INVALID_WRITE)
+                return; /* the transport failed */
         }
-        pthread_rwlock_unlock(&s->seg_lock);
-        if (rc != KVS_OK)
+        atomic_fetch_add(&s->refused, 1);
+        if (is_read) {
+            if (send_status(fd, ver, KVS_MSG_DATA_READ, h.req_id, rc, 0, deadline) != KVS_OK)
+                return;
+            continue;
+        }
+        /* Drain the rest of the announced bytes (never into the segment) so the stream stays
+         * in step, then refuse; the peer keeps its connection. */
+        if (drain(fd, r.length - done, deadline) != KVS_OK)
+            return;
+        if (send_status(fd, ver, KVS_MSG_DATA_WRITE, h.req_id, rc, 0, deadline) != KVS_OK)
             return;
     }
 }
@@ -436,17 +509,21 @@ static void shm_answer(kvs__data_server_t *s, int c)
         sr.magic != KVS_SHM_MAGIC)
         return;
     uint64_t id = sr.segment_id;
+    /* The descriptor is duplicated under the lock and sent after it: a segment's memfd is
+     * never served under another id (a remount gets fresh memory), so even if the segment is
+     * removed meanwhile the reader gets that segment's memory, which it keys by this id. */
     pthread_rwlock_rdlock(&s->seg_lock);
     int32_t status = KVS_SEGMENT_NOT_FOUND;
     uint64_t size = 0;
     int fd = -1;
     for (uint32_t i = 0; i < s->nseg; i++) {
         if (s->segs[i].id == id) {
-            fd = s->segs[i].fd;
+            fd = s->segs[i].fd >= 0 ? fcntl(s->segs[i].fd, F_DUPFD_CLOEXEC, 0) : -1;
             size = s->segs[i].size;
-            status = fd >= 0 ? KVS_OK : KVS_UNSUPPORTED;
+            status = s->segs[i].fd < 0 ? KVS_UNSUPPORTED : fd >= 0 ? KVS_OK : KVS_IO_ERROR;
         }
     }
+    pthread_rwlock_unlock(&s->seg_lock);
     uint8_t rsp[KVS__MIN_BYTES_shm_rsp];
     kvs__wbuf_t w = kvs__wbuf_over(rsp, sizeof(rsp), KVS_PROTO_VERSION_MIN);
     kvs__shm_rsp_t ans = {status, size};
@@ -464,10 +541,10 @@ static void shm_answer(kvs__data_server_t *s, int c)
         cm->cmsg_len = CMSG_LEN(sizeof(int));
         memcpy(CMSG_DATA(cm), &fd, sizeof(int));
     }
-    /* Sent while the segment cannot be removed, so the descriptor is still the segment's. */
     ssize_t sent = sendmsg(c, &mh, MSG_NOSIGNAL);
     KVS_UNUSED(sent);
-    pthread_rwlock_unlock(&s->seg_lock);
+    if (fd >= 0)
+        close(fd);
 }
 
 static void *unix_thread(void *arg)

@@ -17,6 +17,7 @@ struct kvs__owner {
     kvs__data_server_t *data;
     kvs__rpc_t *rpc;
     uint64_t segment_id;
+    uint64_t incarnation;   /* of the master that mounted segment_id */
     uint64_t fence_applied; /* every fence of the segment up to this one is applied */
     pthread_t hb_thread;
     bool hb_started;
@@ -71,6 +72,7 @@ static int owner_mount(kvs__owner_t *o)
         rc = kvs__data_server_add(o->data, mr.segment_id, o->mem.base, o->mem.size, o->mem.fd);
         if (rc == KVS_OK) {
             o->segment_id = mr.segment_id;
+            o->incarnation = kvs__rpc_incarnation(o->rpc);
             o->fence_applied = 0; /* a new segment id: its fences start afresh */
         }
     }
@@ -153,28 +155,56 @@ static int owner_heartbeat(kvs__owner_t *o)
     return rc;
 }
 
+/* The heartbeat period: a third of the time-out of the master we last said HELLO to, read
+ * again after every call (a restarted master may have another time-out, and a period computed
+ * once would let it expire us over and over), and at most cfg.heartbeat_max_ms, because a
+ * heartbeat is also how the owner notices that the master restarted. */
+static uint64_t owner_period_ms(const kvs__owner_t *o)
+{
+    uint64_t period_ms = kvs__rpc_hello(o->rpc).heartbeat_timeout_ms / 3;
+    period_ms = KVS_MIN(period_ms, o->cfg.heartbeat_max_ms);
+    return period_ms ? period_ms : 1;
+}
+
+/* One round of the heartbeat thread: a heartbeat, and a mount when the master no longer
+ * knows our segment (it dropped it, or it is a new master: another incarnation). */
+static int owner_keepalive(kvs__owner_t *o)
+{
+    int rc = owner_heartbeat(o);
+    if (rc == KVS_OK && kvs__rpc_incarnation(o->rpc) != o->incarnation)
+        rc = KVS_SEGMENT_NOT_FOUND; /* a new master: it cannot know the segment */
+    if (rc == KVS_SEGMENT_NOT_FOUND) {
+        kvs_warn("the master dropped segment %llu; mounting again",
+                 (unsigned long long)o->segment_id);
+        rc = owner_mount(o);
+    } else if (rc != KVS_OK) {
+        kvs_warn("heartbeat failed: %s", kvs_status_str(rc));
+    }
+    return rc;
+}
+
+/* Heartbeats every period. A failed round (the master went away, or refused the mount) is
+ * retried after a short back-off that doubles up to the period, rather than a whole period
+ * later: a restarted master sees the owner mounted again within about one period. */
 static void *heartbeat_thread(void *arg)
 {
     kvs__owner_t *o = arg;
-    uint64_t period_ms = kvs__rpc_hello(o->rpc).heartbeat_timeout_ms / 3;
-    if (period_ms == 0)
-        period_ms = 1;
+    uint64_t period_ms = owner_period_ms(o), backoff_ms = 0;
     pthread_mutex_lock(&o->lock);
     while (!o->stopping) {
-        uint64_t until = kvs__now_ns() + period_ms * KVS_NS_PER_MS;
+        uint64_t wait_ms = backoff_ms ? backoff_ms : period_ms;
+        uint64_t until = kvs__now_ns() + wait_ms * KVS_NS_PER_MS;
         while (!o->stopping && kvs__cond_wait_until(&o->cond, &o->lock, until))
             ;
         if (o->stopping)
             break;
         pthread_mutex_unlock(&o->lock);
-        int rc = owner_heartbeat(o);
-        if (rc == KVS_SEGMENT_NOT_FOUND) {
-            kvs_warn("the master dropped segment %llu; mounting again",
-                     (unsigned long long)o->segment_id);
-            owner_mount(o);
-        } else if (rc != KVS_OK) {
-            kvs_warn("heartbeat failed: %s", kvs_status_str(rc));
-        }
+        int rc = owner_keepalive(o);
+        period_ms = owner_period_ms(o);
+        if (rc == KVS_OK)
+            backoff_ms = 0;
+        else
+            backoff_ms = KVS_MIN(backoff_ms ? 2 * backoff_ms : o->cfg.retry_min_ms, period_ms);
         pthread_mutex_lock(&o->lock);
     }
     pthread_mutex_unlock(&o->lock);
@@ -190,6 +220,10 @@ int kvs__owner_create(const kvs__owner_config_t *cfg, kvs__owner_t **owner_p)
     if (o == NULL)
         return KVS_NO_MEMORY;
     o->cfg = *cfg;
+    if (o->cfg.heartbeat_max_ms == 0)
+        o->cfg.heartbeat_max_ms = KVS_OWNER_HEARTBEAT_MAX_MS;
+    if (o->cfg.retry_min_ms == 0)
+        o->cfg.retry_min_ms = KVS_OWNER_RETRY_MIN_MS;
     pthread_mutex_init(&o->lock, NULL);
     kvs__cond_init(&o->cond);
     o->mem.fd = -1;

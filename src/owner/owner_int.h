@@ -41,10 +41,13 @@ uint16_t kvs__data_server_port(const kvs__data_server_t *srv);
  * (the segment's sealed memfd, borrowed) is handed to same-host readers; -1: tcp only. */
 int kvs__data_server_add(kvs__data_server_t *srv, uint64_t segment_id, void *base, uint64_t size,
                          int fd);
-/* Stops serving a segment; waits for requests that are using it. */
+/* Stops serving a segment. Waits for the requests' memory steps in progress (one non-blocking
+ * send or receive each), never for a peer: once it returns no request touches the memory,
+ * and a read it cut short ends with its connection closed. */
 int kvs__data_server_remove(kvs__data_server_t *srv, uint64_t segment_id);
 /* Fences puts of a served segment: every write carrying one of `tokens` from now on is refused
- * (INVALID_WRITE), and writes in progress are waited for. SEGMENT_NOT_FOUND when not served. */
+ * (INVALID_WRITE), including the rest of a write in progress; only its memory step in progress
+ * is waited for, never the peer. SEGMENT_NOT_FOUND when not served. */
 int kvs__data_server_fence(kvs__data_server_t *srv, uint64_t segment_id, const uint64_t *tokens,
                            size_t n);
 /* Requests served and refused so far. */
@@ -61,14 +64,23 @@ typedef struct {
     uint64_t segment_size;
     const char *advertise_host; /* host readers use to reach the data port (default bind) */
     uint64_t rpc_timeout_ms;
+    uint64_t heartbeat_max_ms; /* longest heartbeat period (0: KVS_OWNER_HEARTBEAT_MAX_MS) */
+    uint64_t retry_min_ms;     /* first back-off after a failed heartbeat or mount (0: default) */
     kvs__data_server_config_t data;
 } kvs__owner_config_t;
+
+/* The heartbeat period is a third of the master's heartbeat time-out, at most this: an owner
+ * notices a restarted master at its next heartbeat, so this bounds the time to mount again. */
+#define KVS_OWNER_HEARTBEAT_MAX_MS 500u
+#define KVS_OWNER_RETRY_MIN_MS     20u
 
 typedef struct kvs__owner kvs__owner_t;
 
 /* Creates the segment, starts the data server, mounts with the master and starts the
- * heartbeat thread (every third of the master's heartbeat time-out; remounts when the master
- * has dropped the segment, which then starts empty). */
+ * heartbeat thread (every third of the heartbeat time-out the master announced at the latest
+ * HELLO, at most heartbeat_max_ms; remounts when the master has dropped the segment or
+ * restarted, and the segment then starts empty; failed rounds are retried after a back-off of
+ * retry_min_ms that doubles up to the period). */
 int kvs__owner_create(const kvs__owner_config_t *cfg, kvs__owner_t **owner_p);
 uint64_t kvs__owner_segment_id(const kvs__owner_t *o);
 uint16_t kvs__owner_data_port(const kvs__owner_t *o);

@@ -16,32 +16,37 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvstash-server [--master-only | --owner-only] [options]\n"
-               "\n"
-               "Runs a kvstash store: by default an owner serving one memory segment together\n"
-               "with an embedded metadata master.\n"
-               "\n"
-               "  --master-only              run only the metadata master\n"
-               "  --owner-only               run only an owner; it joins the master of --master\n"
-               "  --master HOST:PORT         master an owner joins (default 127.0.0.1:50051)\n"
-               "  --segment-size SIZE        owner segment size, e.g. 4GiB (default 1GiB)\n"
-               "  --segment-name NAME        owner segment name (default HOST:DATAPORT)\n"
-               "  --data-port N              owner data port (default 0: any free port)\n"
-               "  --bind HOST                address to listen on (default 127.0.0.1)\n"
-               "  --port N                   master RPC port (default 50051; 0 picks a free one)\n"
-               "  --port-file PATH           write the master port (owner-only: the data port)\n"
-               "  --lease-ms N               read lease per lookup (default 10000)\n"
-               "  --heartbeat-timeout-ms N   drop an owner silent this long (default 10000)\n"
-               "  --put-discard-ms N         revoke puts not ended this long (default 30000)\n"
-               "  --high-watermark R         segment fill ratio that starts eviction (0.90)\n"
-               "  --evict-ratio R            share of a segment freed per eviction (0.05)\n"
-               "  --log-level LEVEL          error|warn|info|debug|trace (default info)\n"
-               "  --version                  print the version\n"
-               "  -h, --help                 this text\n"
-               "\n"
-               "Environment: KVS_MASTER_LEASE_MS, KVS_MASTER_HEARTBEAT_TIMEOUT_MS,\n"
-               "KVS_MASTER_PUT_DISCARD_MS, KVS_MASTER_HIGH_WATERMARK, KVS_MASTER_EVICT_RATIO,\n"
-               "KVS_LOG_LEVEL. Options override the environment.\n");
+    fprintf(f,
+            "usage: kvstash-server [--master-only | --owner-only] [options]\n"
+            "\n"
+            "Runs a kvstash store: by default an owner serving one memory segment together\n"
+            "with an embedded metadata master.\n"
+            "\n"
+            "  --master-only              run only the metadata master\n"
+            "  --owner-only               run only an owner; it joins the master of --master\n"
+            "  --master HOST:PORT         master an owner joins (default 127.0.0.1:50051)\n"
+            "  --segment-size SIZE        owner segment size, e.g. 4GiB (default 1GiB)\n"
+            "  --segment-name NAME        owner segment name (default HOST:DATAPORT)\n"
+            "  --data-port N              owner data port (default 0: any free port)\n"
+            "  --bind HOST                address to listen on (default 127.0.0.1)\n"
+            "  --port N                   master RPC port (default 50051; 0 picks a free one)\n"
+            "  --port-file PATH           write the master port (owner-only: the data port)\n"
+            "  --lease-ms N               read lease per lookup (default 10000)\n"
+            "  --heartbeat-timeout-ms N   drop an owner silent this long (default 10000)\n"
+            "  --put-discard-ms N         revoke puts not ended this long (default 30000)\n"
+            "  --pause-ms N               a master loop stalled this long was paused: owners\n"
+            "                             get a new time-out (default 0: from the time-out)\n"
+            "  --probe-timeout-ms N       wait for a connect proving a silent owner dead before\n"
+            "                             its name is given to a new one (default 1000)\n"
+            "  --high-watermark R         segment fill ratio that starts eviction (0.90)\n"
+            "  --evict-ratio R            share of a segment freed per eviction (0.05)\n"
+            "  --log-level LEVEL          error|warn|info|debug|trace (default info)\n"
+            "  --version                  print the version\n"
+            "  -h, --help                 this text\n"
+            "\n"
+            "Environment: KVS_MASTER_LEASE_MS, KVS_MASTER_HEARTBEAT_TIMEOUT_MS,\n"
+            "KVS_MASTER_PUT_DISCARD_MS, KVS_MASTER_HIGH_WATERMARK, KVS_MASTER_EVICT_RATIO,\n"
+            "KVS_LOG_LEVEL. Options override the environment.\n");
 }
 
 static int parse_ms(const char *opt, const char *v, uint64_t *out)
@@ -83,7 +88,9 @@ int main(int argc, char **argv)
         O_MASTER,
         O_SEG_SIZE,
         O_SEG_NAME,
-        O_DATA_PORT
+        O_DATA_PORT,
+        O_PAUSE,
+        O_PROBE
     };
     static const struct option opts[] = {
         {"master-only", no_argument, NULL, O_MASTER_ONLY},
@@ -98,6 +105,8 @@ int main(int argc, char **argv)
         {"lease-ms", required_argument, NULL, O_LEASE},
         {"heartbeat-timeout-ms", required_argument, NULL, O_HB},
         {"put-discard-ms", required_argument, NULL, O_DISCARD},
+        {"pause-ms", required_argument, NULL, O_PAUSE},
+        {"probe-timeout-ms", required_argument, NULL, O_PROBE},
         {"high-watermark", required_argument, NULL, O_HWM},
         {"evict-ratio", required_argument, NULL, O_EVICT},
         {"log-level", required_argument, NULL, O_LOG},
@@ -168,6 +177,17 @@ int main(int argc, char **argv)
         case O_DISCARD:
             if (parse_ms("--put-discard-ms", optarg, &cfg.master.put_discard_ms))
                 return 2;
+            break;
+        case O_PAUSE:
+            if (parse_ms("--pause-ms", optarg, &cfg.pause_ms))
+                return 2;
+            break;
+        case O_PROBE:
+            if (parse_ms("--probe-timeout-ms", optarg, &cfg.probe_ms) || cfg.probe_ms == 0) {
+                if (cfg.probe_ms == 0)
+                    fprintf(stderr, "kvstash-server: --probe-timeout-ms wants at least 1\n");
+                return 2;
+            }
             break;
         case O_HWM:
             if (parse_ratio("--high-watermark", optarg, &cfg.master.high_watermark))
