@@ -49,15 +49,7 @@ static void report(const char *what, int64_t rc, uint64_t ms, uint64_t deadline_
 
 static kvs_client_t *open_client(const char *master, const char *protocol)
 {
-    kvs_client_config_t cfg;
-    CHECK_STATUS(kvs_client_config_init(&cfg), KVS_OK);
-    cfg.master = master;
-    cfg.protocol = protocol;
-    cfg.rpc_timeout_ms = DEADLINE_MS;
-    cfg.transfer_timeout_ms = DEADLINE_MS;
-    kvs_client_t *c = NULL;
-    CHECK_STATUS(kvs_client_open(&cfg, &c), KVS_OK);
-    return c;
+    return client_open_timeouts(master, protocol, DEADLINE_MS, DEADLINE_MS);
 }
 
 typedef struct {

@@ -4,6 +4,7 @@
  * kills one of the two owners, so that for some keys the dead copy is the first one tried.
  * (Before failover, 13 of 20 such reads failed: the client never tried the other replica.) */
 #define _GNU_SOURCE
+#include "client_fixture.h"
 #include "kvs_test.h"
 #include "proto/net_int.h"
 #include "server_fixture.h"
@@ -46,15 +47,24 @@ static void fill(int key, uint8_t *p, size_t n)
 
 static kvs_client_t *open_client(const char *master, const char *protocol)
 {
-    kvs_client_config_t cfg;
-    CHECK_STATUS(kvs_client_config_init(&cfg), KVS_OK);
-    cfg.master = master;
-    cfg.protocol = protocol;
-    cfg.rpc_timeout_ms = DEADLINE_MS;
-    cfg.transfer_timeout_ms = DEADLINE_MS;
-    kvs_client_t *c = NULL;
-    CHECK_STATUS(kvs_client_open(&cfg, &c), KVS_OK);
-    return c;
+    return client_open_timeouts(master, protocol, DEADLINE_MS, DEADLINE_MS);
+}
+
+/* Puts the NKEYS keys (names into names[] and keys[]) with two replicas each. */
+static void put_keys(kvs_client_t *c, char names[][16], const char **keys)
+{
+    uint8_t *src = malloc(OBJ);
+    CHECK(src != NULL);
+    kvs_replicate_config_t rc;
+    kvs_replicate_config_init(&rc);
+    rc.replica_num = 2;
+    for (int i = 0; i < NKEYS; i++) {
+        snprintf(names[i], 16, "k%02d", i);
+        keys[i] = names[i];
+        fill(i, src, OBJ);
+        CHECK_STATUS(kvs_client_put(c, keys[i], src, OBJ, &rc), KVS_OK);
+    }
+    free(src);
 }
 
 typedef enum { MODE_GET_INTO, MODE_BATCH, MODE_MULTI, MODE_GROUPED, MODE_COUNT } mode_t_;
@@ -124,17 +134,7 @@ static void failover_case(int victim, bool staged)
     }
     char names[NKEYS][16];
     const char *keys[NKEYS];
-    uint8_t *src = malloc(OBJ);
-    CHECK(src != NULL);
-    kvs_replicate_config_t rc;
-    kvs_replicate_config_init(&rc);
-    rc.replica_num = 2;
-    for (int i = 0; i < NKEYS; i++) {
-        snprintf(names[i], sizeof(names[i]), "k%02d", i);
-        keys[i] = names[i];
-        fill(i, src, OBJ);
-        CHECK_STATUS(kvs_client_put(clients[0], keys[i], src, OBJ, &rc), KVS_OK);
-    }
+    put_keys(clients[0], names, keys);
     /* The shm client maps both segments before the kill, the others connect to both. */
     for (int p = 0; p < 3; p++)
         read_all(clients[p], MODE_BATCH, dst, keys);
@@ -164,7 +164,6 @@ static void failover_case(int victim, bool staged)
         CHECK_STATUS(kvs_client_unregister_buffer(clients[p], dst), KVS_OK);
         kvs_client_close(clients[p]);
     }
-    free(src);
     free(dst);
     server_stop(&cl.owner[1 - victim]);
     server_stop(&cl.master);
@@ -193,28 +192,13 @@ static void test_stopped_owner_fails_over(void)
 {
     cluster_t cl;
     cluster_start(&cl);
-    uint8_t *dst = malloc((size_t)NKEYS * OBJ), *src = malloc(OBJ);
-    CHECK(dst != NULL && src != NULL);
-    kvs_client_config_t cfg;
-    CHECK_STATUS(kvs_client_config_init(&cfg), KVS_OK);
-    cfg.master = cl.addr;
-    cfg.protocol = "tcp";
-    cfg.rpc_timeout_ms = 3000;
-    cfg.transfer_timeout_ms = 1000;
-    kvs_client_t *c = NULL;
-    CHECK_STATUS(kvs_client_open(&cfg, &c), KVS_OK);
+    uint8_t *dst = malloc((size_t)NKEYS * OBJ);
+    CHECK(dst != NULL);
+    kvs_client_t *c = client_open_timeouts(cl.addr, "tcp", 3000, 1000);
     CHECK_STATUS(kvs_client_register_buffer(c, dst, (size_t)NKEYS * OBJ), KVS_OK);
     char names[NKEYS][16];
     const char *keys[NKEYS];
-    kvs_replicate_config_t rc;
-    kvs_replicate_config_init(&rc);
-    rc.replica_num = 2;
-    for (int i = 0; i < NKEYS; i++) {
-        snprintf(names[i], sizeof(names[i]), "k%02d", i);
-        keys[i] = names[i];
-        fill(i, src, OBJ);
-        CHECK_STATUS(kvs_client_put(c, keys[i], src, OBJ, &rc), KVS_OK);
-    }
+    put_keys(c, names, keys);
     read_all(c, MODE_BATCH, dst, keys); /* connections to both owners in place */
     for (int v = 0; v < 2; v++) {
         CHECK_EQ_INT(kill(cl.owner[v].pid, SIGSTOP), 0);
@@ -232,7 +216,6 @@ static void test_stopped_owner_fails_over(void)
     }
     CHECK_STATUS(kvs_client_unregister_buffer(c, dst), KVS_OK);
     kvs_client_close(c);
-    free(src);
     free(dst);
     server_stop(&cl.owner[0]);
     server_stop(&cl.owner[1]);

@@ -178,23 +178,6 @@ void __tsan_ignore_thread_end(void);
 #define TSAN_IGNORE_END()   ((void)0)
 #endif
 
-/* Waits until the socket is ready for `events` or the deadline passes. */
-static int wait_sock(int fd, short events, uint64_t deadline)
-{
-    for (;;) {
-        uint64_t now = kvs__now_ns();
-        if (now >= deadline)
-            return KVS_TIMED_OUT;
-        uint64_t ms = (deadline - now + KVS_NS_PER_MS - 1) / KVS_NS_PER_MS;
-        struct pollfd p = {.fd = fd, .events = events};
-        int rc = poll(&p, 1, ms > 60000 ? 60000 : (int)ms);
-        if (rc > 0)
-            return KVS_OK;
-        if (rc < 0 && errno != EINTR)
-            return KVS_IO_ERROR;
-    }
-}
-
 /* Moves the bytes of request `r` between the socket and its segment; *done_p says how many
  * moved. Returns OK, a transport error (IO_ERROR, TIMED_OUT), or the refusal check_range gives
  * when the segment went or the put was fenced part way (SEGMENT_NOT_FOUND, INVALID_WRITE).
@@ -245,7 +228,7 @@ static int segment_io(kvs__data_server_t *s, int fd, const kvs__data_req_t *r, b
             rc = KVS_IO_ERROR; /* the peer closed */
             break;
         } else if (err == EAGAIN || err == EWOULDBLOCK) {
-            rc = wait_sock(fd, to_segment ? POLLIN : POLLOUT, deadline);
+            rc = kvs__wait_fd(fd, to_segment ? POLLIN : POLLOUT, deadline);
             if (rc != KVS_OK)
                 break;
         } else if (err != EINTR) {

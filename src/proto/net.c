@@ -208,7 +208,7 @@ uint16_t kvs__sock_port(int fd)
     return 0;
 }
 
-static int wait_fd(int fd, short events, uint64_t deadline_ns)
+int kvs__wait_fd(int fd, short events, uint64_t deadline_ns)
 {
     for (;;) {
         uint64_t now = kvs__now_ns();
@@ -241,7 +241,7 @@ int kvs__connect_start(const struct addrinfo *ai, int *fd_p)
 
 int kvs__connect_finish(int fd, uint64_t deadline_ns)
 {
-    int rc = wait_fd(fd, POLLOUT, deadline_ns);
+    int rc = kvs__wait_fd(fd, POLLOUT, deadline_ns);
     if (rc != KVS_OK)
         return rc;
     int err = 0;
@@ -286,7 +286,7 @@ int kvs__send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns)
             p += n;
             len -= (size_t)n;
         } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int rc = wait_fd(fd, POLLOUT, deadline_ns);
+            int rc = kvs__wait_fd(fd, POLLOUT, deadline_ns);
             if (rc != KVS_OK)
                 return rc;
         } else if (n < 0 && errno == EINTR) {
@@ -309,7 +309,7 @@ int kvs__recv_all(int fd, void *buf, size_t len, uint64_t deadline_ns)
         } else if (n == 0) {
             return KVS_IO_ERROR;
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int rc = wait_fd(fd, POLLIN, deadline_ns);
+            int rc = kvs__wait_fd(fd, POLLIN, deadline_ns);
             if (rc != KVS_OK)
                 return rc;
         } else if (errno != EINTR) {

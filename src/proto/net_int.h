@@ -30,6 +30,9 @@ int kvs__tcp_connect(const char *host, uint16_t port, uint64_t deadline_ns);
 int kvs__connect_start(const struct addrinfo *ai, int *fd_p);
 int kvs__connect_finish(int fd, uint64_t deadline_ns);
 int kvs__set_nonblock(int fd, bool on);
+/* Waits until `fd` is ready for poll `events` (or has an error or hang-up): OK, TIMED_OUT at the
+ * deadline, IO_ERROR when poll fails. */
+int kvs__wait_fd(int fd, short events, uint64_t deadline_ns);
 /* Sends or receives exactly `len` bytes before the deadline. IO_ERROR when the peer closed or
  * failed, TIMED_OUT at the deadline. The socket must be non-blocking. */
 int kvs__send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns);
