@@ -316,6 +316,72 @@ static void test_full_listen_backlog(void)
     split_stop(&sp);
 }
 
+typedef struct {
+    kvs_client_t *c;
+    const char *key;
+    uint8_t *buf;
+    uint64_t ms;
+    int64_t rc;
+} read_arg_t;
+
+static void *read_thread(void *p)
+{
+    read_arg_t *a = p;
+    uint64_t t0 = kvs__now_ns();
+    a->rc = kvs_client_get_into(a->c, a->key, a->buf, OBJ);
+    a->ms = ms_since(t0);
+    return NULL;
+}
+
+/* One client, two same-host owners, one of them stopped: a thread whose read waits for the
+ * stopped owner's shm handshake must not hold up another thread reading from the live owner.
+ * (The handshake ran under the shm transport's single lock: the second thread waited for it.) */
+static void test_stopped_owner_stalls_only_its_own_readers(void)
+{
+    server_t m, o[2];
+    const char *margs[] = {"--master-only", NULL};
+    server_start(&m, margs);
+    char master[64];
+    snprintf(master, sizeof(master), "127.0.0.1:%u", (unsigned)m.port);
+    for (int i = 0; i < 2; i++) {
+        const char *name = i ? "live" : "stopped";
+        const char *oargs[] = {"--owner-only", "--master",       master, "--segment-size",
+                               "8MiB",         "--segment-name", name,   NULL};
+        server_start(&o[i], oargs);
+    }
+    kvs_client_t *w = open_client(master, "tcp");
+    static uint8_t src[OBJ];
+    kvs_replicate_config_t rc;
+    kvs_replicate_config_init(&rc);
+    rc.preferred_segment = "stopped";
+    CHECK_STATUS(kvs_client_put(w, "on-stopped", src, OBJ, &rc), KVS_OK);
+    rc.preferred_segment = "live";
+    CHECK_STATUS(kvs_client_put(w, "on-live", src, OBJ, &rc), KVS_OK);
+    kvs_client_t *c = client_open_timeouts(master, "shm", DEADLINE_MS, 2000);
+    calls_t k;
+    calls_init(&k, c);
+    stop_peer(o[0].pid);
+    read_arg_t a[2] = {{c, "on-stopped", k.buf, 0, 0}, {c, "on-live", k.buf + OBJ, 0, 0}};
+    pthread_t th[2];
+    CHECK_EQ_INT(pthread_create(&th[0], NULL, read_thread, &a[0]), 0);
+    usleep(100000); /* the first is inside its handshake */
+    CHECK_EQ_INT(pthread_create(&th[1], NULL, read_thread, &a[1]), 0);
+    for (int i = 0; i < 2; i++)
+        CHECK_EQ_INT(pthread_join(th[i], NULL), 0);
+    report("get_into from the stopped owner", a[0].rc, a[0].ms, 2000);
+    report("get_into from the live owner, meanwhile", a[1].rc, a[1].ms, 2000);
+    CHECK(a[0].rc < 0);
+    CHECK_EQ_INT(a[1].rc, OBJ);
+    CHECK_CMP_U64(a[1].ms, <, 500); /* not behind the other thread's handshake */
+    CHECK_EQ_INT(kill(o[0].pid, SIGCONT), 0);
+    calls_free(&k);
+    kvs_client_close(c);
+    kvs_client_close(w);
+    server_stop(&o[0]);
+    server_stop(&o[1]);
+    server_stop(&m);
+}
+
 /* A stand-in resolver: names ending in ".slow" take 5 s to fail; others resolve as usual. */
 static int slow_resolver(const char *host, const char *port, const struct addrinfo *hints,
                          struct addrinfo **res)
@@ -385,6 +451,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_stopped_owner),
         KVS_TEST_CASE(test_full_listen_backlog),
         KVS_TEST_CASE(test_slow_resolver),
+        KVS_TEST_CASE(test_stopped_owner_stalls_only_its_own_readers),
     };
     return kvs_test_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }

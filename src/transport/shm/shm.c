@@ -278,8 +278,11 @@ static int handshake(const shm_transport_t *t, const kvs_endpoint_t *ep, uint64_
             cm->cmsg_len == CMSG_LEN(sizeof(int)) && fd < 0)
             memcpy(&fd, CMSG_DATA(cm), sizeof(int));
     }
-    if (got != (ssize_t)sizeof(rsp) || (mh.msg_flags & MSG_CTRUNC))
+    if (got != (ssize_t)sizeof(rsp) || (mh.msg_flags & MSG_CTRUNC)) {
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            rc = KVS_TIMED_OUT; /* the owner did not answer: stopped or swamped */
         goto out;
+    }
     kvs__shm_rsp_t ans;
     if (kvs__shm_rsp_decode(rsp, sizeof(rsp), KVS_PROTO_VERSION_MIN, NULL, &ans) != KVS_OK)
         goto out;
