@@ -484,6 +484,58 @@ static void test_holder_replaced_only_when_its_port_refuses(void)
     server_stop(&m);
 }
 
+/* A MOUNT whose client leaves while it waits for its probe is dropped with the probe: a probe
+ * that then finds the holder dead replaces nothing and mounts nothing for the departed client.
+ * (A parked connection's close went unnoticed: the probe's verdict replaced the holder and
+ * mounted a segment for a client that was gone, whose reconnect was then refused.) */
+static void test_mount_dropped_when_its_client_leaves_during_the_probe(void)
+{
+    server_t m;
+    const char *args[] = {"--master-only", "--probe-timeout-ms", "4000", NULL};
+    server_start(&m, args);
+    int lfd = kvs__tcp_listen("127.0.0.1", 0, 0);
+    CHECK(lfd >= 0);
+    char endpoint[32];
+    snprintf(endpoint, sizeof(endpoint), "127.0.0.1:%u", (unsigned)kvs__sock_port(lfd));
+    CHECK_STATUS(raw_mount(m.port, "ghost", "n1", endpoint, NULL), KVS_OK); /* then it leaves */
+    master_view_t v0, v;
+    CHECK(master_view(m.port, "ghost", &v0) && v0.segment_id != 0);
+    int fill[3];
+    for (int i = 0; i < 3; i++) { /* the probe's SYN is dropped: it hangs */
+        fill[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET,
+                                 .sin_port = htons(kvs__sock_port(lfd)),
+                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        connect(fill[i], (struct sockaddr *)&sa, sizeof(sa));
+    }
+    usleep(50000);
+    /* A MOUNT of the name that gives up after 300 ms: its connection closes while parked. */
+    kvs__rpc_config_t cfg = {.host = "127.0.0.1", .port = m.port, .timeout_ms = 300};
+    kvs__rpc_t *rpc = NULL;
+    CHECK_STATUS(kvs__rpc_open(&cfg, &rpc), KVS_OK);
+    kvs__wbuf_t req, rsp;
+    kvs__wbuf_init(&req);
+    kvs__wbuf_init(&rsp);
+    kvs__rpc_begin(rpc, &req, KVS_MSG_MOUNT);
+    kvs__mount_req_t mr = {kvs__str_c("ghost"), kvs__str_c("n2"), kvs__str_c("127.0.0.1:9"),
+                           1 << 20};
+    kvs__mount_req_encode(&req, &mr);
+    CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
+    CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_TIMED_OUT);
+    kvs__rpc_close(rpc);
+    /* Now the holder's port refuses: the probe (had it survived) would say dead. */
+    for (int i = 0; i < 3; i++)
+        close(fill[i]);
+    close(lfd);
+    usleep(1500 * 1000); /* past the SYN's first retransmission, which meets the refusal */
+    CHECK(master_view(m.port, "ghost", &v));
+    CHECK_EQ_U64(v.segment_id, v0.segment_id);
+    CHECK_EQ_U64(v.replaced, 0);
+    kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
+    server_stop(&m);
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
@@ -492,6 +544,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_remount_time_after_master_restart),
         KVS_TEST_CASE(test_owner_restarted_under_its_name_mounts_at_once),
         KVS_TEST_CASE(test_holder_replaced_only_when_its_port_refuses),
+        KVS_TEST_CASE(test_mount_dropped_when_its_client_leaves_during_the_probe),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
 }

@@ -844,6 +844,28 @@ static void test_resumed_restarts_owner_silence(void)
     fx_fini(&f);
 }
 
+/* Pauses that keep coming give a silent owner one grace, not one per pause: a dead owner still
+ * expires. (Every pause used to restart every owner's time-out, so a master that stalled often
+ * enough never dropped a dead owner.) */
+static void test_repeated_pauses_grace_a_dead_owner_once(void)
+{
+    fx_t f;
+    fx_init(&f, 100);
+    mount(&f, f.client, "s1", "n1", 1 << 20);
+    f.now += 900 * MS;
+    kvs__master_resumed(f.m, f.now); /* grace: expiry no sooner than now + 1 s */
+    for (int i = 0; i < 5; i++) {
+        f.now += 300 * MS;
+        kvs__master_resumed(f.m, f.now); /* more pauses: no more grace */
+        kvs__master_tick(f.m, f.now);
+        if (counter(&f, "segments") == 0)
+            break;
+    }
+    CHECK_EQ_U64(counter(&f, "segments"), 0);
+    CHECK_EQ_U64(counter(&f, "segments_expired"), 1);
+    fx_fini(&f);
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
@@ -867,6 +889,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_list_pages_of_one_entry),
         KVS_TEST_CASE(test_alloc_failure_leaves_store_unchanged),
         KVS_TEST_CASE(test_resumed_restarts_owner_silence),
+        KVS_TEST_CASE(test_repeated_pauses_grace_a_dead_owner_once),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
 }

@@ -46,6 +46,8 @@ typedef struct seg {
     uint64_t size;
     kvs__seg_alloc_t *alloc;
     uint64_t last_heartbeat_ns;
+    bool graced;   /* got a pause's grace since its last heartbeat (at most one per heartbeat) */
+    char peer[64]; /* the address its MOUNT came from, "" if unknown */
 } seg_t;
 
 typedef struct {
@@ -708,8 +710,16 @@ int kvs__master_holder(kvs__master_t *m, kvs__str_t name, kvs__master_holder_t *
                                        .client_id = s->client_id,
                                        .connected = r != NULL && r->nconns > 0,
                                        .node = s->node,
-                                       .endpoint = s->endpoint};
+                                       .endpoint = s->endpoint,
+                                       .peer = s->peer};
     return KVS_OK;
+}
+
+void kvs__master_segment_set_peer(kvs__master_t *m, uint64_t segment_id, const char *peer)
+{
+    seg_t *s = m != NULL && peer != NULL ? seg_by_id(m, segment_id) : NULL;
+    if (s != NULL)
+        snprintf(s->peer, sizeof(s->peer), "%s", peer);
 }
 
 int kvs__master_replace(kvs__master_t *m, uint64_t segment_id)
@@ -763,6 +773,7 @@ int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
         if (!served)
             continue;
         s->last_heartbeat_ns = now_ns;
+        s->graced = false;
         found++;
         nfences += s->nfences;
     }
@@ -1340,10 +1351,27 @@ uint64_t kvs__master_counter(kvs__master_t *m, const char *name)
 
 /* ---- time-driven work ------------------------------------------------------------------- */
 
+/* The master's clock already skipped the pause, so no silence was counted during it. The
+ * grace covers the owners' retries after it (their requests during the pause failed or wait
+ * unread): each owner is given at least PAUSE_GRACE_MS before it can expire — once per heartbeat
+ * it sends, so that pauses that keep coming cannot keep a dead owner mounted. */
+#define PAUSE_GRACE_MS 2000u
+
 void kvs__master_resumed(kvs__master_t *m, uint64_t now_ns)
 {
-    for (uint32_t i = 0; i < m->nseg; i++)
-        m->segs[i]->last_heartbeat_ns = KVS_MAX(m->segs[i]->last_heartbeat_ns, now_ns);
+    uint64_t hb_ns = m->cfg.heartbeat_timeout_ms * KVS_NS_PER_MS;
+    uint64_t grace_ns = KVS_MIN((uint64_t)PAUSE_GRACE_MS * KVS_NS_PER_MS, hb_ns);
+    for (uint32_t i = 0; i < m->nseg; i++) {
+        seg_t *s = m->segs[i];
+        /* Expiry comes at last_heartbeat + hb: push it to at least now + grace. */
+        if (s->graced || now_ns + grace_ns < hb_ns)
+            continue;
+        uint64_t floor = now_ns + grace_ns - hb_ns;
+        if (s->last_heartbeat_ns < floor) {
+            s->last_heartbeat_ns = floor;
+            s->graced = true;
+        }
+    }
 }
 
 void kvs__master_tick(kvs__master_t *m, uint64_t now_ns)

@@ -47,7 +47,11 @@ typedef struct {
     bool connected; /* the owner's client has a connection open */
     const char *node;
     const char *endpoint;
+    const char *peer; /* the address its MOUNT came from ("" if unknown) */
 } kvs__master_holder_t;
+/* Records the address the MOUNT of `segment_id` came from (the holder's, for later MOUNTs of its
+ * name). */
+void kvs__master_segment_set_peer(kvs__master_t *m, uint64_t segment_id, const char *peer);
 int kvs__master_holder(kvs__master_t *m, kvs__str_t name, kvs__master_holder_t *holder_p);
 /* Drops a segment whose owner is proven dead, exactly as an expiry does (its replicas vanish,
  * objects left without one go), so that a new owner can mount under its name. */

@@ -34,6 +34,7 @@ typedef struct conn {
     bool closing;           /* close once the output is flushed */
     unsigned reply_version; /* of the last request whose header decoded; errors go out in it */
     uint64_t client_id;
+    char peer[INET6_ADDRSTRLEN]; /* the peer's address (no port), "" if unknown */
     uint8_t hdr[KVS_FRAME_HDR_LEN];
     size_t hdr_got;
     kvs__frame_hdr_t h;
@@ -109,16 +110,16 @@ static uint64_t server_pause_ms(const kvs__master_server_config_t *cfg)
  * loop did not run (the process was stopped, or starved of the CPU). The master counts an
  * owner's silence, a lease or a pending put only while it runs itself, so a pause cuts none
  * short; leases then last longer at the master than at their readers, which only keeps space
- * longer. After a pause every owner also gets a whole heartbeat time-out: their heartbeats
- * during it failed or wait unread in the sockets, and a retry needs a moment. The loop looks
- * at the clock after every wait (a tick at most), so a longer gap means it did not run. */
+ * longer. After a pause every owner also gets a grace period (kvs__master_resumed): their
+ * heartbeats during it failed or wait unread in the sockets, and a retry needs a moment. The loop
+ * looks at the clock after every wait (a tick at most), so a longer gap means it did not run. */
 static uint64_t server_now(kvs__master_server_t *s)
 {
     uint64_t now = kvs__now_ns();
     if (s->last_run_ns != 0 && now - s->last_run_ns > s->pause_ns) {
         uint64_t gap = now - s->last_run_ns;
         s->paused_ns += gap - KVS_MIN(gap, s->cfg.tick_ms * KVS_NS_PER_MS);
-        kvs_warn("the master did not run for %llu ms; every owner gets a new heartbeat time-out",
+        kvs_warn("the master did not run for %llu ms; owners get a grace period to heartbeat",
                  (unsigned long long)(gap / KVS_NS_PER_MS));
         kvs__master_resumed(s->master, now - s->paused_ns);
     }
@@ -130,7 +131,9 @@ int kvs__master_server_create(const kvs__master_server_config_t *cfg,
                               kvs__master_server_t **server_p)
 {
     if (cfg == NULL || server_p == NULL || cfg->max_payload == 0 || cfg->max_conns == 0 ||
-        cfg->tick_ms == 0 || cfg->probe_ms == 0 || kvs__master_config_check(&cfg->master) != KVS_OK)
+        cfg->tick_ms == 0 || cfg->probe_ms == 0 ||
+        (cfg->pause_ms != 0 && cfg->pause_ms <= 2 * cfg->tick_ms) ||
+        kvs__master_config_check(&cfg->master) != KVS_OK)
         return KVS_INVALID_PARAMS;
     kvs__master_server_t *s = kvs__calloc(1, sizeof(*s));
     if (s == NULL)
@@ -205,6 +208,8 @@ static void conn_update_events(kvs__master_server_t *s, conn_t *c)
     uint32_t ev = 0;
     if (!c->closing && !c->parked && pending < OUT_HIGH_WATER)
         ev |= EPOLLIN;
+    if (c->parked)
+        ev |= EPOLLRDHUP; /* a peer that leaves while its MOUNT waits cancels the probe */
     if (pending > 0)
         ev |= EPOLLOUT;
     if (ev != c->events) {
@@ -313,8 +318,9 @@ static probe_rc_t probe_connect(const char *endpoint, int *fd_p)
 /* A MOUNT of `req` found its name taken. Decides whether the holder is proven dead now
  * (DEAD: replace it and mount again), may be (PARKED: the connection waits for a probe and
  * is answered when it ends) or is not (ALIVE: refuse). A holder whose client still has a
- * connection is alive. One on the same node and data endpoint as the new owner is dead: the
- * new owner listens there, so the old one cannot. */
+ * connection is alive. One on the same node and data endpoint as the new owner, whose
+ * connection came from the same address, is dead: the new owner listens there, so the old one
+ * cannot (node names alone are not unique: cloned hosts share them). */
 static probe_rc_t mount_probe(kvs__master_server_t *s, conn_t *c, uint64_t now,
                               const kvs__mount_req_t *req)
 {
@@ -323,7 +329,8 @@ static probe_rc_t mount_probe(kvs__master_server_t *s, conn_t *c, uint64_t now,
         h.client_id == c->client_id)
         return PROBE_ALIVE;
     if (kvs__str_eq(kvs__str_c(h.node), req->node) &&
-        kvs__str_eq(kvs__str_c(h.endpoint), req->endpoint))
+        kvs__str_eq(kvs__str_c(h.endpoint), req->endpoint) && h.peer[0] != '\0' &&
+        strcmp(h.peer, c->peer) == 0)
         return PROBE_DEAD;
     int fd = -1;
     probe_rc_t rc = probe_connect(h.endpoint, &fd);
@@ -489,6 +496,8 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
             break;
         kvs__mount_rsp_t rsp = {0};
         rsp.status = kvs__master_mount(s->master, now, c->client_id, &req, &rsp.segment_id);
+        if (rsp.status == KVS_OK)
+            kvs__master_segment_set_peer(s->master, rsp.segment_id, c->peer);
         if (rsp.status == KVS_SEGMENT_ALREADY_EXISTS && !c->probed) {
             kvs__master_holder_t h;
             probe_rc_t pr = mount_probe(s, c, now, &req);
@@ -497,6 +506,8 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
             if (pr == PROBE_DEAD && kvs__master_holder(s->master, req.name, &h) == KVS_OK) {
                 kvs__master_replace(s->master, h.segment_id);
                 rsp.status = kvs__master_mount(s->master, now, c->client_id, &req, &rsp.segment_id);
+                if (rsp.status == KVS_OK)
+                    kvs__master_segment_set_peer(s->master, rsp.segment_id, c->peer);
             }
         }
         kvs__mount_rsp_encode(w, &rsp);
@@ -684,6 +695,17 @@ static bool conn_write(conn_t *c)
     return true;
 }
 
+/* The address of the socket's peer, without the port ("" when unknown). */
+static void peer_address(int fd, char *out, size_t len)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    out[0] = '\0';
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) != 0 ||
+        getnameinfo((struct sockaddr *)&ss, sl, out, (socklen_t)len, NULL, 0, NI_NUMERICHOST) != 0)
+        out[0] = '\0';
+}
+
 static void accept_all(kvs__master_server_t *s)
 {
     for (;;) {
@@ -704,6 +726,7 @@ static void accept_all(kvs__master_server_t *s)
         }
         c->tag = TAG_CONN;
         c->fd = fd;
+        peer_address(fd, c->peer, sizeof(c->peer));
         c->reply_version = KVS_PROTO_VERSION_MIN;
         c->events = EPOLLIN;
         kvs__wbuf_init(&c->out);
@@ -749,7 +772,7 @@ int kvs__master_server_run(kvs__master_server_t *s)
             }
             conn_t *c = tag;
             bool ok = true;
-            if (c->parked && (evs[i].events & (EPOLLERR | EPOLLHUP)))
+            if (c->parked && (evs[i].events & (EPOLLERR | EPOLLHUP | EPOLLRDHUP)))
                 ok = false; /* reported whatever we watch: a parked peer that failed goes now */
             else if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP))
                 ok = conn_read(s, c);

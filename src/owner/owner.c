@@ -16,9 +16,9 @@ struct kvs__owner {
     kvs__segment_mem_t mem;
     kvs__data_server_t *data;
     kvs__rpc_t *rpc;
-    uint64_t segment_id;
-    uint64_t incarnation;   /* of the master that mounted segment_id */
-    uint64_t fence_applied; /* every fence of the segment up to this one is applied */
+    _Atomic uint64_t segment_id; /* read by other threads (kvs__owner_segment_id) */
+    uint64_t incarnation;        /* of the master that mounted segment_id */
+    uint64_t fence_applied;      /* every fence of the segment up to this one is applied */
     pthread_t hb_thread;
     bool hb_started;
     pthread_mutex_t lock;
@@ -193,6 +193,10 @@ static void *heartbeat_thread(void *arg)
     pthread_mutex_lock(&o->lock);
     while (!o->stopping) {
         uint64_t wait_ms = backoff_ms ? backoff_ms : period_ms;
+        /* Retries get up to a quarter more at random, so that the owners of a restarted master
+         * do not all come back in the same millisecond. */
+        if (backoff_ms != 0)
+            wait_ms += kvs__random_u64() % (backoff_ms / 4 + 1);
         uint64_t until = kvs__now_ns() + wait_ms * KVS_NS_PER_MS;
         while (!o->stopping && kvs__cond_wait_until(&o->cond, &o->lock, until))
             ;

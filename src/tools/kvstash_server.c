@@ -35,7 +35,8 @@ static void usage(FILE *f)
             "  --heartbeat-timeout-ms N   drop an owner silent this long (default 10000)\n"
             "  --put-discard-ms N         revoke puts not ended this long (default 30000)\n"
             "  --pause-ms N               a master loop stalled this long was paused: owners\n"
-            "                             get a new time-out (default 0: from the time-out)\n"
+            "                             get a grace period (default 0: from the time-out;\n"
+            "                             else above 200)\n"
             "  --probe-timeout-ms N       wait for a connect proving a silent owner dead before\n"
             "                             its name is given to a new one (default 1000)\n"
             "  --high-watermark R         segment fill ratio that starts eviction (0.90)\n"
@@ -181,6 +182,12 @@ int main(int argc, char **argv)
         case O_PAUSE:
             if (parse_ms("--pause-ms", optarg, &cfg.pause_ms))
                 return 2;
+            if (cfg.pause_ms != 0 && cfg.pause_ms <= 2 * cfg.tick_ms) {
+                /* An idle loop wakes once a tick: a shorter "pause" would be every wake-up. */
+                fprintf(stderr, "kvstash-server: --pause-ms must be 0 or above %llu (two ticks)\n",
+                        (unsigned long long)(2 * cfg.tick_ms));
+                return 2;
+            }
             break;
         case O_PROBE:
             if (parse_ms("--probe-timeout-ms", optarg, &cfg.probe_ms) || cfg.probe_ms == 0) {
