@@ -3,7 +3,10 @@
 #include "kvs_test.h"
 #include "common/common_int.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static void test_status_table(void)
 {
@@ -114,6 +117,36 @@ static void test_keys_and_hosts(void)
     CHECK(kvs__hash64("a", 1) != kvs__hash64("b", 1));
 }
 
+/* The table hash is SipHash-1-3 (known values under the all-zero key, a 64-bit result) under a
+ * random key per process: two processes hash a key differently, so a peer cannot choose keys
+ * that collide. (It was unkeyed FNV, the same in every process.) */
+static void test_keyed_hash(void)
+{
+    CHECK_EQ_U64(kvs__siphash13(0, 0, "", 0), 0xd1fba762150c532cull);
+    CHECK_EQ_U64(kvs__siphash13(0, 0, "siphash", 7), 0x8264ceeccb16bcbeull);
+    CHECK_EQ_U64(kvs__siphash13(0, 0, "digest-sip_hash", 15), 0xce31007e34130c0aull);
+    uint64_t h[2];
+    for (int i = 0; i < 2; i++) {
+        int fd[2];
+        CHECK_EQ_INT(pipe(fd), 0);
+        fflush(stdout);
+        pid_t pid = fork();
+        CHECK(pid >= 0);
+        if (pid == 0) { /* a fresh process: its key is drawn on first use */
+            uint64_t v = kvs__hash64("the same key", 12);
+            _exit(write(fd[1], &v, sizeof(v)) == (ssize_t)sizeof(v) ? 0 : 1);
+        }
+        close(fd[1]);
+        CHECK_EQ_INT(read(fd[0], &h[i], sizeof(h[i])), (int)sizeof(h[i]));
+        close(fd[0]);
+        int st = 0;
+        CHECK_EQ_INT(waitpid(pid, &st, 0), pid);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    CHECK(h[0] != h[1]);
+    CHECK_EQ_U64(kvs__hash64("x", 1), kvs__hash64("x", 1)); /* stable within a process */
+}
+
 static void test_alloc_counting_and_injection(void)
 {
     size_t bytes0 = kvs__alloc_live_bytes(), count0 = kvs__alloc_live_count();
@@ -147,11 +180,9 @@ static void test_alloc_counting_and_injection(void)
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
-        KVS_TEST_CASE(test_status_table),
-        KVS_TEST_CASE(test_parse_size),
-        KVS_TEST_CASE(test_env),
-        KVS_TEST_CASE(test_keys_and_hosts),
-        KVS_TEST_CASE(test_alloc_counting_and_injection),
+        KVS_TEST_CASE(test_status_table),   KVS_TEST_CASE(test_keyed_hash),
+        KVS_TEST_CASE(test_parse_size),     KVS_TEST_CASE(test_env),
+        KVS_TEST_CASE(test_keys_and_hosts), KVS_TEST_CASE(test_alloc_counting_and_injection),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
 }

@@ -111,8 +111,11 @@ int kvs__env_bool(const char *name, bool *value_p);
 /* Checks a key: 1..KVS_MAX_KEY_LEN bytes, no NUL bytes. Returns OK or INVALID_PARAMS. */
 int kvs__key_check(const char *key, size_t len);
 
-/* 64-bit hash of bytes (FNV-1a folded with a final avalanche). */
+/* 64-bit keyed hash of bytes (SipHash-1-3 under a random key per process), for every table
+ * indexed by what peers choose: the values differ from one process to the next. */
 uint64_t kvs__hash64(const void *data, size_t len);
+/* SipHash-1-3 of bytes under the key (k0, k1): the 16 key bytes read little-endian. */
+uint64_t kvs__siphash13(uint64_t k0, uint64_t k1, const void *data, size_t len);
 
 /* Parses "HOST:PORT" or ":PORT" or "PORT" into a host string (caller frees with kvs__free) and
  * port. The host defaults to `default_host` when absent. */

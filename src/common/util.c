@@ -4,6 +4,7 @@
 #include "common_int.h"
 
 #include <ctype.h>
+#include <pthread.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +24,10 @@ uint64_t kvs__random_u64(void)
             /* No kernel entropy interface (pre-3.17 kernels): fall back to the clock and the
              * address of a stack variable, which still differ between processes. */
             uint64_t x = kvs__now_ns() ^ (uint64_t)(uintptr_t)&v;
-            return kvs__hash64(&x, sizeof(x)) | 1;
+            x ^= x >> 33; /* (not kvs__hash64: its key comes from here) */
+            x *= 0xff51afd7ed558ccdull;
+            x ^= x >> 33;
+            return x | 1;
         }
     }
 }
@@ -212,19 +216,69 @@ int kvs__key_check(const char *key, size_t len)
     return KVS_OK;
 }
 
+/* SipHash-1-3 (Aumasson and Bernstein's keyed hash with one compression and three
+ * finalisation rounds, the variant hash tables use) under a random key drawn once per process:
+ * a peer that chooses keys cannot predict which collide, so it cannot pile them into one chain
+ * of the master's table. Not a MAC: only the tables' bucket choice depends on it. */
+static uint64_t sip_key[2];
+static pthread_once_t sip_once = PTHREAD_ONCE_INIT;
+
+static void sip_key_init(void)
+{
+    sip_key[0] = kvs__random_u64();
+    sip_key[1] = kvs__random_u64();
+}
+
+#define SIP_ROTL(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
+#define SIP_ROUND(v0, v1, v2, v3)                                                                  \
+    do {                                                                                           \
+        v0 += v1;                                                                                  \
+        v1 = SIP_ROTL(v1, 13);                                                                     \
+        v1 ^= v0;                                                                                  \
+        v0 = SIP_ROTL(v0, 32);                                                                     \
+        v2 += v3;                                                                                  \
+        v3 = SIP_ROTL(v3, 16);                                                                     \
+        v3 ^= v2;                                                                                  \
+        v0 += v3;                                                                                  \
+        v3 = SIP_ROTL(v3, 21);                                                                     \
+        v3 ^= v0;                                                                                  \
+        v2 += v1;                                                                                  \
+        v1 = SIP_ROTL(v1, 17);                                                                     \
+        v1 ^= v2;                                                                                  \
+        v2 = SIP_ROTL(v2, 32);                                                                     \
+    } while (0)
+
 uint64_t kvs__hash64(const void *data, size_t len)
 {
+    pthread_once(&sip_once, sip_key_init);
+    return kvs__siphash13(sip_key[0], sip_key[1], data, len);
+}
+
+uint64_t kvs__siphash13(uint64_t k0, uint64_t k1, const void *data, size_t len)
+{
     const unsigned char *p = data;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < len; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
+    uint64_t v0 = k0 ^ 0x736f6d6570736575ull, v1 = k1 ^ 0x646f72616e646f6dull;
+    uint64_t v2 = k0 ^ 0x6c7967656e657261ull, v3 = k1 ^ 0x7465646279746573ull;
+    size_t whole = len - len % 8;
+    for (size_t i = 0; i < whole; i += 8) {
+        uint64_t m = 0;
+        for (int b = 7; b >= 0; b--)
+            m = (m << 8) | p[i + (size_t)b]; /* little-endian, whatever the host */
+        v3 ^= m;
+        SIP_ROUND(v0, v1, v2, v3);
+        v0 ^= m;
     }
-    /* FNV's low bits mix poorly; a final avalanche spreads them for power-of-two tables. */
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    return h;
+    uint64_t last = (uint64_t)len << 56;
+    for (size_t i = whole; i < len; i++)
+        last |= (uint64_t)p[i] << (8 * (i - whole));
+    v3 ^= last;
+    SIP_ROUND(v0, v1, v2, v3);
+    v0 ^= last;
+    v2 ^= 0xff;
+    SIP_ROUND(v0, v1, v2, v3);
+    SIP_ROUND(v0, v1, v2, v3);
+    SIP_ROUND(v0, v1, v2, v3);
+    return v0 ^ v1 ^ v2 ^ v3;
 }
 
 int kvs__parse_host_port(const char *text, const char *default_host, char **host_p,
