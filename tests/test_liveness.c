@@ -413,6 +413,19 @@ static void *mount_job(void *arg)
     return NULL;
 }
 
+/* Fills the accept queue of `lfd` (listening with a backlog of 0) with three connects, so that
+ * a further connect's SYN is dropped and it hangs. */
+static void fill_backlog(int lfd, int fill[3])
+{
+    for (int i = 0; i < 3; i++) {
+        fill[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET,
+                                 .sin_port = htons(kvs__sock_port(lfd)),
+                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        connect(fill[i], (struct sockaddr *)&sa, sizeof(sa));
+    }
+}
+
 /* A holder whose master connection closed is replaced only when a connect to its data
  * endpoint is refused: not while the endpoint accepts (a live owner that lost its master
  * connection), nor while the connect hangs (its SYN dropped: the probe times out), during
@@ -433,13 +446,7 @@ static void test_holder_replaced_only_when_its_port_refuses(void)
 
     /* Fill the backlog: the probe's SYN is dropped and its connect hangs. */
     int fill[3];
-    for (int i = 0; i < 3; i++) {
-        fill[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-        struct sockaddr_in sa = {.sin_family = AF_INET,
-                                 .sin_port = htons(kvs__sock_port(lfd)),
-                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        connect(fill[i], (struct sockaddr *)&sa, sizeof(sa));
-    }
+    fill_backlog(lfd, fill);
     usleep(50000);
     mount_job_t job = {.port = m.port};
     pthread_t th;
@@ -501,13 +508,7 @@ static void test_mount_dropped_when_its_client_leaves_during_the_probe(void)
     master_view_t v0, v;
     CHECK(master_view(m.port, "ghost", &v0) && v0.segment_id != 0);
     int fill[3];
-    for (int i = 0; i < 3; i++) { /* the probe's SYN is dropped: it hangs */
-        fill[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-        struct sockaddr_in sa = {.sin_family = AF_INET,
-                                 .sin_port = htons(kvs__sock_port(lfd)),
-                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        connect(fill[i], (struct sockaddr *)&sa, sizeof(sa));
-    }
+    fill_backlog(lfd, fill);
     usleep(50000);
     /* A MOUNT of the name that gives up after 300 ms: its connection closes while parked. */
     kvs__rpc_config_t cfg = {.host = "127.0.0.1", .port = m.port, .timeout_ms = 300};

@@ -25,6 +25,11 @@ typedef struct {
  * limit per case is KVS_TEST_TIMEOUT_S (default 300). KVS_TEST_NOFORK=1 runs in-process. */
 int kvs_test_main(int argc, char **argv, const kvs_test_case_t *cases, size_t ncases);
 
+/* A case that cannot run here ends with this: it is reported as skipped, never as passed, and a
+ * program whose cases were all skipped exits with it (CTest's SKIP_RETURN_CODE). */
+#define KVS_TEST_SKIPPED 77
+void kvs_test_skip(const char *why) __attribute__((noreturn));
+
 /* Reports a failure and ends the current case. */
 void kvs_test_fail(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4), noreturn));
