@@ -37,7 +37,7 @@ static int build_sample(kvs__arena_t *a, uint32_t n, uint32_t nrep, uint32_t nse
                                     1ull << 33};
     for (uint32_t i = 0; i < n; i++) {
         for (uint32_t j = 0; j < nrep; j++)
-            reps[i * nrep + j] = (kvs__replica_t){(i + j) % nseg + 1, (uint64_t)i << 24};
+            reps[i * nrep + j] = (kvs__replica_t){(i + j) % nseg + 1, (uint64_t)i << 24, 0};
         objs[i] = (kvs__obj_desc_t){
             .size = 12u << 20, .lease_ms = 9800, .nreps = nrep, .reps = &reps[i * nrep]};
     }

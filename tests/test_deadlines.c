@@ -419,8 +419,11 @@ static void test_slow_resolver(void)
     kvs__wbuf_init(&req);
     kvs__wbuf_init(&rsp);
     kvs__rpc_begin(rpc, &req, KVS_MSG_MOUNT);
-    kvs__mount_req_t mr = {kvs__str_c("slow-seg"), kvs__str_c("elsewhere"),
-                           kvs__str_c("owner.slow:7000"), 1 << 20};
+    kvs__mount_req_t mr = {kvs__str_c("slow-seg"),
+                           kvs__str_c("elsewhere"),
+                           kvs__str_c("owner.slow:7000"),
+                           1 << 20,
+                           {NULL, 0}};
     kvs__mount_req_encode(&req, &mr);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
     CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);

@@ -40,7 +40,7 @@ static void fx_fini(fx_t *f)
 
 static uint64_t mount(fx_t *f, uint64_t client, const char *name, const char *node, uint64_t size)
 {
-    kvs__mount_req_t req = {kvs__str_c(name), kvs__str_c(node), kvs__str_c("h:1"), size};
+    kvs__mount_req_t req = {kvs__str_c(name), kvs__str_c(node), kvs__str_c("h:1"), size, {NULL, 0}};
     uint64_t id = 0;
     CHECK_STATUS(kvs__master_mount(f->m, f->now, client, &req, &id), KVS_OK);
     return id;
@@ -271,7 +271,7 @@ static void test_bad_input(void)
     CHECK_EQ_INT(EXISTS(&f, ""), KVS_INVALID_PARAMS);
     CHECK_STATUS(REMOVE(&f, "", 0), KVS_INVALID_PARAMS);
     /* Mount validation. */
-    kvs__mount_req_t mr = {kvs__str_c("s1"), kvs__str_c("n"), kvs__str_c("e"), 4096};
+    kvs__mount_req_t mr = {kvs__str_c("s1"), kvs__str_c("n"), kvs__str_c("e"), 4096, {NULL, 0}};
     uint64_t id;
     CHECK_STATUS(kvs__master_mount(f.m, f.now, f.client, &mr, &id), KVS_SEGMENT_ALREADY_EXISTS);
     mr.name = kvs__str_c("s2");

@@ -43,8 +43,8 @@ static void mount_and_put(kvs__rpc_t *rpc, const char *seg, const char *key)
     kvs__arena_t a;
     kvs__arena_init(&a);
     kvs__rpc_begin(rpc, &req, KVS_MSG_MOUNT);
-    kvs__mount_req_t m = {kvs__str_c(seg), kvs__str_c("testnode"), kvs__str_c("127.0.0.1:1"),
-                          1 << 20};
+    kvs__mount_req_t m = {
+        kvs__str_c(seg), kvs__str_c("testnode"), kvs__str_c("127.0.0.1:1"), 1 << 20, {NULL, 0}};
     kvs__mount_req_encode(&req, &m);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
     CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
@@ -168,7 +168,8 @@ static void hello_expect(int fd, unsigned want, int want_status)
 {
     kvs__wbuf_t w;
     kvs__wbuf_init(&w);
-    kvs__hello_req_t h = {KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX, kvs__str_c("raw"), 0, 0};
+    kvs__hello_req_t h = {
+        KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX, kvs__str_c("raw"), 0, {NULL, 0}, 0};
     kvs__hello_req_encode(&w, &h);
     raw_frame(fd, KVS_MSG_HELLO, w.data, (uint32_t)w.len);
     int32_t st;
@@ -306,8 +307,8 @@ static void test_versions_and_unknown_types(void)
     kvs__wbuf_t w;
     kvs__wbuf_init(&w);
     w.version = KVS_PROTO_VERSION_MAX;
-    kvs__hello_req_t hr = {KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX + 3, kvs__str_c("new"), 0,
-                           0};
+    kvs__hello_req_t hr = {
+        KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX + 3, kvs__str_c("new"), 0, {NULL, 0}, 0};
     kvs__hello_req_encode(&w, &hr);
     kvs__wbuf_put_u64(&w, 0x1234567890abcdefull); /* the newer field */
     kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION_MAX + 3, KVS_MSG_HELLO, 5,
@@ -357,8 +358,12 @@ static void test_versions_and_unknown_types(void)
     /* No version in common: refused in words, and the connection closed. */
     fd = raw_connect(&s);
     kvs__wbuf_reset(&w);
-    hr = (kvs__hello_req_t){KVS_PROTO_VERSION_MAX + 1, KVS_PROTO_VERSION_MAX + 2,
-                            kvs__str_c("future"), 0, 0};
+    hr = (kvs__hello_req_t){KVS_PROTO_VERSION_MAX + 1,
+                            KVS_PROTO_VERSION_MAX + 2,
+                            kvs__str_c("future"),
+                            0,
+                            {NULL, 0},
+                            0};
     kvs__hello_req_encode(&w, &hr);
     h = (kvs__frame_hdr_t){KVS_PROTO_MAGIC, KVS_PROTO_VERSION_MAX + 2, KVS_MSG_HELLO, 6,
                            (uint32_t)w.len};

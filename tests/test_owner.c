@@ -35,7 +35,8 @@ static void hello(int fd)
 {
     kvs__wbuf_t w;
     kvs__wbuf_init(&w);
-    kvs__hello_req_t h = {KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX, kvs__str_c("t"), 0, 0};
+    kvs__hello_req_t h = {
+        KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX, kvs__str_c("t"), 0, {NULL, 0}, 0};
     kvs__hello_req_encode(&w, &h);
     send_frame(fd, KVS_MSG_HELLO, (uint32_t)w.len, w.data, w.len);
     kvs__wbuf_free(&w);
@@ -85,7 +86,7 @@ static void data_req_token(uint8_t out[KVS_DATA_REQ_LEN], uint64_t seg, uint64_t
                            uint64_t token)
 {
     kvs__wbuf_t w = kvs__wbuf_over(out, KVS_DATA_REQ_LEN, KVS_PROTO_VERSION_MAX);
-    kvs__data_req_t d = {seg, off, len, token};
+    kvs__data_req_t d = {seg, off, len, token, 0, 0, 0};
     kvs__data_req_encode(&w, &d);
     CHECK(!w.failed && w.len == KVS_DATA_REQ_LEN);
 }
@@ -153,8 +154,8 @@ static void test_bad_frames_and_offsets(void)
     {
         kvs__wbuf_t w;
         kvs__wbuf_init(&w);
-        kvs__hello_req_t h = {KVS_PROTO_VERSION_MAX + 1, KVS_PROTO_VERSION_MAX + 1, kvs__str_c("t"),
-                              0, 0};
+        kvs__hello_req_t h = {
+            KVS_PROTO_VERSION_MAX + 1, KVS_PROTO_VERSION_MAX + 1, kvs__str_c("t"), 0, {NULL, 0}, 0};
         kvs__hello_req_encode(&w, &h);
         send_frame(fd, KVS_MSG_HELLO, (uint32_t)w.len, w.data, w.len);
         kvs__wbuf_free(&w);
@@ -243,7 +244,7 @@ static void test_fenced_writes_are_refused(void)
     kvs__data_server_t *srv;
     CHECK_STATUS(kvs__data_server_create(&cfg, &srv), KVS_OK);
     static uint8_t seg[4096];
-    CHECK_STATUS(kvs__data_server_add(srv, 77, seg, sizeof(seg), -1), KVS_OK);
+    CHECK_STATUS(kvs__data_server_add(srv, 77, seg, sizeof(seg), -1, NULL), KVS_OK);
     owner_fixture_t f = {.port = kvs__data_server_port(srv)};
     int fd = dial(&f);
     hello(fd);
@@ -265,7 +266,7 @@ static void test_fenced_writes_are_refused(void)
     cfg.inject_delay_us = 300000;
     CHECK_STATUS(kvs__data_server_create(&cfg, &srv), KVS_OK);
     memset(seg, 0x11, sizeof(seg));
-    CHECK_STATUS(kvs__data_server_add(srv, 77, seg, sizeof(seg), -1), KVS_OK);
+    CHECK_STATUS(kvs__data_server_add(srv, 77, seg, sizeof(seg), -1, NULL), KVS_OK);
     f.port = kvs__data_server_port(srv);
     fd = dial(&f);
     hello(fd);
@@ -287,7 +288,7 @@ static void test_fenced_writes_are_refused(void)
     kvs__data_server_destroy(srv);
     cfg.inject_delay_us = 0;
     CHECK_STATUS(kvs__data_server_create(&cfg, &srv), KVS_OK);
-    CHECK_STATUS(kvs__data_server_add(srv, 77, seg, sizeof(seg), -1), KVS_OK);
+    CHECK_STATUS(kvs__data_server_add(srv, 77, seg, sizeof(seg), -1, NULL), KVS_OK);
     f.port = kvs__data_server_port(srv);
     fd = dial(&f);
     hello(fd);
@@ -426,7 +427,7 @@ static void test_fence_and_remount_do_not_wait_for_peers(void)
     uint8_t *seg = mem.base;
     for (uint64_t i = 0; i < LOCK_SEG_SIZE; i++)
         seg[i] = lock_pattern(i);
-    CHECK_STATUS(kvs__data_server_add(srv, FIX_SEGMENT_ID, mem.base, mem.size, -1), KVS_OK);
+    CHECK_STATUS(kvs__data_server_add(srv, FIX_SEGMENT_ID, mem.base, mem.size, -1, NULL), KVS_OK);
     owner_fixture_t f = {.port = kvs__data_server_port(srv)};
 
     /* A reader that asks for 16 MiB and reads none of it: the server's send blocks. */
@@ -474,7 +475,8 @@ static void test_fence_and_remount_do_not_wait_for_peers(void)
     t0 = kvs__now_ns();
     CHECK_STATUS(kvs__data_server_remove(srv, FIX_SEGMENT_ID), KVS_OK);
     CHECK_STATUS(kvs__segment_mem_create("lock-test", LOCK_SEG_SIZE, &fresh), KVS_OK);
-    CHECK_STATUS(kvs__data_server_add(srv, FIX_SEGMENT_ID + 1, fresh.base, fresh.size, -1), KVS_OK);
+    CHECK_STATUS(kvs__data_server_add(srv, FIX_SEGMENT_ID + 1, fresh.base, fresh.size, -1, NULL),
+                 KVS_OK);
     uint64_t remount_ms = ms_since(t0);
     kvs__segment_mem_destroy(&mem); /* as the owner does: nothing may touch it any more */
     printf("fence %llu ms, remount %llu ms, with a stalled reader and writer; %llu reads cut off\n",

@@ -345,7 +345,7 @@ static void test_fields_follow_the_frame_version(void)
 
 static void test_decoded_fields(void)
 {
-    kvs__replica_t reps[2] = {{1, 4096}, {7, 0}};
+    kvs__replica_t reps[2] = {{1, 4096, 0}, {7, 0, 0}};
     kvs__seg_info_t segs[2] = {
         {1, kvs__str_c("seg-a"), kvs__str_c("node1"), kvs__str_c("10.0.0.1:9000"), 1 << 20, 64},
         {7, kvs__str_c("seg-b"), kvs__str_c("node2"), kvs__str_c("h2:9"), 1ull << 40, 0}};
@@ -371,7 +371,7 @@ static void test_decoded_fields(void)
     char text[512];
     kvs__record_format(&kvs__placement_rsp_desc, &m, text, sizeof(text));
     CHECK(strstr(text, "segs=[2: {id=1 name=\"seg-a\"") != NULL);
-    CHECK(strstr(text, "reps=[2: {segment_id=1 offset=4096}") != NULL);
+    CHECK(strstr(text, "reps=[2: {segment_id=1 offset=4096 cap=0}") != NULL);
     CHECK(strstr(text, "status=-704") != NULL);
     kvs__arena_free(&arena);
     kvs__wbuf_free(&w);
@@ -437,7 +437,7 @@ static void test_encoder_limits(void)
     kvs__keys_req_encode(&w, &kr);
     CHECK_STATUS(kvs__frame_end(&w), KVS_OK);
     /* A count above its limit. */
-    kvs__replica_t reps[KVS_MAX_REPLICAS + 1] = {{0, 0}};
+    kvs__replica_t reps[KVS_MAX_REPLICAS + 1] = {{0, 0, 0}};
     kvs__obj_desc_t o = {.nreps = KVS_MAX_REPLICAS + 1, .reps = reps};
     kvs__placement_rsp_t pr = {.nobjs = 1, .objs = &o};
     kvs__frame_begin(&w, KVS_MSG_LOOKUP | KVS_RSP_FLAG, 1, KVS_PROTO_VERSION_MAX);
@@ -447,7 +447,7 @@ static void test_encoder_limits(void)
     /* A fixed buffer never grows past its end. */
     uint8_t small[8];
     kvs__wbuf_t f = kvs__wbuf_over(small, sizeof(small), KVS_PROTO_VERSION_MAX);
-    kvs__data_req_t d = {1, 2, 3, 4};
+    kvs__data_req_t d = {1, 2, 3, 4, 0, 0, 0};
     kvs__data_req_encode(&f, &d);
     CHECK(f.failed);
     CHECK_EQ_U64(KVS__MIN_BYTES_data_req, KVS_DATA_REQ_LEN);

@@ -40,11 +40,16 @@ typedef struct {
     const char *local_hostname;
     uint64_t rpc_timeout_ms;      /* each master call, reconnection included (5000) */
     uint64_t transfer_timeout_ms; /* each read or write call's data transfers (5000) */
+    /* The cluster's shared secret (borrowed during open): a file of this user, mode 0600, of
+     * 16..4096 bytes. With one, the client proves it to the master and owners and trusts only
+     * those that prove it back (and its own segments require it). NULL or "": none.
+     * Default: $KVS_AUTH_TOKEN_FILE. */
+    const char *auth_token_file;
 } kvs_client_config_t;
 
-/* Fills defaults, then KVS_MASTER, KVS_PROTOCOL, KVS_RPC_TIMEOUT_MS and
- * KVS_TRANSFER_TIMEOUT_MS from the environment. Returns KVS_INVALID_PARAMS (and keeps the
- * default) for a malformed environment value. */
+/* Fills defaults, then KVS_MASTER, KVS_PROTOCOL, KVS_RPC_TIMEOUT_MS,
+ * KVS_TRANSFER_TIMEOUT_MS and KVS_AUTH_TOKEN_FILE from the environment. Returns KVS_INVALID_PARAMS
+ * (and keeps the default) for a malformed environment value. */
 int kvs_client_config_init(kvs_client_config_t *cfg);
 
 /* Connects to the master. On success *client_p is a new client (free with kvs_client_close). */

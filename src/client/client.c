@@ -22,6 +22,7 @@ int kvs_client_config_init(kvs_client_config_t *cfg)
     *cfg = (kvs_client_config_t){
         .master = getenv("KVS_MASTER"),
         .protocol = getenv("KVS_PROTOCOL"),
+        .auth_token_file = getenv("KVS_AUTH_TOKEN_FILE"),
         .rpc_timeout_ms = 5000,
         .transfer_timeout_ms = 5000,
     };
@@ -87,6 +88,13 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
         goto err_free;
     }
     c->transfer_timeout_ms = cfg->transfer_timeout_ms;
+    if (cfg->auth_token_file != NULL && *cfg->auth_token_file != '\0') {
+        char why[512];
+        if (kvs__auth_load(cfg->auth_token_file, &c->auth, why, sizeof(why)) != KVS_OK) {
+            rc = kvs__fail(KVS_INVALID_PARAMS, "%s", why);
+            goto err_free;
+        }
+    }
     /* Staging settings are read once, here. */
     kvs__staging_config_t scfg;
     kvs__staging_config_init(&scfg);
@@ -101,10 +109,13 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
     kvs__tcp_config_t tcfg;
     kvs__shm_config_t mcfg;
     rc = want_tcp ? kvs__tcp_config_init(&tcfg) : KVS_OK;
+    tcfg.auth = c->auth;
     if (rc == KVS_OK && want_tcp)
         rc = kvs__tcp_transport_create(&tcfg, &c->tcp);
-    if (rc == KVS_OK && want_shm && (rc = kvs__shm_config_init(&mcfg)) == KVS_OK)
+    if (rc == KVS_OK && want_shm && (rc = kvs__shm_config_init(&mcfg)) == KVS_OK) {
+        mcfg.auth = c->auth;
         rc = kvs__shm_transport_create(&mcfg, &c->shm);
+    }
     if (rc != KVS_OK) {
         rc = kvs__fail(rc, "transport setup failed (check the KVS_TCP_* and KVS_SHM_* "
                            "variables)");
@@ -120,7 +131,8 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
                               .port = c->master_port,
                               .node = cfg->local_hostname,
                               .timeout_ms = cfg->rpc_timeout_ms,
-                              .max_conns = (uint32_t)conns};
+                              .max_conns = (uint32_t)conns,
+                              .auth = c->auth};
     rc = kvs__rpc_open(&rcfg, &c->rpc);
     if (rc != KVS_OK) {
         rc = kvs__fail(rc, "cannot reach the master at %s: %s", master, kvs_status_str(rc));
@@ -228,6 +240,7 @@ int kvs_client_mount_segment(kvs_client_t *c, uint64_t size, const char *name,
         .rpc_timeout_ms = 5000,
     };
     kvs__data_server_config_init(&oc.data);
+    oc.data.auth = c->auth; /* peers of our segment prove the secret we were given */
     kvs__client_enter(c);
     pthread_mutex_lock(&c->owners_lock);
     kvs__owner_t **grown = kvs__realloc(c->owners, (c->nowners + 1) * sizeof(*grown));

@@ -53,6 +53,7 @@ typedef struct {
 
 struct kvs_client {
     char *master_host;
+    kvs__auth_t auth; /* the secret from auth_token_file, if any */
     uint16_t master_port;
     char *node;
     uint64_t transfer_timeout_ms;

@@ -406,7 +406,8 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
                                        .iovcnt = k->cnt[i],
                                        .status = KVS_OK,
                                        .gpu = gpu_of(k->domain[i]),
-                                       .token = d->token};
+                                       .token = d->token,
+                                       .cap = d->reps[q].cap};
             req_key[r++] = i;
         }
     }

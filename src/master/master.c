@@ -48,6 +48,8 @@ typedef struct seg {
     uint64_t last_heartbeat_ns;
     bool graced;   /* got a pause's grace since its last heartbeat (at most one per heartbeat) */
     char peer[64]; /* the address its MOUNT came from, "" if unknown */
+    bool keyed;    /* its owner gave a write key: every put's replica gets a capability */
+    uint8_t write_key[KVS_WRITE_KEY_LEN];
 } seg_t;
 
 typedef struct {
@@ -617,7 +619,8 @@ int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
                       const kvs__mount_req_t *req, uint64_t *segment_id_p)
 {
     if (m == NULL || req == NULL || segment_id_p == NULL || client_id == 0 || !name_ok(req->name) ||
-        !name_ok(req->node) || !name_ok(req->endpoint) || req->size < KVS_SEG_ALLOC_ALIGN)
+        !name_ok(req->node) || !name_ok(req->endpoint) || req->size < KVS_SEG_ALLOC_ALIGN ||
+        (req->write_key.len != 0 && req->write_key.len != KVS_WRITE_KEY_LEN))
         return KVS_INVALID_PARAMS;
     if (seg_by_name(m, req->name) != NULL)
         return KVS_SEGMENT_ALREADY_EXISTS;
@@ -645,6 +648,9 @@ int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
     }
     s->id = new_segment_id(m);
     s->client_id = client_id;
+    s->keyed = req->write_key.len == KVS_WRITE_KEY_LEN;
+    if (s->keyed)
+        memcpy(s->write_key, req->write_key.ptr, KVS_WRITE_KEY_LEN);
     s->size = kvs__seg_alloc_capacity(s->alloc);
     s->last_heartbeat_ns = now_ns;
     m->segs[m->nseg++] = s;
@@ -984,8 +990,12 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, uint64_t writer,
     d->size = it->size;
     d->token = o->token;
     d->nreps = got;
-    for (uint32_t i = 0; i < got; i++)
-        d->reps[i] = (kvs__replica_t){reps[i].seg->id, reps[i].offset};
+    for (uint32_t i = 0; i < got; i++) {
+        const seg_t *g = reps[i].seg;
+        uint64_t cap =
+            g->keyed ? kvs__write_cap(g->write_key, g->id, reps[i].offset, it->size, o->token) : 0;
+        d->reps[i] = (kvs__replica_t){g->id, reps[i].offset, cap};
+    }
     return KVS_OK;
 }
 
@@ -1230,7 +1240,7 @@ int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
         d->lease_ms = lease_ns / KVS_NS_PER_MS;
         d->nreps = o->nrep;
         for (uint32_t j = 0; j < o->nrep; j++) {
-            d->reps[j] = (kvs__replica_t){o->reps[j].seg->id, o->reps[j].offset};
+            d->reps[j] = (kvs__replica_t){o->reps[j].seg->id, o->reps[j].offset, 0};
             rsp_add_seg(rsp, m->nseg, o->reps[j].seg);
         }
     }

@@ -27,12 +27,16 @@ typedef struct conn {
     tag_t tag;                /* TAG_CONN */
     struct conn *prev, *next; /* every open connection, for shutdown */
     int fd;
-    bool hello_done;
-    bool parked;            /* a MOUNT waits for its probe: nothing more is read meanwhile */
-    bool probed;            /* the MOUNT being served again after its probe: no second one */
-    struct probe *probe;    /* while parked */
-    bool closing;           /* close once the output is flushed */
-    unsigned reply_version; /* of the last request whose header decoded; errors go out in it */
+    bool hello_done;          /* HELLO answered */
+    bool authed;              /* and the peer proved the secret (or the master has none): the
+                               * connection has its identity, and requests are served */
+    kvs__auth_pending_t auth; /* between HELLO and AUTH */
+    uint64_t hello_client_id; /* the id HELLO asked for, bound once AUTH succeeds */
+    bool parked;              /* a MOUNT waits for its probe: nothing more is read meanwhile */
+    bool probed;              /* the MOUNT being served again after its probe: no second one */
+    struct probe *probe;      /* while parked */
+    bool closing;             /* close once the output is flushed */
+    unsigned reply_version;   /* of the last request whose header decoded; errors go out in it */
     uint64_t client_id;
     char peer[INET6_ADDRSTRLEN]; /* the peer's address (no port), "" if unknown */
     uint8_t hdr[KVS_FRAME_HDR_LEN];
@@ -186,7 +190,7 @@ static void conn_close(kvs__master_server_t *s, conn_t *c)
 {
     if (c->probe != NULL)
         probe_unlink(s, c->probe);
-    if (c->hello_done)
+    if (c->authed)
         kvs__master_client_disconnected(s->master, server_now(s), c->client_id);
     epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
@@ -415,6 +419,15 @@ static void probes_free_dead(kvs__master_server_t *s)
 
 /* ---- requests --------------------------------------------------------------------------- */
 
+/* Gives an authenticated connection its identity: the client id its HELLO asked for (a client
+ * keeps its id across connections and masters), or a new one. */
+static void conn_bind(kvs__master_server_t *s, conn_t *c, uint64_t now)
+{
+    c->client_id = c->hello_client_id ? c->hello_client_id : kvs__master_new_client(s->master);
+    c->authed = true;
+    kvs__master_client_connected(s->master, now, c->client_id);
+}
+
 /* Decodes and serves one request; the response (or an ERROR frame) goes to the output. */
 static void dispatch(kvs__master_server_t *s, conn_t *c)
 {
@@ -444,6 +457,15 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     if (c->hello_done && type == KVS_MSG_HELLO) {
         /* The connection's identity was bound by its HELLO; a second could change it. */
         send_error(s, c, c->h.req_id, KVS_PROTOCOL_ERROR, "HELLO twice on one connection", true);
+        goto out;
+    }
+    if (c->hello_done && !c->authed && type != KVS_MSG_AUTH) {
+        /* Nothing is served to a peer that has not proved the secret. */
+        send_error(s, c, c->h.req_id, KVS_AUTH_FAILED, "AUTH must follow HELLO", true);
+        goto out;
+    }
+    if (type == KVS_MSG_AUTH && (!c->hello_done || c->authed)) {
+        send_error(s, c, c->h.req_id, KVS_PROTOCOL_ERROR, "AUTH only once, after HELLO", true);
         goto out;
     }
     if (!kvs__msg_known(type)) {
@@ -482,12 +504,32 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
                                 .lease_ms = s->cfg.master.lease_ms,
                                 .heartbeat_timeout_ms = s->cfg.master.heartbeat_timeout_ms,
                                 .next_probe = req.next_probe};
-        c->client_id = req.client_id ? req.client_id : kvs__master_new_client(s->master);
+        if (kvs__auth_server_hello(&s->cfg.auth, KVS_AUTH_MASTER, &req, &c->auth, &rsp) != KVS_OK) {
+            send_error(s, c, c->h.req_id, KVS_AUTH_FAILED, "HELLO carries no nonce", true);
+            goto out;
+        }
         c->hello_done = true;
-        kvs__master_client_connected(s->master, now, c->client_id);
-        rsp.client_id = c->client_id;
+        c->hello_client_id = req.client_id;
+        if (!c->auth.required)
+            conn_bind(s, c, now);     /* no secret: the identity is bound at HELLO */
+        rsp.client_id = c->client_id; /* 0 until AUTH */
         kvs__frame_begin(w, (uint16_t)(type | KVS_RSP_FLAG), c->h.req_id, v);
         kvs__hello_rsp_encode(w, &rsp);
+        break;
+    }
+    case KVS_MSG_AUTH: {
+        kvs__auth_req_t req;
+        if ((rc = kvs__auth_req_decode(p, len, ver, &arena, &req)) != KVS_OK ||
+            !kvs__auth_server_verify(&s->cfg.auth, KVS_AUTH_MASTER, &c->auth, &req)) {
+            kvs_warn("refused a peer from %s: wrong proof (another token?)",
+                     c->peer[0] ? c->peer : "an unknown address");
+            send_error(s, c, c->h.req_id, KVS_AUTH_FAILED,
+                       "wrong proof: this master has another token", true);
+            goto out;
+        }
+        conn_bind(s, c, now);
+        kvs__auth_rsp_t rsp = {KVS_OK, c->client_id};
+        kvs__auth_rsp_encode(w, &rsp);
         break;
     }
     case KVS_MSG_MOUNT: {

@@ -5,6 +5,7 @@
 #define KVS_MASTER_SERVER_INT_H
 
 #include "master_int.h"
+#include "../proto/net_int.h"
 
 typedef struct {
     const char *bind_host; /* default "127.0.0.1" */
@@ -18,6 +19,7 @@ typedef struct {
     uint64_t probe_ms;     /* a MOUNT of a taken name whose owner has no connection waits this
                             * long at most for a connect to the old owner's data endpoint: if
                             * it is refused, the old registration is replaced (default 1000) */
+    kvs__auth_t auth;      /* peers must prove this secret at HELLO (AUTH), if on */
     kvs__master_config_t master;
 } kvs__master_server_config_t;
 

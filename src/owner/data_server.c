@@ -33,6 +33,8 @@ typedef struct {
     uint64_t size;
     int fd; /* the segment's memfd for same-host readers, or -1 */
     fence_set_t fenced;
+    bool keyed; /* writes need a capability under write_key */
+    uint8_t write_key[KVS_WRITE_KEY_LEN];
 } served_t;
 
 static bool fence_has(const fence_set_t *f, uint64_t token)
@@ -150,8 +152,22 @@ static void send_error(int fd, unsigned version, uint32_t req_id, int status, co
     kvs__wbuf_free(&w);
 }
 
-/* Finds the segment and checks [offset, offset + length) lies inside it. Read lock held. */
-static int check_range(kvs__data_server_t *s, const kvs__data_req_t *r, bool write, char **addr_p)
+/* Whether a write lies inside the range its capability names: the master allocated that range
+ * to the writer's put (only the master and this owner know the key). */
+static bool write_allowed(const served_t *g, const kvs__data_req_t *r)
+{
+    if (r->alloc_size == 0 || r->offset < r->alloc_offset ||
+        r->offset - r->alloc_offset > r->alloc_size ||
+        r->length > r->alloc_size - (r->offset - r->alloc_offset))
+        return false;
+    return kvs__write_cap(g->write_key, g->id, r->alloc_offset, r->alloc_size, r->token) == r->cap;
+}
+
+/* Finds the segment and checks [offset, offset + length) lies inside it, and for a write that
+ * its put is not fenced and, with `cap`, that its capability allows it (once per request: a
+ * segment's key never changes under its id). Read lock held. */
+static int check_range(kvs__data_server_t *s, const kvs__data_req_t *r, bool write, bool cap,
+                       char **addr_p)
 {
     for (uint32_t i = 0; i < s->nseg; i++) {
         if (s->segs[i].id != r->segment_id)
@@ -161,6 +177,8 @@ static int check_range(kvs__data_server_t *s, const kvs__data_req_t *r, bool wri
             return KVS_INVALID_PARAMS;
         /* A write belongs to a put; a fenced put's space may already hold another object. */
         if (write && (r->token == 0 || fence_has(&s->segs[i].fenced, r->token)))
+            return KVS_INVALID_WRITE;
+        if (write && cap && s->segs[i].keyed && !write_allowed(&s->segs[i], r))
             return KVS_INVALID_WRITE;
         *addr_p = s->segs[i].base + r->offset;
         return KVS_OK;
@@ -210,7 +228,7 @@ static int segment_io(kvs__data_server_t *s, int fd, const kvs__data_req_t *r, b
         char *addr = NULL;
         ssize_t n = -1;
         int err = 0;
-        rc = check_range(s, r, to_segment, &addr);
+        rc = check_range(s, r, to_segment, false, &addr);
         if (rc == KVS_OK) {
             size_t want = (size_t)(r->length - done);
             TSAN_IGNORE_BEGIN();
@@ -254,10 +272,64 @@ static int drain(int fd, uint64_t len, uint64_t deadline)
     return KVS_OK;
 }
 
+/* Sends a HELLO or AUTH reply frame of `type` holding `rec` encoded by `encode`. */
+static int send_reply(int fd, uint16_t type, uint32_t req_id, unsigned version,
+                      void (*encode)(kvs__wbuf_t *, const void *), const void *rec,
+                      uint64_t deadline)
+{
+    kvs__wbuf_t w;
+    kvs__wbuf_init(&w);
+    kvs__frame_begin(&w, (uint16_t)(type | KVS_RSP_FLAG), req_id, version);
+    encode(&w, rec);
+    int rc = kvs__frame_end(&w);
+    if (rc == KVS_OK)
+        rc = kvs__send_all(fd, w.data, w.len, deadline);
+    kvs__wbuf_free(&w);
+    return rc;
+}
+
+static void encode_hello_rsp(kvs__wbuf_t *w, const void *m)
+{
+    kvs__hello_rsp_encode(w, m);
+}
+
+static void encode_auth_rsp(kvs__wbuf_t *w, const void *m)
+{
+    kvs__auth_rsp_encode(w, m);
+}
+
+/* With a secret, the frame after HELLO must be an AUTH whose proof is right for this
+ * connection's nonces; anything else ends the connection. */
+static int expect_auth(kvs__data_server_t *s, int fd, unsigned v, const kvs__auth_pending_t *st,
+                       uint64_t deadline)
+{
+    uint8_t hb[KVS_FRAME_HDR_LEN], pb[256];
+    kvs__frame_hdr_t h;
+    kvs__auth_req_t req;
+    int rc = kvs__recv_all(fd, hb, sizeof(hb), deadline);
+    if (rc != KVS_OK)
+        return rc;
+    if (kvs__frame_hdr_decode(hb, sizeof(hb), sizeof(pb), &h) != KVS_OK || h.type != KVS_MSG_AUTH) {
+        send_error(fd, v, h.req_id, KVS_AUTH_FAILED, "AUTH must follow HELLO", deadline);
+        return KVS_AUTH_FAILED;
+    }
+    if ((rc = kvs__recv_all(fd, pb, h.len, deadline)) != KVS_OK)
+        return rc;
+    if (kvs__auth_req_decode(pb, h.len, h.version, NULL, &req) != KVS_OK ||
+        !kvs__auth_server_verify(&s->cfg.auth, KVS_AUTH_DATA, st, &req)) {
+        kvs_warn("data server: refused a peer with a wrong proof");
+        send_error(fd, v, h.req_id, KVS_AUTH_FAILED, "wrong proof: this owner has another token",
+                   deadline);
+        return KVS_AUTH_FAILED;
+    }
+    kvs__auth_rsp_t ar = {KVS_OK, 0};
+    return send_reply(fd, KVS_MSG_AUTH, h.req_id, v, encode_auth_rsp, &ar, deadline);
+}
+
 /* Answers a data connection's HELLO with the highest version both sides speak, or an ERROR
- * that says why there is none. */
-static int answer_hello(int fd, const kvs__frame_hdr_t *h, const uint8_t *payload,
-                        uint64_t deadline, unsigned *version_p)
+ * that says why there is none; with a secret, the AUTH that must follow too. */
+static int answer_hello(kvs__data_server_t *s, int fd, const kvs__frame_hdr_t *h,
+                        const uint8_t *payload, uint64_t deadline, unsigned *version_p)
 {
     kvs__hello_req_t req;
     unsigned reply_v = kvs__proto_reply_version(h->version);
@@ -273,15 +345,15 @@ static int answer_hello(int fd, const kvs__frame_hdr_t *h, const uint8_t *payloa
         send_error(fd, reply_v, h->req_id, KVS_INVALID_VERSION, msg, deadline);
         return KVS_INVALID_VERSION;
     }
-    kvs__wbuf_t w;
-    kvs__wbuf_init(&w);
-    kvs__frame_begin(&w, KVS_MSG_HELLO | KVS_RSP_FLAG, h->req_id, v);
     kvs__hello_rsp_t rsp = {.status = KVS_OK, .version = v, .next_probe = req.next_probe};
-    kvs__hello_rsp_encode(&w, &rsp);
-    int rc = kvs__frame_end(&w);
-    if (rc == KVS_OK)
-        rc = kvs__send_all(fd, w.data, w.len, deadline);
-    kvs__wbuf_free(&w);
+    kvs__auth_pending_t st;
+    if (kvs__auth_server_hello(&s->cfg.auth, KVS_AUTH_DATA, &req, &st, &rsp) != KVS_OK) {
+        send_error(fd, v, h->req_id, KVS_AUTH_FAILED, "HELLO carries no nonce", deadline);
+        return KVS_AUTH_FAILED;
+    }
+    int rc = send_reply(fd, KVS_MSG_HELLO, h->req_id, v, encode_hello_rsp, &rsp, deadline);
+    if (rc == KVS_OK && st.required)
+        rc = expect_auth(s, fd, v, &st, deadline);
     if (rc == KVS_OK)
         *version_p = v;
     return rc;
@@ -331,7 +403,7 @@ static void serve(kvs__data_server_t *s, int fd)
         if (h.type == KVS_MSG_HELLO && !hello && h.len <= sizeof(pb)) {
             if (kvs__recv_all(fd, pb, h.len, deadline) != KVS_OK)
                 return;
-            if (answer_hello(fd, &h, pb, deadline, &ver) != KVS_OK) {
+            if (answer_hello(s, fd, &h, pb, deadline, &ver) != KVS_OK) {
                 atomic_fetch_add(&s->refused, 1);
                 return;
             }
@@ -361,7 +433,7 @@ static void serve(kvs__data_server_t *s, int fd)
             usleep((useconds_t)s->cfg.inject_delay_us);
         pthread_rwlock_rdlock(&s->seg_lock);
         char *addr = NULL;
-        rc = check_range(s, &r, is_write, &addr);
+        rc = check_range(s, &r, is_write, true, &addr);
         pthread_rwlock_unlock(&s->seg_lock);
         uint64_t done = 0;
         deadline = kvs__now_ns() + io_ns + r.length / 256; /* at least ~256 MB/s */
@@ -475,7 +547,35 @@ static void *accept_thread(void *arg)
 
 /* ---- same-host descriptor passing (the shm transport's owner side) -------------------------- */
 
-/* Answers one handshake: the descriptor of the segment asked for, if served. */
+/* Sends the handshake's answer, with the descriptor `fd` when the status is OK. */
+static void shm_reply(int c, int32_t status, uint64_t size, const uint8_t proof[KVS_AUTH_PROOF_LEN],
+                      int fd)
+{
+    uint8_t rsp[KVS_SHM_RSP_LEN];
+    kvs__wbuf_t w = kvs__wbuf_over(rsp, sizeof(rsp), KVS_PROTO_VERSION_MIN);
+    kvs__shm_rsp_t ans = {status, size, {proof, KVS_AUTH_PROOF_LEN}};
+    kvs__shm_rsp_encode(&w, &ans);
+    if (w.failed || w.len != sizeof(rsp))
+        return;
+    struct iovec v = {rsp, sizeof(rsp)};
+    char cbuf[CMSG_SPACE(sizeof(int))];
+    memset(cbuf, 0, sizeof(cbuf));
+    struct msghdr mh = {.msg_iov = &v, .msg_iovlen = 1};
+    if (status == KVS_OK && fd >= 0) {
+        mh.msg_control = cbuf;
+        mh.msg_controllen = sizeof(cbuf);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+    }
+    ssize_t sent = sendmsg(c, &mh, MSG_NOSIGNAL);
+    KVS_UNUSED(sent);
+}
+
+/* Answers one handshake: the descriptor of the segment asked for, if served, to a reader of
+ * this user that proved the secret (when the owner has one). */
 static void shm_answer(kvs__data_server_t *s, int c)
 {
     struct timeval tv = {.tv_sec = 1};
@@ -483,14 +583,36 @@ static void shm_answer(kvs__data_server_t *s, int c)
     setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     struct ucred cred;
     socklen_t cl = sizeof(cred);
-    uint8_t req[KVS__MIN_BYTES_shm_req];
-    kvs__shm_req_t sr;
     if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
-        (cred.uid != geteuid() && cred.uid != 0) ||
+        (cred.uid != geteuid() && cred.uid != 0))
+        return;
+    /* The greeting carries our nonce, so the reader's proof is fresh for this connection. */
+    uint8_t sn[KVS_AUTH_NONCE_LEN], greet[KVS_SHM_HELLO_LEN];
+    kvs__auth_nonce(sn);
+    kvs__wbuf_t gw = kvs__wbuf_over(greet, sizeof(greet), KVS_PROTO_VERSION_MIN);
+    kvs__shm_hello_t hello = {KVS_SHM_MAGIC,
+                              s->cfg.auth.on ? KVS_HELLO_AUTH_HMAC : KVS_HELLO_AUTH_NONE,
+                              {sn, sizeof(sn)}};
+    kvs__shm_hello_encode(&gw, &hello);
+    uint8_t req[KVS_SHM_REQ_LEN];
+    kvs__shm_req_t sr;
+    if (gw.failed || gw.len != sizeof(greet) ||
+        send(c, greet, sizeof(greet), MSG_NOSIGNAL) != (ssize_t)sizeof(greet) ||
         recv(c, req, sizeof(req), MSG_WAITALL) != (ssize_t)sizeof(req) ||
         kvs__shm_req_decode(req, sizeof(req), KVS_PROTO_VERSION_MIN, NULL, &sr) != KVS_OK ||
-        sr.magic != KVS_SHM_MAGIC)
+        sr.magic != KVS_SHM_MAGIC || sr.nonce.len != KVS_AUTH_NONCE_LEN)
         return;
+    uint8_t proof[KVS_AUTH_PROOF_LEN] = {0};
+    if (s->cfg.auth.on) {
+        if (!kvs__auth_check(&s->cfg.auth, KVS_AUTH_SHM, KVS_AUTH_BY_CLIENT, sr.nonce.ptr, sn,
+                             sr.proof.ptr, sr.proof.len)) {
+            atomic_fetch_add(&s->refused, 1);
+            kvs_warn("shm: refused a reader (pid %d) with a wrong proof", (int)cred.pid);
+            shm_reply(c, KVS_AUTH_FAILED, 0, proof, -1);
+            return;
+        }
+        kvs__auth_proof(&s->cfg.auth, KVS_AUTH_SHM, KVS_AUTH_BY_SERVER, sr.nonce.ptr, sn, proof);
+    }
     uint64_t id = sr.segment_id;
     /* The descriptor is duplicated under the lock and sent after it: a segment's memfd is
      * never served under another id (a remount gets fresh memory), so even if the segment is
@@ -507,25 +629,7 @@ static void shm_answer(kvs__data_server_t *s, int c)
         }
     }
     pthread_rwlock_unlock(&s->seg_lock);
-    uint8_t rsp[KVS__MIN_BYTES_shm_rsp];
-    kvs__wbuf_t w = kvs__wbuf_over(rsp, sizeof(rsp), KVS_PROTO_VERSION_MIN);
-    kvs__shm_rsp_t ans = {status, size};
-    kvs__shm_rsp_encode(&w, &ans);
-    struct iovec v = {rsp, sizeof(rsp)};
-    char cbuf[CMSG_SPACE(sizeof(int))];
-    memset(cbuf, 0, sizeof(cbuf));
-    struct msghdr mh = {.msg_iov = &v, .msg_iovlen = 1};
-    if (status == KVS_OK) {
-        mh.msg_control = cbuf;
-        mh.msg_controllen = sizeof(cbuf);
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-    }
-    ssize_t sent = sendmsg(c, &mh, MSG_NOSIGNAL);
-    KVS_UNUSED(sent);
+    shm_reply(c, status, size, proof, fd);
     if (fd >= 0)
         close(fd);
 }
@@ -636,7 +740,7 @@ uint64_t kvs__data_server_refused(const kvs__data_server_t *s)
 }
 
 int kvs__data_server_add(kvs__data_server_t *s, uint64_t segment_id, void *base, uint64_t size,
-                         int fd)
+                         int fd, const uint8_t *write_key)
 {
     if (s == NULL || base == NULL || size == 0)
         return KVS_INVALID_PARAMS;
@@ -651,7 +755,10 @@ int kvs__data_server_add(kvs__data_server_t *s, uint64_t segment_id, void *base,
         rc = KVS_NO_MEMORY;
     if (rc == KVS_OK) {
         s->segs = segs;
-        s->segs[s->nseg++] = (served_t){segment_id, base, size, fd, {NULL, 0, 0}};
+        served_t g = {segment_id, base, size, fd, {NULL, 0, 0}, write_key != NULL, {0}};
+        if (write_key != NULL)
+            memcpy(g.write_key, write_key, KVS_WRITE_KEY_LEN);
+        s->segs[s->nseg++] = g;
     }
     pthread_rwlock_unlock(&s->seg_lock);
     return rc;

@@ -51,8 +51,14 @@ static int owner_mount(kvs__owner_t *o)
     kvs__wbuf_init(&req);
     kvs__wbuf_init(&rsp);
     kvs__rpc_begin(o->rpc, &req, KVS_MSG_MOUNT);
-    kvs__mount_req_t m = {kvs__str_c(o->name), kvs__str_c(kvs__rpc_node(o->rpc)),
-                          kvs__str_c(o->endpoint), o->mem.size};
+    /* A key per mount, told only to the master: writes then need its capabilities. */
+    uint8_t key[KVS_WRITE_KEY_LEN];
+    kvs__write_key_new(key);
+    kvs__mount_req_t m = {kvs__str_c(o->name),
+                          kvs__str_c(kvs__rpc_node(o->rpc)),
+                          kvs__str_c(o->endpoint),
+                          o->mem.size,
+                          {key, sizeof(key)}};
     kvs__mount_req_encode(&req, &m);
     int rc = owner_call(o, &req, &rsp);
     kvs__mount_rsp_t mr;
@@ -69,7 +75,7 @@ static int owner_mount(kvs__owner_t *o)
             fresh = (kvs__segment_mem_t){.fd = -1};
             o->segment_id = 0;
         }
-        rc = kvs__data_server_add(o->data, mr.segment_id, o->mem.base, o->mem.size, o->mem.fd);
+        rc = kvs__data_server_add(o->data, mr.segment_id, o->mem.base, o->mem.size, o->mem.fd, key);
         if (rc == KVS_OK) {
             o->segment_id = mr.segment_id;
             o->incarnation = kvs__rpc_incarnation(o->rpc);
@@ -237,8 +243,10 @@ int kvs__owner_create(const kvs__owner_config_t *cfg, kvs__owner_t **owner_p)
     rc = kvs__data_server_create(&cfg->data, &o->data);
     if (rc != KVS_OK)
         goto err;
-    kvs__rpc_config_t rcfg = {
-        .host = cfg->master_host, .port = cfg->master_port, .timeout_ms = cfg->rpc_timeout_ms};
+    kvs__rpc_config_t rcfg = {.host = cfg->master_host,
+                              .port = cfg->master_port,
+                              .timeout_ms = cfg->rpc_timeout_ms,
+                              .auth = cfg->data.auth};
     rc = kvs__rpc_open(&rcfg, &o->rpc);
     if (rc != KVS_OK)
         goto err;

@@ -28,6 +28,7 @@ typedef struct {
     uint64_t inject_delay_us; /* tests: stall this long before answering each data request */
     const char *shm_dir;      /* where the same-host socket goes (NULL: KVS_SHM_DIR or the
                                * default; "": none) */
+    kvs__auth_t auth;         /* peers of the tcp port and the shm socket must prove it, if on */
 } kvs__data_server_config_t;
 
 void kvs__data_server_config_init(kvs__data_server_config_t *cfg);
@@ -38,9 +39,12 @@ typedef struct kvs__data_server kvs__data_server_t;
 int kvs__data_server_create(const kvs__data_server_config_t *cfg, kvs__data_server_t **srv_p);
 uint16_t kvs__data_server_port(const kvs__data_server_t *srv);
 /* Serves [base, base + size) as segment `segment_id`. Every request is checked against it. `fd`
- * (the segment's sealed memfd, borrowed) is handed to same-host readers; -1: tcp only. */
+ * (the segment's sealed memfd, borrowed) is handed to same-host readers; -1: tcp only.
+ * `write_key` (copied) is the key the segment was mounted with: every tcp write must then carry
+ * the capability (kvs__write_cap) of a range the master allocated, and lie inside it. NULL
+ * (tests of the data path alone, with no master) accepts writes without one. */
 int kvs__data_server_add(kvs__data_server_t *srv, uint64_t segment_id, void *base, uint64_t size,
-                         int fd);
+                         int fd, const uint8_t *write_key);
 /* Stops serving a segment. Waits for the requests' memory steps in progress (one non-blocking
  * send or receive each), never for a peer: once it returns no request touches the memory,
  * and a read it cut short ends with its connection closed. */

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <arpa/inet.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
@@ -164,6 +165,19 @@ int kvs__resolve(const char *host, uint16_t port, bool passive, uint64_t deadlin
     }
     hints.ai_flags &= ~AI_NUMERICHOST;
     return resolve_named(host, &hints, ports, deadline_ns, res_p);
+}
+
+bool kvs__host_is_loopback(const char *host)
+{
+    if (host == NULL || strcmp(host, "localhost") == 0)
+        return true;
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6) || (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
+    return false; /* a name may resolve anywhere */
 }
 
 int kvs__tcp_listen(const char *host, uint16_t port, int backlog)
@@ -337,6 +351,7 @@ struct kvs__rpc {
     uint16_t port;
     char node[KVS_MAX_NAME_LEN + 1];
     uint64_t timeout_ns;
+    kvs__auth_t auth;
     pthread_mutex_t lock;
     pthread_cond_t cond; /* a connection became idle */
     unsigned version;    /* negotiated at the last HELLO; this build's highest before the first */
@@ -429,48 +444,27 @@ static int rpc_connect(kvs__rpc_t *rpc, rpc_conn_t *cn, uint64_t deadline)
     pthread_mutex_lock(&rpc->lock);
     uint64_t client_id = rpc->hello.client_id;
     pthread_mutex_unlock(&rpc->lock);
-    kvs__wbuf_t w;
-    kvs__wbuf_init(&w);
-    /* HELLO goes out in our highest version; the master answers in the one both speak. */
-    kvs__frame_begin(&w, KVS_MSG_HELLO, 0, KVS_PROTO_VERSION_MAX);
-    kvs__hello_req_t hello = {.version_min = KVS_PROTO_VERSION_MIN,
-                              .version_max = KVS_PROTO_VERSION_MAX,
-                              .node = kvs__str_c(rpc->node),
-                              .client_id = client_id,
-                              .next_probe = KVS_PROTO_VERSION_MAX};
-    kvs__hello_req_encode(&w, &hello);
-    int rc = kvs__frame_end(&w);
-    kvs__wbuf_t rsp;
-    kvs__wbuf_init(&rsp);
-    if (rc == KVS_OK)
-        rc = rpc_exchange(cn, &w, &rsp, deadline);
+    char peer[300];
+    snprintf(peer, sizeof(peer), "the master at %s:%u", rpc->host, (unsigned)rpc->port);
+    kvs__handshake_t hs = {.auth = &rpc->auth,
+                           .endpoint = KVS_AUTH_MASTER,
+                           .node = rpc->node,
+                           .client_id = client_id,
+                           .peer = peer};
+    kvs__hello_rsp_t h;
+    int rc = kvs__client_handshake(fd, &hs, deadline, &h);
     if (rc == KVS_OK) {
-        kvs__hello_rsp_t h;
-        rc = kvs__hello_rsp_decode(rsp.data, rsp.len, rsp.version, NULL, &h);
-        if (rc == KVS_OK && h.status != KVS_OK)
-            rc = h.status;
-        if (rc == KVS_OK && (h.version != rsp.version || h.version < KVS_PROTO_VERSION_MIN ||
-                             h.version > KVS_PROTO_VERSION_MAX)) {
-            kvs_error("the master at %s:%u chose protocol version %u (this client speaks %u..%u)",
-                      rpc->host, (unsigned)rpc->port, h.version, KVS_PROTO_VERSION_MIN,
-                      KVS_PROTO_VERSION_MAX);
-            rc = KVS_INVALID_VERSION;
-        }
-        if (rc == KVS_OK) {
-            pthread_mutex_lock(&rpc->lock);
-            rpc->hello = h;
-            rpc->version = h.version;
-            pthread_mutex_unlock(&rpc->lock);
-        }
+        pthread_mutex_lock(&rpc->lock);
+        rpc->hello = h;
+        rpc->version = h.version;
+        pthread_mutex_unlock(&rpc->lock);
     }
-    kvs__wbuf_free(&w);
-    kvs__wbuf_free(&rsp);
     if (rc != KVS_OK) {
-        kvs_error("handshake with the master at %s:%u failed: %s", rpc->host, (unsigned)rpc->port,
-                  kvs_status_str(rc));
-        if (cn->fd >= 0)
-            close(cn->fd);
+        close(cn->fd);
         cn->fd = -1;
+        /* Transport failures are the caller's to report; refusals were logged with why. */
+        if (rc == KVS_IO_ERROR || rc == KVS_PROTOCOL_ERROR || rc == KVS_NO_MEMORY)
+            rc = KVS_RPC_FAIL;
     }
     return rc;
 }
@@ -526,6 +520,7 @@ int kvs__rpc_open(const kvs__rpc_config_t *cfg, kvs__rpc_t **rpc_p)
     rpc->host = kvs__strdup(cfg->host);
     rpc->port = cfg->port;
     rpc->timeout_ns = cfg->timeout_ms * KVS_NS_PER_MS;
+    rpc->auth = cfg->auth;
     rpc->nconns = cfg->max_conns ? cfg->max_conns : KVS_RPC_DEFAULT_CONNS;
     for (uint32_t i = 0; i < KVS_RPC_MAX_CONNS; i++)
         rpc->conns[i].fd = -1;

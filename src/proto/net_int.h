@@ -7,6 +7,9 @@
 #include <netdb.h>
 #include <sys/types.h>
 
+/* Whether `host` names only this machine: a numeric loopback address (127.0.0.0/8, ::1) or
+ * "localhost". Servers bound elsewhere need a secret (or --insecure-no-auth). */
+bool kvs__host_is_loopback(const char *host);
 /* Listens on host:port (port 0 picks a free one). Returns the fd or a negative status. */
 int kvs__tcp_listen(const char *host, uint16_t port, int backlog);
 /* The local port a socket is bound to, 0 on error. */
@@ -38,6 +41,43 @@ int kvs__wait_fd(int fd, short events, uint64_t deadline_ns);
 int kvs__send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns);
 int kvs__recv_all(int fd, void *buf, size_t len, uint64_t deadline_ns);
 
+/* ---- HELLO and AUTH ------------------------------------------------------------------------ */
+
+/* A server's state between its HELLO reply and the client's AUTH. */
+typedef struct {
+    bool required; /* the server has a secret: AUTH must succeed before anything else */
+    uint8_t client_nonce[KVS_AUTH_NONCE_LEN];
+    uint8_t server_nonce[KVS_AUTH_NONCE_LEN];
+    uint8_t server_proof[KVS_AUTH_PROOF_LEN];
+} kvs__auth_pending_t;
+
+/* Server: fills the auth fields of the HELLO reply `rsp` (they point into `st`, which must
+ * outlive the encoding) from the request's nonce. AUTH_FAILED: the server has a secret and the
+ * HELLO carries no nonce of the right length. */
+int kvs__auth_server_hello(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint,
+                           const kvs__hello_req_t *req, kvs__auth_pending_t *st,
+                           kvs__hello_rsp_t *rsp);
+/* Server: whether the client's AUTH proves the secret for this connection's nonces. */
+bool kvs__auth_server_verify(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint,
+                             const kvs__auth_pending_t *st, const kvs__auth_req_t *req);
+
+typedef struct {
+    const kvs__auth_t *auth; /* this process's secret (NULL or off: none) */
+    kvs__auth_endpoint_t endpoint;
+    const char *node;   /* this client's host, for same-node placement */
+    uint64_t client_id; /* 0 on first contact, else the id the master gave before */
+    const char *peer;   /* "the master at HOST:PORT", for messages */
+} kvs__handshake_t;
+
+/* Client: says HELLO on a connected non-blocking socket and, when the server asks for it,
+ * proves the secret (AUTH), all before the deadline. The server must prove it first; a client
+ * with a secret refuses a server without one. *rsp_p gets the HELLO reply (its client_id the
+ * one AUTH bound, and its nonce and proof cleared). AUTH_FAILED, INVALID_VERSION, the server's
+ * refusal, or a transport error (IO_ERROR, TIMED_OUT); failures other than transport ones are
+ * logged with the reason. */
+int kvs__client_handshake(int fd, const kvs__handshake_t *hs, uint64_t deadline_ns,
+                          kvs__hello_rsp_t *rsp_p);
+
 /* Connections to the master: a pool of up to max_conns, one per call in progress, so threads
  * never wait for each other's time-outs. */
 typedef struct kvs__rpc kvs__rpc_t;
@@ -52,6 +92,7 @@ typedef struct {
     uint64_t timeout_ms;  /* kvs__rpc_call's deadline: connect, HELLO and request together */
     uint32_t max_conns;   /* 0: KVS_RPC_DEFAULT_CONNS */
     uint64_t deadline_ns; /* of the first connection, made by open; 0: now + timeout_ms */
+    kvs__auth_t auth;     /* the secret to prove to the master (and it to us), if on */
 } kvs__rpc_config_t;
 
 int kvs__rpc_open(const kvs__rpc_config_t *cfg, kvs__rpc_t **rpc_p);

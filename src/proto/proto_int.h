@@ -8,6 +8,7 @@
 #ifndef KVS_PROTO_INT_H
 #define KVS_PROTO_INT_H
 
+#include "../common/auth_int.h"
 #include "../common/common_int.h"
 
 #include "schema.h"
@@ -273,7 +274,7 @@ KVS_SCHEMA_RECORDS(KVS_GEN_DECLARE)
 
 /* The fixed part of a data request, and the largest data chunk of one frame (transports split
  * longer transfers). */
-#define KVS_DATA_REQ_LEN    32u
+#define KVS_DATA_REQ_LEN    56u
 #define KVS_DATA_STATUS_LEN 4u
 #define KVS_DATA_MAX_CHUNK  (16u << 20)
 

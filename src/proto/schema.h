@@ -19,12 +19,13 @@
 /* Protocol versions this build speaks. HELLO carries each side's range; peers use the highest
  * version both speak. KVS_PROTO_NEXT builds (tests only) speak one more version, with the test
  * fields below, to check that mixed-version peers interoperate. */
-#define KVS_PROTO_VERSION_MIN 2u
+/* Version 3 added authentication, which version 2 peers cannot do: they are refused. */
+#define KVS_PROTO_VERSION_MIN 3u
 #ifdef KVS_PROTO_NEXT
-#define KVS_PROTO_VERSION_MAX 3u
-#define KVS_PROTO_V_NEXT_     3
+#define KVS_PROTO_VERSION_MAX 4u
+#define KVS_PROTO_V_NEXT_     4
 #else
-#define KVS_PROTO_VERSION_MAX 2u
+#define KVS_PROTO_VERSION_MAX 3u
 #define KVS_PROTO_V_NEXT_     1000 /* no such version: fields "since" it are never on the wire */
 #endif
 
@@ -40,9 +41,12 @@
 
 /* ---- records used inside messages -------------------------------------------------------- */
 
+/* `cap`: in PUT_START replies, the capability the owner wants with every write of this replica
+ * (kvs__write_cap over the segment, the range and the put's token); 0 in lookups. */
 #define KVS_FIELDS_replica(X, R)                                                                   \
     X(R, U64, segment_id, 2, 0, 0)                                                                 \
-    X(R, U64, offset, 2, 0, 0)
+    X(R, U64, offset, 2, 0, 0)                                                                     \
+    X(R, U64, cap, 3, 0, 0)
 
 #define KVS_FIELDS_seg_info(X, R)                                                                  \
     X(R, U64, id, 2, 0, 0)                                                                         \
@@ -83,6 +87,7 @@
     X(R, U32, version_max, 2, 0, 0)                                                                \
     X(R, STR, node, 2, KVS_MAX_NAME_LEN, 0) /* the peer's host, for same-node placement */         \
     X(R, U64, client_id, 2, 0, 0)           /* 0 on first contact, else the id received before */  \
+    X(R, BLOB, auth_nonce, 3, KVS_AUTH_NONCE_LEN, 0) /* fresh per connection */                    \
     X(R, U64, next_probe, KVS_PROTO_V_NEXT_, 0, 0)
 
 #define KVS_FIELDS_hello_rsp(X, R)                                                                 \
@@ -92,14 +97,27 @@
     X(R, U64, incarnation, 2, 0, 0) /* random per master start; 0 from owners */                   \
     X(R, U64, lease_ms, 2, 0, 0)                                                                   \
     X(R, U64, heartbeat_timeout_ms, 2, 0, 0)                                                       \
-    X(R, U64, next_probe, KVS_PROTO_V_NEXT_, 0, 0) /* echoes the request's */
+    X(R, U32, auth, 3, 0, 0) /* KVS_HELLO_AUTH_*: what must follow before any request */           \
+    X(R, BLOB, auth_nonce, 3, KVS_AUTH_NONCE_LEN, 0) /* the server's, fresh per connection */      \
+    X(R, BLOB, auth_proof, 3, KVS_AUTH_PROOF_LEN, 0) /* the server's proof over both nonces */     \
+    X(R, U64, next_probe, KVS_PROTO_V_NEXT_, 0, 0)   /* echoes the request's */
+
+/* AUTH, after a HELLO answered with KVS_HELLO_AUTH_HMAC: the client's proof over both nonces.
+ * Until it succeeds the connection has no identity: the master binds the client id (given in
+ * HELLO, or new) only now, and answers it here (the HELLO reply's client_id is then 0). */
+#define KVS_FIELDS_auth_req(X, R) X(R, BLOB, proof, 3, KVS_AUTH_PROOF_LEN, 0)
+
+#define KVS_FIELDS_auth_rsp(X, R)                                                                  \
+    X(R, I32, status, 3, 0, 0)                                                                     \
+    X(R, U64, client_id, 3, 0, 0)
 
 /* The owner is the connection's client (HELLO): ids in payloads are never trusted. */
 #define KVS_FIELDS_mount_req(X, R)                                                                 \
     X(R, STR, name, 2, KVS_MAX_NAME_LEN, 0)                                                        \
     X(R, STR, node, 2, KVS_MAX_NAME_LEN, 0)                                                        \
     X(R, STR, endpoint, 2, KVS_MAX_NAME_LEN, 0)                                                    \
-    X(R, U64, size, 2, 0, 0)
+    X(R, U64, size, 2, 0, 0)                                                                       \
+    X(R, BLOB, write_key, 3, KVS_WRITE_KEY_LEN, 0) /* the segment's key for write caps */
 
 /* Segment ids are random per mount: never reused, also across master restarts, so an id
  * names one generation of one segment (a re-mount gets a new one). */
@@ -189,25 +207,39 @@
 
 /* The fixed part of a data request. A DATA_WRITE payload is this followed by exactly `length`
  * bytes; a DATA_READ reply is a data_status followed by `length` bytes when the status is OK.
- * Writes carry their put's token: an owner refuses tokens the master has fenced. */
+ * Writes carry their put's token (an owner refuses tokens the master has fenced) and the
+ * replica's capability for the range the master allocated: the write must lie inside it. */
 #define KVS_FIELDS_data_req(X, R)                                                                  \
     X(R, U64, segment_id, 2, 0, 0)                                                                 \
     X(R, U64, offset, 2, 0, 0)                                                                     \
     X(R, U64, length, 2, 0, 0)                                                                     \
-    X(R, U64, token, 2, 0, 0) /* writes: the put's token (never 0); reads: 0 */
+    X(R, U64, token, 2, 0, 0)        /* writes: the put's token (never 0); reads: 0 */             \
+    X(R, U64, alloc_offset, 3, 0, 0) /* writes: the replica's allocated range; reads: 0 */         \
+    X(R, U64, alloc_size, 3, 0, 0)                                                                 \
+    X(R, U64, cap, 3, 0, 0) /* writes: kvs__write_cap of that range; reads: 0 */
 
 #define KVS_FIELDS_data_status(X, R) X(R, I32, status, 2, 0, 0)
 
-/* The shm transport's handshake on the owner's unix socket (not framed; always version 2, a
- * change of layout changes the magic): the reader asks for a segment, the owner answers with
- * its size and, on success, passes the memfd alongside (SCM_RIGHTS). */
+/* The shm transport's handshake on the owner's unix socket (not framed; encoded in
+ * KVS_PROTO_VERSION_MIN, a change of layout changes the magic; nonces and proofs are always
+ * exactly KVS_AUTH_NONCE_LEN and KVS_AUTH_PROOF_LEN bytes, zeros where unused): the owner greets
+ * with its nonce, the reader asks for a segment with its nonce and proof, and the owner answers
+ * with the segment's size, its own proof and, on success, the memfd alongside (SCM_RIGHTS). */
+#define KVS_FIELDS_shm_hello(X, R)                                                                 \
+    X(R, U32, magic, 2, 0, 0) /* KVS_SHM_MAGIC */                                                  \
+    X(R, U32, auth, 2, 0, 0)  /* KVS_HELLO_AUTH_* */                                               \
+    X(R, BLOB, nonce, 2, KVS_AUTH_NONCE_LEN, 0)
+
 #define KVS_FIELDS_shm_req(X, R)                                                                   \
     X(R, U32, magic, 2, 0, 0) /* KVS_SHM_MAGIC */                                                  \
-    X(R, U64, segment_id, 2, 0, 0)
+    X(R, U64, segment_id, 2, 0, 0)                                                                 \
+    X(R, BLOB, nonce, 2, KVS_AUTH_NONCE_LEN, 0)                                                    \
+    X(R, BLOB, proof, 2, KVS_AUTH_PROOF_LEN, 0)
 
 #define KVS_FIELDS_shm_rsp(X, R)                                                                   \
     X(R, I32, status, 2, 0, 0)                                                                     \
-    X(R, U64, size, 2, 0, 0)
+    X(R, U64, size, 2, 0, 0)                                                                       \
+    X(R, BLOB, proof, 2, KVS_AUTH_PROOF_LEN, 0)
 
 /* Every record, each after the records it contains. */
 #define KVS_SCHEMA_RECORDS(REC)                                                                    \
@@ -223,6 +255,8 @@
     REC(fence_ack)                                                                                 \
     REC(hello_req)                                                                                 \
     REC(hello_rsp)                                                                                 \
+    REC(auth_req)                                                                                  \
+    REC(auth_rsp)                                                                                  \
     REC(mount_req)                                                                                 \
     REC(mount_rsp)                                                                                 \
     REC(ids_req)                                                                                   \
@@ -238,6 +272,7 @@
     REC(error_rsp)                                                                                 \
     REC(data_req)                                                                                  \
     REC(data_status)                                                                               \
+    REC(shm_hello)                                                                                 \
     REC(shm_req)                                                                                   \
     REC(shm_rsp)
 
@@ -261,7 +296,12 @@
     M(ERROR, 13, none, error_rsp, 0)                                                               \
     M(DATA_READ, 14, data_req, data_status, KVS_MSG_RAW_RSP)                                       \
     M(DATA_WRITE, 15, data_req, data_status, KVS_MSG_RAW_REQ)                                      \
-    M(RELEASE, 16, keys_req, status_list_rsp, 0) /* only releases; no keys */
+    M(RELEASE, 16, keys_req, status_list_rsp, 0) /* only releases; no keys */                      \
+    M(AUTH, 17, auth_req, auth_rsp, 0)
+
+/* hello_rsp.auth and shm_hello.auth. */
+#define KVS_HELLO_AUTH_NONE 0u /* the server has no secret: requests may follow at once */
+#define KVS_HELLO_AUTH_HMAC 1u /* AUTH must succeed first (HMAC-SHA256 over both nonces) */
 
 #define KVS_MSG_RAW_REQ 1u
 #define KVS_MSG_RAW_RSP 2u

@@ -212,23 +212,25 @@ static const char *dict_str(PyObject *d, const char *key, const char *dflt)
     return PyUnicode_AsUTF8(v);
 }
 
-PyDoc_STRVAR(setup_doc,
-             "setup(local_hostname, metadata_server, global_segment_size=16MB, "
-             "local_buffer_size=16MB, protocol='tcp', rdma_devices='', "
-             "master_server_addr='127.0.0.1:50051') -> int\n"
-             "setup(config: dict) -> int\n\n"
-             "Connects to the master. global_segment_size > 0 also mounts a segment of that many "
-             "bytes that this process serves (it is an owner too). Sizes are ints or strings "
-             "such as '16MB' or '4GiB'. kvstash needs no metadata server or local buffer and no "
-             "RDMA devices: those arguments are accepted and ignored. protocol: 'tcp', 'auto', "
-             "or 'rdma' (means 'auto', with a warning). Dict keys: local_hostname, "
-             "metadata_server, global_segment_size, local_buffer_size, protocol, rdma_devices "
-             "(or device_name), master_server_address (or master_server_addr). Returns 0, or a "
-             "negative code; calling it twice is -600.");
+PyDoc_STRVAR(
+    setup_doc,
+    "setup(local_hostname, metadata_server, global_segment_size=16MB, "
+    "local_buffer_size=16MB, protocol='tcp', rdma_devices='', "
+    "master_server_addr='127.0.0.1:50051') -> int\n"
+    "setup(config: dict) -> int\n\n"
+    "Connects to the master. global_segment_size > 0 also mounts a segment of that many "
+    "bytes that this process serves (it is an owner too). Sizes are ints or strings "
+    "such as '16MB' or '4GiB'. kvstash needs no metadata server or local buffer and no "
+    "RDMA devices: those arguments are accepted and ignored. protocol: 'tcp', 'auto', "
+    "or 'rdma' (means 'auto', with a warning). Dict keys: local_hostname, "
+    "metadata_server, global_segment_size, local_buffer_size, protocol, rdma_devices "
+    "(or device_name), master_server_address (or master_server_addr), auth_token_file (the "
+    "cluster's secret; default $KVS_AUTH_TOKEN_FILE). Returns 0, or a "
+    "negative code; calling it twice is -600.");
 
 static PyObject *store_setup(store_t *self, PyObject *args, PyObject *kw)
 {
-    const char *host = NULL, *proto = "tcp", *master = DEFAULT_MASTER;
+    const char *host = NULL, *proto = "tcp", *master = DEFAULT_MASTER, *token_file = NULL;
     uint64_t seg_size = 16u << 20, local_size = 16u << 20;
     PyObject *cfg = NULL;
     if (PyTuple_GET_SIZE(args) == 1 && PyDict_Check(PyTuple_GET_ITEM(args, 0)) &&
@@ -240,6 +242,7 @@ static PyObject *store_setup(store_t *self, PyObject *args, PyObject *kw)
         if (m == NULL && !PyErr_Occurred())
             m = dict_str(cfg, "master_server_addr", DEFAULT_MASTER);
         master = m;
+        token_file = dict_str(cfg, "auth_token_file", NULL);
         if (PyErr_Occurred())
             return NULL;
         PyObject *v = PyDict_GetItemString(cfg, "global_segment_size");
@@ -277,9 +280,11 @@ static PyObject *store_setup(store_t *self, PyObject *args, PyObject *kw)
         return PyLong_FromLong(KVS_INVALID_PARAMS);
     /* Copies: the GIL is released while they are used, and another thread could change the
      * dict (or its strings) meanwhile. */
-    char masterbuf[512], protobuf[32];
+    char masterbuf[512], protobuf[32], tokenbuf[4096];
     if (snprintf(masterbuf, sizeof(masterbuf), "%s", master) >= (int)sizeof(masterbuf) ||
-        snprintf(protobuf, sizeof(protobuf), "%s", proto) >= (int)sizeof(protobuf)) {
+        snprintf(protobuf, sizeof(protobuf), "%s", proto) >= (int)sizeof(protobuf) ||
+        snprintf(tokenbuf, sizeof(tokenbuf), "%s", token_file ? token_file : "") >=
+            (int)sizeof(tokenbuf)) {
         pthread_mutex_lock(&self->lock);
         self->opening = false;
         pthread_mutex_unlock(&self->lock);
@@ -289,6 +294,8 @@ static PyObject *store_setup(store_t *self, PyObject *args, PyObject *kw)
     kvs_client_config_init(&ccfg);
     ccfg.master = masterbuf;
     ccfg.protocol = protobuf;
+    if (token_file != NULL) /* else KVS_AUTH_TOKEN_FILE, read by config_init */
+        ccfg.auth_token_file = tokenbuf;
     ccfg.local_hostname = host && *host ? host : NULL;
     /* A "host:port" local_hostname names the host only. */
     char hostbuf[256] = "";

@@ -39,6 +39,10 @@ static void usage(FILE *f)
             "                             else above 200)\n"
             "  --probe-timeout-ms N       wait for a connect proving a silent owner dead before\n"
             "                             its name is given to a new one (default 1000)\n"
+            "  --auth-token-file PATH     the cluster's shared secret (mode 0600, 16+ bytes):\n"
+            "                             every peer must prove it (default: KVS_AUTH_TOKEN_FILE)\n"
+            "  --insecure-no-auth         listen on a non-loopback address without a secret\n"
+            "                             (any peer that reaches the ports owns the store)\n"
             "  --high-watermark R         segment fill ratio that starts eviction (0.90)\n"
             "  --evict-ratio R            share of a segment freed per eviction (0.05)\n"
             "  --log-level LEVEL          error|warn|info|debug|trace (default info)\n"
@@ -47,7 +51,7 @@ static void usage(FILE *f)
             "\n"
             "Environment: KVS_MASTER_LEASE_MS, KVS_MASTER_HEARTBEAT_TIMEOUT_MS,\n"
             "KVS_MASTER_PUT_DISCARD_MS, KVS_MASTER_HIGH_WATERMARK, KVS_MASTER_EVICT_RATIO,\n"
-            "KVS_LOG_LEVEL. Options override the environment.\n");
+            "KVS_AUTH_TOKEN_FILE, KVS_LOG_LEVEL. Options override the environment.\n");
 }
 
 static int parse_ms(const char *opt, const char *v, uint64_t *out)
@@ -91,7 +95,9 @@ int main(int argc, char **argv)
         O_SEG_NAME,
         O_DATA_PORT,
         O_PAUSE,
-        O_PROBE
+        O_PROBE,
+        O_AUTH_FILE,
+        O_INSECURE
     };
     static const struct option opts[] = {
         {"master-only", no_argument, NULL, O_MASTER_ONLY},
@@ -108,6 +114,8 @@ int main(int argc, char **argv)
         {"put-discard-ms", required_argument, NULL, O_DISCARD},
         {"pause-ms", required_argument, NULL, O_PAUSE},
         {"probe-timeout-ms", required_argument, NULL, O_PROBE},
+        {"auth-token-file", required_argument, NULL, O_AUTH_FILE},
+        {"insecure-no-auth", no_argument, NULL, O_INSECURE},
         {"high-watermark", required_argument, NULL, O_HWM},
         {"evict-ratio", required_argument, NULL, O_EVICT},
         {"log-level", required_argument, NULL, O_LOG},
@@ -120,8 +128,8 @@ int main(int argc, char **argv)
     kvs__master_server_config_t cfg;
     if (kvs__master_server_config_init(&cfg) != KVS_OK)
         return 2;
-    bool master_only = false, owner_only = false;
-    const char *port_file = NULL, *master_addr = NULL, *seg_name = NULL;
+    bool master_only = false, owner_only = false, insecure = false;
+    const char *port_file = NULL, *master_addr = NULL, *seg_name = NULL, *auth_file = NULL;
     uint64_t seg_size = 1ull << 30, data_port = 0;
     uint64_t v;
     int c;
@@ -196,6 +204,12 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
+        case O_AUTH_FILE:
+            auth_file = optarg;
+            break;
+        case O_INSECURE:
+            insecure = true;
+            break;
         case O_HWM:
             if (parse_ratio("--high-watermark", optarg, &cfg.master.high_watermark))
                 return 2;
@@ -240,6 +254,33 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvstash-server: --master only applies with --owner-only\n");
         return 2;
     }
+    if (auth_file != NULL && *auth_file == '\0') {
+        fprintf(stderr, "kvstash-server: --auth-token-file wants a path\n");
+        return 2;
+    }
+    char why[512];
+    if (kvs__auth_configure(auth_file, &cfg.auth, why, sizeof(why)) != KVS_OK) {
+        fprintf(stderr, "kvstash-server: %s\n", why);
+        return 2;
+    }
+    if (cfg.auth.on && insecure) {
+        fprintf(stderr, "kvstash-server: --insecure-no-auth and a token exclude each other\n");
+        return 2;
+    }
+    if (!cfg.auth.on && !kvs__host_is_loopback(cfg.bind_host)) {
+        if (!insecure) {
+            fprintf(stderr,
+                    "kvstash-server: refusing to listen on %s without authentication: give "
+                    "--auth-token-file PATH (or KVS_AUTH_TOKEN_FILE), or --insecure-no-auth to "
+                    "let any peer that reaches it read, write and remove everything\n",
+                    cfg.bind_host);
+            return 2;
+        }
+        fprintf(stderr,
+                "kvstash-server: WARNING: --insecure-no-auth: any peer that reaches %s can "
+                "read, write, remove and unmount everything\n",
+                cfg.bind_host);
+    }
     /* Signals are taken synchronously by the main thread; every other thread blocks them. */
     sigset_t sigs;
     sigemptyset(&sigs);
@@ -270,6 +311,7 @@ int main(int argc, char **argv)
         kvs__owner_config_t oc = {
             .segment_size = seg_size, .segment_name = seg_name, .rpc_timeout_ms = 5000};
         kvs__data_server_config_init(&oc.data);
+        oc.data.auth = cfg.auth;
         oc.data.bind_host = cfg.bind_host;
         oc.data.port = (uint16_t)data_port;
         char *host = NULL;

@@ -48,6 +48,7 @@ typedef struct {
     int status;     /* out: OK, TIMED_OUT, TRANSFER_FAIL, or the owner's refusal */
     uint32_t gpu;   /* 0: the fragments are host memory; d + 1: memory of CUDA device d */
     uint64_t token; /* writes: the put's token (owners refuse fenced ones and 0); reads: 0 */
+    uint64_t cap;   /* writes: the replica's capability for [offset, offset + length) */
 } kvs_xfer_req_t;
 
 typedef struct kvs_batch kvs_batch_t;

@@ -224,6 +224,36 @@ static bool owner_alive(const shm_seg_t *g)
     return g->pid > 0 && (kill(g->pid, 0) == 0 || errno == EPERM);
 }
 
+/* Reads the owner's greeting on `s`: its nonce, and whether it has a secret. An owner with one
+ * talks only to readers with one (AUTH_FAILED); a reader with one trusts no owner without. */
+static int shm_greeting(const shm_transport_t *t, const kvs_endpoint_t *ep, int s,
+                        uint8_t nonce[KVS_AUTH_NONCE_LEN])
+{
+    uint8_t buf[KVS_SHM_HELLO_LEN];
+    kvs__shm_hello_t h;
+    ssize_t got = recv(s, buf, sizeof(buf), MSG_WAITALL);
+    if (got != (ssize_t)sizeof(buf))
+        return got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? KVS_TIMED_OUT
+                                                                    : KVS_UNSUPPORTED;
+    if (kvs__shm_hello_decode(buf, sizeof(buf), KVS_PROTO_VERSION_MIN, NULL, &h) != KVS_OK ||
+        h.magic != KVS_SHM_MAGIC || h.nonce.len != KVS_AUTH_NONCE_LEN) {
+        kvs_warn("shm: %s speaks another handshake (an older or newer owner); not used", ep->path);
+        return KVS_UNSUPPORTED;
+    }
+    if (h.auth == KVS_HELLO_AUTH_HMAC && !t->cfg.auth.on) {
+        kvs_error("shm: the owner behind %s requires authentication: set --auth-token-file or "
+                  "KVS_AUTH_TOKEN_FILE",
+                  ep->path);
+        return KVS_AUTH_FAILED;
+    }
+    if (h.auth != KVS_HELLO_AUTH_HMAC && t->cfg.auth.on) {
+        kvs_error("shm: the owner behind %s does not authenticate; not trusted", ep->path);
+        return KVS_AUTH_FAILED;
+    }
+    memcpy(nonce, h.nonce.ptr, KVS_AUTH_NONCE_LEN);
+    return KVS_OK;
+}
+
 /* Asks the owner behind ep->path for segment `id`: its size, descriptor and process. */
 static int handshake(const shm_transport_t *t, const kvs_endpoint_t *ep, uint64_t id,
                      uint64_t deadline_ns, int *fd_p, uint64_t *size_p, pid_t *pid_p)
@@ -260,14 +290,22 @@ static int handshake(const shm_transport_t *t, const kvs_endpoint_t *ep, uint64_
         goto out;
     }
     *pid_p = cred.pid;
-    uint8_t req[KVS__MIN_BYTES_shm_req];
+    uint8_t cn[KVS_AUTH_NONCE_LEN], sn[KVS_AUTH_NONCE_LEN];
+    if ((rc = shm_greeting(t, ep, s, sn)) != KVS_OK)
+        goto out;
+    uint8_t proof[KVS_AUTH_PROOF_LEN] = {0};
+    kvs__auth_nonce(cn);
+    if (t->cfg.auth.on)
+        kvs__auth_proof(&t->cfg.auth, KVS_AUTH_SHM, KVS_AUTH_BY_CLIENT, cn, sn, proof);
+    rc = KVS_UNSUPPORTED;
+    uint8_t req[KVS_SHM_REQ_LEN];
     kvs__wbuf_t w = kvs__wbuf_over(req, sizeof(req), KVS_PROTO_VERSION_MIN);
-    kvs__shm_req_t sr = {KVS_SHM_MAGIC, id};
+    kvs__shm_req_t sr = {KVS_SHM_MAGIC, id, {cn, sizeof(cn)}, {proof, sizeof(proof)}};
     kvs__shm_req_encode(&w, &sr);
     if (w.failed || w.len != sizeof(req) ||
         send(s, req, sizeof(req), MSG_NOSIGNAL) != (ssize_t)sizeof(req))
         goto out;
-    uint8_t rsp[KVS__MIN_BYTES_shm_rsp];
+    uint8_t rsp[KVS_SHM_RSP_LEN];
     char cbuf[CMSG_SPACE(sizeof(int))];
     struct iovec v = {rsp, sizeof(rsp)};
     struct msghdr mh = {
@@ -288,8 +326,20 @@ static int handshake(const shm_transport_t *t, const kvs_endpoint_t *ep, uint64_
         goto out;
     int32_t status = ans.status;
     uint64_t size = ans.size;
+    if (status == KVS_AUTH_FAILED) {
+        kvs_error("shm: the owner behind %s refused our proof (a different auth token?)", ep->path);
+        rc = KVS_AUTH_FAILED;
+        goto out;
+    }
     if (status != KVS_OK) {
         rc = status == KVS_SEGMENT_NOT_FOUND ? status : KVS_UNSUPPORTED;
+        goto out;
+    }
+    /* The owner proves the secret too before its memory is trusted with our reads. */
+    if (t->cfg.auth.on && !kvs__auth_check(&t->cfg.auth, KVS_AUTH_SHM, KVS_AUTH_BY_SERVER, cn, sn,
+                                           ans.proof.ptr, ans.proof.len)) {
+        kvs_error("shm: the owner behind %s gave a wrong proof; not used", ep->path);
+        rc = KVS_AUTH_FAILED;
         goto out;
     }
     /* The descriptor must be what was announced and sealed against shrinking. */

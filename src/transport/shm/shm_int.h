@@ -15,12 +15,18 @@ int kvs__shm_socket_path(const char *dir, uint16_t port, char *out, size_t len);
 /* KVS_SHM_DIR, else the default. */
 const char *kvs__shm_dir(void);
 
-/* The descriptor handshake on that socket. Request: magic, segment id. Answer: i32 status,
- * u64 segment size, and the memfd as SCM_RIGHTS when the status is OK. */
-#define KVS_SHM_MAGIC 0x48535653u /* "KVSH" */
+/* The descriptor handshake on that socket (records shm_hello, shm_req and shm_rsp of the
+ * schema, each of fixed length): the owner greets with its nonce; the reader asks for a segment
+ * with its nonce and, where the owner has a secret, its proof; the owner answers with a status,
+ * the segment's size, its own proof, and the memfd as SCM_RIGHTS when the status is OK. */
+#define KVS_SHM_MAGIC     0x32535653u /* "VSS2": the authenticated layout */
+#define KVS_SHM_HELLO_LEN (KVS__MIN_BYTES_shm_hello + KVS_AUTH_NONCE_LEN)
+#define KVS_SHM_REQ_LEN   (KVS__MIN_BYTES_shm_req + KVS_AUTH_NONCE_LEN + KVS_AUTH_PROOF_LEN)
+#define KVS_SHM_RSP_LEN   (KVS__MIN_BYTES_shm_rsp + KVS_AUTH_PROOF_LEN)
 
 typedef struct {
     const char *dir;          /* where owners' sockets are (KVS_SHM_DIR) */
+    kvs__auth_t auth;         /* the secret owners must prove (and we prove to them), if on */
     uint64_t io_timeout_ms;   /* bound on one handshake (default 2000) */
     uint64_t pin_chunk_bytes; /* GPU copies: mappings are registered in chunks this large
                                * (KVS_SHM_PIN_CHUNK_BYTES, default 256 MiB) */

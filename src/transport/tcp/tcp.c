@@ -282,58 +282,34 @@ static int conn_open(tcp_conn_t *c, chunk_t *const *win, uint32_t n)
     int crc = conn_connect(c, win, n, deadline, &fd);
     if (crc != KVS_OK)
         return crc;
-    kvs__set_nonblock(fd, false);
-    struct timeval tv = {.tv_sec = (time_t)(t->cfg.io_timeout_ms / 1000),
-                         .tv_usec = (suseconds_t)(t->cfg.io_timeout_ms % 1000) * 1000};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     /* opening_fd stays set through the handshake: a cancelled wait need not sit out its I/O
      * time-out either. */
-    kvs__wbuf_t w;
-    kvs__wbuf_init(&w);
-    kvs__frame_begin(&w, KVS_MSG_HELLO, 0, KVS_PROTO_VERSION_MAX);
-    kvs__hello_req_t h = {.version_min = KVS_PROTO_VERSION_MIN,
-                          .version_max = KVS_PROTO_VERSION_MAX,
-                          .node = kvs__str_c("tcp"),
-                          .next_probe = KVS_PROTO_VERSION_MAX};
-    kvs__hello_req_encode(&w, &h);
-    int rc = kvs__frame_end(&w);
-    if (rc == KVS_OK)
-        rc = io_all(fd, false, w.data, w.len);
-    uint8_t hb[KVS_FRAME_HDR_LEN], pb[512];
-    kvs__frame_hdr_t rh;
-    if (rc == KVS_OK)
-        rc = io_all(fd, true, hb, sizeof(hb));
-    if (rc == KVS_OK)
-        rc = kvs__frame_hdr_decode(hb, sizeof(hb), sizeof(pb), &rh);
-    if (rc == KVS_OK)
-        rc = io_all(fd, true, pb, rh.len);
+    char peer[KVS_MAX_NAME_LEN + 16];
+    snprintf(peer, sizeof(peer), "the owner at %s", c->ep->name);
+    kvs__handshake_t hs = {.auth = &t->cfg.auth,
+                           .endpoint = KVS_AUTH_DATA,
+                           .node = "tcp",
+                           .client_id = 0,
+                           .peer = peer};
     kvs__hello_rsp_t hr;
-    if (rc == KVS_OK && rh.type == (KVS_MSG_ERROR | KVS_RSP_FLAG)) {
-        kvs__error_rsp_t e;
-        if (kvs__error_rsp_decode(pb, rh.len, rh.version, NULL, &e) == KVS_OK) {
-            kvs_warn("tcp: %s refused the handshake: %.*s", c->ep->name, (int)e.message.len,
-                     e.message.ptr);
-            rc = e.status < 0 ? e.status : KVS_PROTOCOL_ERROR;
-        } else {
-            rc = KVS_PROTOCOL_ERROR;
-        }
-    } else if (rc == KVS_OK &&
-               (rh.type != (KVS_MSG_HELLO | KVS_RSP_FLAG) ||
-                kvs__hello_rsp_decode(pb, rh.len, rh.version, NULL, &hr) != KVS_OK ||
-                hr.status != KVS_OK || hr.version != rh.version)) {
-        rc = KVS_PROTOCOL_ERROR;
+    int rc = kvs__client_handshake(fd, &hs, deadline, &hr);
+    if (rc == KVS_OK) {
+        kvs__set_nonblock(fd, false);
+        struct timeval tv = {.tv_sec = (time_t)(t->cfg.io_timeout_ms / 1000),
+                             .tv_usec = (suseconds_t)(t->cfg.io_timeout_ms % 1000) * 1000};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     }
-    kvs__wbuf_free(&w);
     pthread_mutex_lock(&c->lock);
     c->opening_fd = -1;
     if (rc == KVS_OK) {
         c->fd = fd;
-        c->version = rh.version;
+        c->version = hr.version;
     }
     pthread_mutex_unlock(&c->lock);
     if (rc != KVS_OK) {
-        kvs_warn("tcp: handshake with %s failed: %s", c->ep->name, kvs_status_str(rc));
+        if (rc == KVS_IO_ERROR || rc == KVS_TIMED_OUT) /* refusals were logged with why */
+            kvs_warn("tcp: handshake with %s failed: %s", c->ep->name, kvs_status_str(rc));
         close(fd);
     }
     return rc;
@@ -467,7 +443,13 @@ static int send_request(tcp_conn_t *c, chunk_t *ch, uint32_t req_id)
                           (uint32_t)(KVS_DATA_REQ_LEN + (write ? ch->len : 0))};
     kvs__frame_hdr_encode(&h, buf);
     kvs__wbuf_t w = kvs__wbuf_over(buf + KVS_FRAME_HDR_LEN, KVS_DATA_REQ_LEN, c->version);
-    kvs__data_req_t d = {r->segment_id, r->offset + ch->off, ch->len, write ? r->token : 0};
+    kvs__data_req_t d = {r->segment_id, r->offset + ch->off, ch->len, 0, 0, 0, 0};
+    if (write) { /* the chunk lies in the replica's range, which its capability names */
+        d.token = r->token;
+        d.alloc_offset = r->offset;
+        d.alloc_size = r->length;
+        d.cap = r->cap;
+    }
     kvs__data_req_encode(&w, &d);
     if (w.failed || w.len != KVS_DATA_REQ_LEN)
         return KVS_INVALID_PARAMS;

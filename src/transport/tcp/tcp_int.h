@@ -10,6 +10,7 @@ typedef struct {
     uint64_t chunk_bytes;    /* KVS_TCP_CHUNK_BYTES, default 2 MiB, at most 16 MiB */
     uint32_t window;         /* chunks in flight per connection, default 8 */
     uint64_t io_timeout_ms;  /* bound on each blocking socket step, default 5000 */
+    kvs__auth_t auth;        /* the secret owners must prove (and we prove to them), if on */
 } kvs__tcp_config_t;
 
 /* Defaults, then the environment variables named above. */

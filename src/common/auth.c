@@ -1,0 +1,209 @@
+/* Shared-secret authentication and write capabilities: HMAC-SHA256 from libcrypto. */
+#define _GNU_SOURCE
+#include "auth_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/sha.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+__attribute__((format(printf, 3, 4))) static void err_set(char *err, size_t errlen, const char *fmt,
+                                                          ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (err != NULL && errlen > 0)
+        vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* The file's bytes (at most KVS_AUTH_TOKEN_MAX + 1 read, to see an oversized one). */
+static int read_token(int fd, uint8_t *buf, size_t cap, size_t *len_p)
+{
+    size_t len = 0;
+    while (len < cap) {
+        ssize_t n = read(fd, buf + len, cap - len);
+        if (n == 0)
+            break;
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return KVS_IO_ERROR;
+        }
+        len += (size_t)n;
+    }
+    *len_p = len;
+    return KVS_OK;
+}
+
+int kvs__auth_load(const char *path, kvs__auth_t *auth_p, char *err, size_t errlen)
+{
+    if (path == NULL || *path == '\0' || auth_p == NULL) {
+        err_set(err, errlen, "%s%s", "", "no token file given");
+        return KVS_INVALID_PARAMS;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        err_set(err, errlen, "cannot open the token file %s: %s", path, strerror(errno));
+        return KVS_INVALID_PARAMS;
+    }
+    struct stat st;
+    int rc = KVS_INVALID_PARAMS;
+    uint8_t buf[KVS_AUTH_TOKEN_MAX + 1];
+    size_t len = 0;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        err_set(err, errlen, "the token file %s %s", path, "is not a regular file");
+    } else if (st.st_uid != geteuid() && st.st_uid != 0) {
+        err_set(err, errlen, "the token file %s %s", path, "belongs to another user");
+    } else if ((st.st_mode & 077) != 0) {
+        err_set(err, errlen, "the token file %s %s", path,
+                "may be read or written by others (chmod 600 it)");
+    } else if (read_token(fd, buf, sizeof(buf), &len) != KVS_OK) {
+        err_set(err, errlen, "cannot read the token file %s: %s", path, strerror(errno));
+    } else {
+        /* A trailing newline (echo, an editor) is not part of the secret. */
+        while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r' || buf[len - 1] == ' ' ||
+                           buf[len - 1] == '\t'))
+            len--;
+        if (len > KVS_AUTH_TOKEN_MAX)
+            err_set(err, errlen, "the token file %s %s", path, "is longer than 4096 bytes");
+        else if (len < KVS_AUTH_TOKEN_MIN)
+            err_set(err, errlen, "the token file %s %s", path,
+                    "holds fewer than 16 bytes (use e.g. `openssl rand -hex 32`)");
+        else
+            rc = KVS_OK;
+    }
+    close(fd);
+    if (rc == KVS_OK) {
+        kvs__auth_t a = {.on = true};
+        SHA256(buf, len, a.key);
+        *auth_p = a;
+    }
+    OPENSSL_cleanse(buf, sizeof(buf));
+    return rc;
+}
+
+int kvs__auth_configure(const char *path, kvs__auth_t *auth_p, char *err, size_t errlen)
+{
+    if (auth_p == NULL)
+        return KVS_INVALID_PARAMS;
+    if (path == NULL)
+        path = getenv("KVS_AUTH_TOKEN_FILE");
+    if (path == NULL || *path == '\0') {
+        *auth_p = (kvs__auth_t){.on = false};
+        return KVS_OK;
+    }
+    return kvs__auth_load(path, auth_p, err, errlen);
+}
+
+static void random_bytes(void *buf, size_t len)
+{
+    uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = getrandom(p, len, 0);
+        if (n > 0) {
+            p += n;
+            len -= (size_t)n;
+        } else if (n < 0 && errno != EINTR && errno != EAGAIN) {
+            /* No getrandom: fill from the 64-bit source, which has its own fallback. */
+            for (; len > 0; len--)
+                *p++ = (uint8_t)kvs__random_u64();
+        }
+    }
+}
+
+void kvs__auth_nonce(uint8_t nonce[KVS_AUTH_NONCE_LEN])
+{
+    random_bytes(nonce, KVS_AUTH_NONCE_LEN);
+}
+
+void kvs__write_key_new(uint8_t key[KVS_WRITE_KEY_LEN])
+{
+    random_bytes(key, KVS_WRITE_KEY_LEN);
+}
+
+static void le64(uint8_t *p, uint64_t v)
+{
+    for (unsigned i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void hmac(const uint8_t key[32], const void *msg, size_t len, uint8_t out[32])
+{
+    unsigned int n = 32;
+    if (HMAC(EVP_sha256(), key, 32, msg, len, out, &n) == NULL || n != 32)
+        memset(out, 0, 32); /* cannot happen with SHA-256; a zero proof never matches */
+}
+
+/* What a proof covers: a label, the endpoint, the side, then both nonces. */
+#define PROOF_LABEL     "kvstash-auth-1"
+#define PROOF_INPUT_LEN (sizeof(PROOF_LABEL) + 2 + 2 * KVS_AUTH_NONCE_LEN)
+
+void kvs__auth_proof(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint, kvs__auth_side_t side,
+                     const uint8_t client_nonce[KVS_AUTH_NONCE_LEN],
+                     const uint8_t server_nonce[KVS_AUTH_NONCE_LEN],
+                     uint8_t proof[KVS_AUTH_PROOF_LEN])
+{
+    uint8_t in[PROOF_INPUT_LEN], *p = in;
+    memcpy(p, PROOF_LABEL, sizeof(PROOF_LABEL)); /* with its NUL */
+    p += sizeof(PROOF_LABEL);
+    *p++ = (uint8_t)endpoint;
+    *p++ = (uint8_t)side;
+    memcpy(p, client_nonce, KVS_AUTH_NONCE_LEN);
+    p += KVS_AUTH_NONCE_LEN;
+    memcpy(p, server_nonce, KVS_AUTH_NONCE_LEN);
+    hmac(auth->key, in, sizeof(in), proof);
+}
+
+bool kvs__auth_check(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint, kvs__auth_side_t side,
+                     const uint8_t client_nonce[KVS_AUTH_NONCE_LEN],
+                     const uint8_t server_nonce[KVS_AUTH_NONCE_LEN], const void *proof, size_t len)
+{
+    if (auth == NULL || !auth->on || proof == NULL || len != KVS_AUTH_PROOF_LEN)
+        return false;
+    uint8_t want[KVS_AUTH_PROOF_LEN];
+    kvs__auth_proof(auth, endpoint, side, client_nonce, server_nonce, want);
+    return CRYPTO_memcmp(want, proof, KVS_AUTH_PROOF_LEN) == 0;
+}
+
+uint64_t kvs__write_cap(const uint8_t key[KVS_WRITE_KEY_LEN], uint64_t segment_id, uint64_t offset,
+                        uint64_t size, uint64_t token)
+{
+    static const char label[] = "kvstash-write-1";
+    uint8_t in[sizeof(label) + 32], out[32];
+    memcpy(in, label, sizeof(label));
+    le64(in + sizeof(label), segment_id);
+    le64(in + sizeof(label) + 8, offset);
+    le64(in + sizeof(label) + 16, size);
+    le64(in + sizeof(label) + 24, token);
+    hmac(key, in, sizeof(in), out);
+    uint64_t cap = 0;
+    for (unsigned i = 0; i < 8; i++)
+        cap |= (uint64_t)out[i] << (8 * i);
+    return cap ? cap : 1;
+}
+
+int kvs__auth_selftest(void)
+{
+    /* RFC 4231, test case 2: key "Jefe", data "what do ya want for nothing?". */
+    static const uint8_t want[32] = {0x5b, 0xdc, 0xc1, 0x46, 0xbf, 0x60, 0x75, 0x4e,
+                                     0x6a, 0x04, 0x24, 0x26, 0x08, 0x95, 0x75, 0xc7,
+                                     0x5a, 0x00, 0x3f, 0x08, 0x9d, 0x27, 0x39, 0x83,
+                                     0x9d, 0xec, 0x58, 0xb9, 0x64, 0xec, 0x38, 0x43};
+    static const char data[] = "what do ya want for nothing?";
+    uint8_t out[32];
+    unsigned int n = 32;
+    if (HMAC(EVP_sha256(), "Jefe", 4, (const uint8_t *)data, sizeof(data) - 1, out, &n) == NULL ||
+        n != 32)
+        return KVS_INTERNAL_ERROR;
+    return memcmp(out, want, 32) == 0 ? KVS_OK : KVS_INTERNAL_ERROR;
+}
