@@ -1,5 +1,6 @@
 /* kvstash: the command line. put/get/rm go through the public client API; ls and stat ask the
- * master directly; bench runs the benchmarks. */
+ * master directly; bench runs the benchmarks. Peer-chosen strings (keys, segment names) are
+ * printed escaped. */
 #define _GNU_SOURCE
 #include "cli_int.h"
 #include "proto/net_int.h"
@@ -31,7 +32,31 @@ static void usage(FILE *f)
                "  bench store [...]         the store benchmark: own store and reader processes,\n"
                "                            direct/grouped/staged reads beside measured limits\n"
                "\n"
-               "The master defaults to $KVS_MASTER, else 127.0.0.1:50051.\n");
+               "The master defaults to $KVS_MASTER, else 127.0.0.1:50051.\n"
+               "ls and stat escape keys and names: \\\\ for a backslash, \\n \\t \\r, and \\xNN\n"
+               "for other bytes outside printable ASCII.\n");
+}
+
+/* Writes `len` bytes of a peer-chosen string with the backslash and every byte outside printable
+ * ASCII escaped, so that a key can neither fake a line of a listing nor send the terminal an
+ * escape sequence. */
+static void print_escaped(FILE *f, const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '\\')
+            fputs("\\\\", f);
+        else if (ch == '\n')
+            fputs("\\n", f);
+        else if (ch == '\t')
+            fputs("\\t", f);
+        else if (ch == '\r')
+            fputs("\\r", f);
+        else if (ch < 0x20 || ch > 0x7e)
+            fprintf(f, "\\x%02x", ch);
+        else
+            putc(ch, f);
+    }
 }
 
 typedef struct {
@@ -118,8 +143,10 @@ static int cmd_ls(cli_t *c, int argc, char **argv)
         char sz[32];
         for (uint32_t i = 0; i < n; i++) {
             const kvs__list_entry_t *e = &all[i];
-            printf("%-12s %-8s %u  %.*s\n", kvs__format_size(e->size, sz, sizeof(sz)),
-                   e->state == 1 ? "complete" : "pending", e->nrep, (int)e->key.len, e->key.ptr);
+            printf("%-12s %-8s %u  ", kvs__format_size(e->size, sz, sizeof(sz)),
+                   e->state == 1 ? "complete" : "pending", e->nrep);
+            print_escaped(stdout, e->key.ptr, e->key.len);
+            putchar('\n');
         }
         if (more)
             fprintf(stderr, "(listing stopped at %u keys; use --limit or a prefix)\n", n);
@@ -139,15 +166,23 @@ static int cmd_stat(cli_t *c)
         return 1;
     }
     char a[32], b[32];
-    for (uint32_t i = 0; i < rsp.ncounters; i++)
-        printf("%-20.*s %llu\n", (int)rsp.counters[i].name.len, rsp.counters[i].name.ptr,
-               (unsigned long long)rsp.counters[i].value);
+    for (uint32_t i = 0; i < rsp.ncounters; i++) {
+        const kvs__counter_t *k = &rsp.counters[i];
+        print_escaped(stdout, k->name.ptr, k->name.len);
+        printf("%*s %llu\n", k->name.len < 20 ? (int)(20 - k->name.len) : 0, "",
+               (unsigned long long)k->value);
+    }
     printf("\n%u segment(s)\n", rsp.nsegs);
+    /* Names, nodes and endpoints are chosen by owners. */
     for (uint32_t i = 0; i < rsp.nsegs; i++) {
         const kvs__seg_info_t *s = &rsp.segs[i];
-        printf("  #%llu %.*s on %.*s at %.*s: %s used of %s\n", (unsigned long long)s->id,
-               (int)s->name.len, s->name.ptr, (int)s->node.len, s->node.ptr, (int)s->endpoint.len,
-               s->endpoint.ptr, kvs__format_size(s->used, a, sizeof(a)),
+        printf("  #%llu ", (unsigned long long)s->id);
+        print_escaped(stdout, s->name.ptr, s->name.len);
+        fputs(" on ", stdout);
+        print_escaped(stdout, s->node.ptr, s->node.len);
+        fputs(" at ", stdout);
+        print_escaped(stdout, s->endpoint.ptr, s->endpoint.len);
+        printf(": %s used of %s\n", kvs__format_size(s->used, a, sizeof(a)),
                kvs__format_size(s->size, b, sizeof(b)));
     }
     return 0;
