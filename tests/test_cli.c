@@ -157,6 +157,19 @@ static void run(const io_t *io, const char *const *args, result_t *r)
                           (hay));                                                                  \
     } while (0)
 
+/* Object bytes that no request to the master contains by chance. */
+#define MARK "OBJECT-BYTES-NOT-FOR-THE-MASTER"
+
+static void put_marked(kvs_client_t *c, const char *key, size_t len)
+{
+    char *b = malloc(len);
+    CHECK(b != NULL);
+    for (size_t i = 0; i < len; i++)
+        b[i] = MARK[i % (sizeof(MARK) - 1)];
+    CHECK_STATUS(kvs_client_put(c, key, b, len, NULL), KVS_OK);
+    free(b);
+}
+
 static void put_bytes(kvs_client_t *c, const char *key, size_t len, uint8_t seed)
 {
     uint8_t *b = malloc(len);
@@ -165,6 +178,227 @@ static void put_bytes(kvs_client_t *c, const char *key, size_t len, uint8_t seed
         b[i] = (uint8_t)(seed + i * 7);
     CHECK_STATUS(kvs_client_put(c, key, b, len, NULL), KVS_OK);
     free(b);
+}
+
+/* A loopback relay in front of the master that keeps what clients send it: whatever a command
+ * writes into its master connection by mistake (an object, an error message) shows up there. */
+#define RELAY_PAIRS 16
+typedef struct {
+    int lfd;
+    uint16_t port, target;
+    pthread_t th;
+    atomic_bool stop;
+    pthread_mutex_t mu;
+    char seen[1 << 20]; /* client to master, the first MiB */
+    size_t nseen;
+} relay_t;
+
+static bool write_all(int fd, const char *p, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n <= 0)
+            return false;
+        p += n;
+        len -= (size_t)n;
+    }
+    return true;
+}
+
+static void *relay_main(void *arg)
+{
+    relay_t *r = arg;
+    int cfd[RELAY_PAIRS], sfd[RELAY_PAIRS], n = 0;
+    static char buf[65536];
+    while (!atomic_load(&r->stop)) {
+        struct pollfd p[1 + 2 * RELAY_PAIRS];
+        p[0] = (struct pollfd){.fd = r->lfd, .events = POLLIN};
+        for (int i = 0; i < n; i++) {
+            p[1 + 2 * i] = (struct pollfd){.fd = cfd[i], .events = POLLIN};
+            p[2 + 2 * i] = (struct pollfd){.fd = sfd[i], .events = POLLIN};
+        }
+        int polled = n;
+        if (poll(p, (nfds_t)(1 + 2 * n), 20) <= 0)
+            continue;
+        for (int i = 0; i < polled; i++) {
+            for (int d = 0; d < 2 && cfd[i] >= 0; d++) {
+                if ((p[1 + 2 * i + d].revents & (POLLIN | POLLHUP | POLLERR)) == 0)
+                    continue;
+                ssize_t got = read(d == 0 ? cfd[i] : sfd[i], buf, sizeof(buf));
+                if (got > 0 && d == 0) {
+                    pthread_mutex_lock(&r->mu);
+                    size_t keep = KVS_MIN((size_t)got, sizeof(r->seen) - r->nseen);
+                    memcpy(r->seen + r->nseen, buf, keep);
+                    r->nseen += keep;
+                    pthread_mutex_unlock(&r->mu);
+                }
+                if (got <= 0 || !write_all(d == 0 ? sfd[i] : cfd[i], buf, (size_t)got)) {
+                    close(cfd[i]);
+                    close(sfd[i]);
+                    cfd[i] = sfd[i] = -1;
+                }
+            }
+        }
+        int w = 0;
+        for (int i = 0; i < n; i++) {
+            if (cfd[i] >= 0) {
+                cfd[w] = cfd[i];
+                sfd[w++] = sfd[i];
+            }
+        }
+        n = w;
+        if ((p[0].revents & POLLIN) != 0 && n < RELAY_PAIRS) {
+            int c = accept(r->lfd, NULL, NULL);
+            int s =
+                c < 0 ? -1 : kvs__tcp_connect("127.0.0.1", r->target, kvs__now_ns() + 1000000000);
+            if (s >= 0 && kvs__set_nonblock(s, false) == KVS_OK) {
+                cfd[n] = c;
+                sfd[n++] = s;
+            } else {
+                if (c >= 0)
+                    close(c);
+                if (s >= 0)
+                    close(s);
+            }
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        close(cfd[i]);
+        close(sfd[i]);
+    }
+    return NULL;
+}
+
+static relay_t *relay_start(const store_t *st, char *addr, size_t len)
+{
+    relay_t *r = calloc(1, sizeof(*r));
+    CHECK(r != NULL);
+    r->lfd = kvs__tcp_listen("127.0.0.1", 0, 16);
+    CHECK(r->lfd >= 0);
+    r->port = kvs__sock_port(r->lfd);
+    r->target = st->srv.port;
+    pthread_mutex_init(&r->mu, NULL);
+    CHECK_EQ_INT(pthread_create(&r->th, NULL, relay_main, r), 0);
+    snprintf(addr, len, "127.0.0.1:%u", (unsigned)r->port);
+    return r;
+}
+
+/* Stops the relay; true if clients sent it the string `needle`. `nseen_p` gets how many bytes
+ * they sent. */
+static bool relay_stop_saw(relay_t *r, const char *needle, size_t *nseen_p)
+{
+    atomic_store(&r->stop, true);
+    CHECK_EQ_INT(pthread_join(r->th, NULL), 0);
+    close(r->lfd);
+    bool saw = memmem(r->seen, r->nseen, needle, strlen(needle)) != NULL;
+    *nseen_p = r->nseen;
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+    return saw;
+}
+
+/* ---- standard descriptors -------------------------------------------------------------------- */
+
+/* `get KEY -` with standard output closed used to exit 0 having written the object into what
+ * the program opened next as descriptor 1: its connection to the master. It must refuse, and
+ * writing to a named file must still work. */
+static void test_get_refuses_closed_stdout(void)
+{
+    store_t st;
+    store_start(&st);
+    kvs_client_t *c = client_open(&st);
+    put_marked(c, "k", 100000);
+    char via[64];
+    relay_t *relay = relay_start(&st, via, sizeof(via));
+    const char *get_out[] = {"--master", via, "get", "k", "-", NULL};
+    io_t io = {.close_out = true};
+    result_t r;
+    run(&io, get_out, &r);
+    CHECK_EQ_INT(r.status, 1);
+    CHECK_HAS(r.err, "standard output is closed");
+    size_t nseen;
+    CHECK(!relay_stop_saw(relay, MARK, &nseen));
+    /* The store is unharmed, and a file is still a fine destination without a stdout. */
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/kvs-cli-get-%d", (int)getpid());
+    const char *get_file[] = {"--master", st.master, "get", "k", path, NULL};
+    run(&io, get_file, &r);
+    CHECK_EQ_INT(r.status, 0);
+    static char got[200000], want[100000];
+    CHECK_EQ_U64(read_file(path, got, sizeof(got)), sizeof(want));
+    for (size_t i = 0; i < sizeof(want); i++)
+        want[i] = MARK[i % (sizeof(MARK) - 1)];
+    CHECK_EQ_MEM(got, want, sizeof(want));
+    unlink(path);
+    /* ls and stat write only to standard output: without one they refuse too. */
+    const char *ls[] = {"--master", st.master, "ls", NULL};
+    run(&io, ls, &r);
+    CHECK_EQ_INT(r.status, 1);
+    CHECK_HAS(r.err, "standard output is closed");
+    server_check_alive(&st.srv);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
+/* `put KEY -` with standard input closed must not read the object from a descriptor it opened
+ * itself; with standard error closed, its messages used to go into its master connection. */
+static void test_closed_stdin_and_stderr(void)
+{
+    store_t st;
+    store_start(&st);
+    kvs_client_t *c = client_open(&st);
+    const char *put[] = {"--master", st.master, "put", "k", "-", NULL};
+    io_t io = {.close_in = true};
+    result_t r;
+    run(&io, put, &r);
+    CHECK_EQ_INT(r.status, 1);
+    CHECK_HAS(r.err, "standard input is closed");
+    CHECK_EQ_INT(kvs_client_exists(c, "k"), 0);
+    /* A failing get with no stderr: still exit 1, and its message reaches no socket. */
+    char via[64];
+    relay_t *relay = relay_start(&st, via, sizeof(via));
+    const char *get[] = {"--master", via, "get", "missing", "-", NULL};
+    io_t quiet = {.close_err = true};
+    run(&quiet, get, &r);
+    CHECK_EQ_INT(r.status, 1);
+    CHECK_EQ_U64(r.out_len, 0);
+    size_t nseen;
+    CHECK(!relay_stop_saw(relay, "kvstash get:", &nseen));
+    CHECK(nseen > 0); /* it did ask the master, through the relay */
+    put_bytes(c, "k", 10, 1);
+    CHECK_EQ_INT(kvs_client_get_size(c, "k"), 10);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
+/* A full standard output is an error with a message, for objects and for listings. */
+static void test_full_stdout_fails(void)
+{
+    struct stat sb;
+    if (stat("/dev/full", &sb) != 0 || !S_ISCHR(sb.st_mode))
+        kvs_test_skip("no /dev/full here");
+    store_t st;
+    store_start(&st);
+    kvs_client_t *c = client_open(&st);
+    put_bytes(c, "k", 5000, 9);
+    io_t io = {.out = "/dev/full"};
+    result_t r;
+    const char *get[] = {"--master", st.master, "get", "k", "-", NULL};
+    run(&io, get, &r);
+    CHECK_EQ_INT(r.status, 1);
+    CHECK_HAS(r.err, "cannot write");
+    const char *ls[] = {"--master", st.master, "ls", NULL};
+    run(&io, ls, &r);
+    CHECK_EQ_INT(r.status, 1);
+    CHECK_HAS(r.err, "cannot write standard output");
+    const char *stat_[] = {"--master", st.master, "stat", NULL};
+    run(&io, stat_, &r);
+    CHECK_EQ_INT(r.status, 1);
+    const char *schema[] = {"schema", NULL};
+    run(&io, schema, &r);
+    CHECK_EQ_INT(r.status, 1);
+    kvs_client_close(c);
+    server_stop(&st.srv);
 }
 
 /* ---- what ls prints -------------------------------------------------------------------------- */
@@ -203,6 +437,9 @@ int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
     static const kvs_test_case_t cases[] = {
+        KVS_TEST_CASE(test_get_refuses_closed_stdout),
+        KVS_TEST_CASE(test_closed_stdin_and_stderr),
+        KVS_TEST_CASE(test_full_stdout_fails),
         KVS_TEST_CASE(test_ls_escapes_keys),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));

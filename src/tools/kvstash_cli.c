@@ -1,6 +1,6 @@
 /* kvstash: the command line. put/get/rm go through the public client API; ls and stat ask the
  * master directly; bench runs the benchmarks. Peer-chosen strings (keys, segment names) are
- * printed escaped. */
+ * printed escaped, and standard descriptors that were closed at start are never reused. */
 #define _GNU_SOURCE
 #include "cli_int.h"
 #include "proto/net_int.h"
@@ -8,9 +8,11 @@
 #include <kvstash/kvstash.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void usage(FILE *f)
 {
@@ -35,6 +37,52 @@ static void usage(FILE *f)
                "The master defaults to $KVS_MASTER, else 127.0.0.1:50051.\n"
                "ls and stat escape keys and names: \\\\ for a backslash, \\n \\t \\r, and \\xNN\n"
                "for other bytes outside printable ASCII.\n");
+}
+
+/* Which of the standard descriptors were closed at start (main put /dev/null in their place). */
+static bool stdin_closed, stdout_closed;
+
+/* A closed descriptor 0, 1 or 2 would be the number the next open() or socket() returns: an
+ * object written to "standard output" or a message to "standard error" would then go into a
+ * master connection or an output file, and "standard input" would read from one. Each closed one
+ * gets /dev/null instead, and is remembered, so that commands that need it refuse to run. */
+static bool std_fds_guard(void)
+{
+    for (int fd = 0; fd <= 2; fd++) {
+        if (fcntl(fd, F_GETFD) != -1 || errno != EBADF)
+            continue;
+        /* The lowest free number, hence `fd`: the ones below it are open by now. */
+        int got = open("/dev/null", O_RDWR);
+        if (got != fd) {
+            if (got >= 0)
+                close(got);
+            return false;
+        }
+        stdin_closed |= fd == 0;
+        stdout_closed |= fd == 1;
+    }
+    return true;
+}
+
+/* Commands whose results go to standard output refuse to run without one. */
+static bool stdout_open(const char *what)
+{
+    if (stdout_closed)
+        fprintf(stderr, "kvstash %s: standard output is closed; refusing to run\n", what);
+    return !stdout_closed;
+}
+
+/* Flushes standard output: a write that failed (a full disk, a closed pipe) makes `ret` a
+ * failure. */
+static int stdout_finish(const char *what, int ret)
+{
+    int err = fflush(stdout) != 0 ? errno : 0;
+    if (err != 0 || ferror(stdout)) {
+        fprintf(stderr, "kvstash %s: cannot write standard output: %s\n", what,
+                err != 0 ? strerror(err) : "write error");
+        return ret != 0 ? ret : 1;
+    }
+    return ret;
 }
 
 /* Writes `len` bytes of a peer-chosen string with the backslash and every byte outside printable
@@ -249,6 +297,7 @@ static int cmd_put(kvs_client_t *c, const char *key, const char *path)
     return 0;
 }
 
+/* Writes object `key` to `path`, "-" for standard output (checked by the caller to be open). */
 static int cmd_get(kvs_client_t *c, const char *key, const char *path)
 {
     void *data;
@@ -261,9 +310,22 @@ static int cmd_get(kvs_client_t *c, const char *key, const char *path)
     bool out = strcmp(path, "-") == 0;
     FILE *f = out ? stdout : fopen(path, "wb");
     int ret = 0;
-    if (f == NULL || fwrite(data, 1, size, f) != size || (out ? fflush(f) : fclose(f)) != 0) {
-        fprintf(stderr, "kvstash get: cannot write '%s': %s\n", path, strerror(errno));
+    if (f == NULL) {
+        fprintf(stderr, "kvstash get: cannot open '%s': %s\n", path, strerror(errno));
         ret = 1;
+    } else {
+        /* A short write is an error: the object is all there or the call fails. */
+        bool ok = fwrite(data, 1, size, f) == size;
+        int err = ok ? 0 : errno;
+        if ((out ? fflush(f) : fclose(f)) != 0 && ok) {
+            ok = false;
+            err = errno;
+        }
+        if (!ok) {
+            fprintf(stderr, "kvstash get: cannot write %s%s%s: %s\n", out ? "" : "'",
+                    out ? "standard output" : path, out ? "" : "'", strerror(err));
+            ret = 1;
+        }
     }
     kvs_free(data);
     return ret;
@@ -287,6 +349,12 @@ static int client_cmd(const char *master, uint64_t timeout_ms, const char *cmd, 
         fprintf(stderr, "kvstash %s: wants %s\n", cmd, want == 1 ? "KEY [--force]" : "KEY FILE|-");
         return 2;
     }
+    if (strcmp(cmd, "get") == 0 && strcmp(argv[1], "-") == 0 && !stdout_open("get"))
+        return 1;
+    if (strcmp(cmd, "put") == 0 && strcmp(argv[1], "-") == 0 && stdin_closed) {
+        fprintf(stderr, "kvstash put: standard input is closed\n");
+        return 1;
+    }
     kvs_client_config_t cfg;
     if (kvs_client_config_init(&cfg) != KVS_OK)
         fprintf(stderr, "kvstash: %s; using the default\n", kvs_last_error());
@@ -307,6 +375,8 @@ static int client_cmd(const char *master, uint64_t timeout_ms, const char *cmd, 
 
 int main(int argc, char **argv)
 {
+    if (!std_fds_guard())
+        return 1; /* no /dev/null: nothing safe to report on */
     const char *master = getenv("KVS_MASTER");
     uint64_t timeout_ms = 5000;
     int i = 1;
@@ -319,11 +389,15 @@ int main(int argc, char **argv)
                 return 2;
             }
         } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            if (!stdout_open("--help"))
+                return 1;
             usage(stdout);
-            return 0;
+            return stdout_finish("--help", 0);
         } else if (strcmp(argv[i], "--version") == 0) {
+            if (!stdout_open("--version"))
+                return 1;
             printf("kvstash %s\n", KVS_VERSION_STRING);
-            return 0;
+            return stdout_finish("--version", 0);
         } else {
             fprintf(stderr, "kvstash: unknown option '%s'\n", argv[i]);
             usage(stderr);
@@ -366,8 +440,10 @@ int main(int argc, char **argv)
         return 2;
     }
     if (strcmp(cmd, "schema") == 0) {
+        if (!stdout_open(cmd))
+            return 1;
         kvs__schema_write_markdown(stdout);
-        return 0;
+        return stdout_finish(cmd, 0);
     }
     if (strcmp(cmd, "put") == 0 || strcmp(cmd, "get") == 0 || strcmp(cmd, "rm") == 0)
         return client_cmd(master, timeout_ms, cmd, argc - i, argv + i);
@@ -376,6 +452,8 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (!stdout_open(cmd))
+        return 1;
     cli_t c = {0};
     char *host;
     uint16_t port;
@@ -402,5 +480,5 @@ int main(int argc, char **argv)
     kvs__wbuf_free(&c.rsp);
     kvs__rpc_close(c.rpc);
     kvs__free(host);
-    return ret;
+    return stdout_finish(cmd, ret);
 }
