@@ -401,6 +401,105 @@ static void test_full_stdout_fails(void)
     server_stop(&st.srv);
 }
 
+/* ---- input size ------------------------------------------------------------------------------ */
+
+/* Endless standard input (`yes | kvstash put K -`) is refused once it passes the largest object
+ * the store can hold, having read little more than that: it used to be read whole first. */
+static void test_put_endless_stdin_stops_at_the_limit(void)
+{
+    store_t st;
+    store_start(&st);
+    kvs_client_t *c = client_open(&st);
+    int p[2];
+    CHECK_EQ_INT(pipe(p), 0);
+    char errp[64];
+    snprintf(errp, sizeof(errp), "/tmp/kvs-cli-err-%d", (int)getpid());
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        close(p[1]);
+        if (dup2(p[0], 0) < 0)
+            _exit(126);
+        child_fd(2, errp, O_WRONLY | O_CREAT | O_TRUNC);
+        execl(KVS_CLI_PATH, KVS_CLI_PATH, "--master", st.master, "put", "big", "-", (char *)NULL);
+        _exit(127);
+    }
+    close(p[0]);
+    CHECK_EQ_INT(fcntl(p[1], F_SETFL, O_NONBLOCK), 0);
+    /* Feed up to 64 MiB; a reader that stops early leaves a broken pipe. */
+    static char chunk[65536];
+    memset(chunk, 'y', sizeof(chunk));
+    uint64_t sent = 0, end = now_ms() + CLI_DEADLINE_MS;
+    while (sent < (64u << 20) && now_ms() < end) {
+        ssize_t n = write(p[1], chunk, sizeof(chunk));
+        if (n > 0) {
+            sent += (uint64_t)n;
+        } else if (n < 0 && errno == EAGAIN) {
+            struct pollfd pf = {.fd = p[1], .events = POLLOUT};
+            poll(&pf, 1, 50);
+        } else {
+            CHECK_EQ_INT(errno, EPIPE);
+            break;
+        }
+    }
+    close(p[1]);
+    CHECK_EQ_INT(wait_exit(pid), 1);
+    char err[4096];
+    read_file(errp, err, sizeof(err));
+    unlink(errp);
+    CHECK_HAS(err, "larger than the largest object the store can hold");
+    /* What it read: the limit and a byte, plus what sat in the pipe and in stdio's buffer. */
+    CHECK_CMP_U64(sent, >, SEGMENT_SIZE);
+    CHECK_CMP_U64(sent, <, 4u * SEGMENT_SIZE);
+    CHECK_EQ_INT(kvs_client_exists(c, "big"), 0);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
+/* A regular file over the limit is refused by its size, before it is read; one of exactly the
+ * limit is stored. */
+static void test_put_file_over_the_limit(void)
+{
+    store_t st;
+    store_start(&st);
+    kvs_client_t *c = client_open(&st);
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/kvs-cli-big-%d", (int)getpid());
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    CHECK(fd >= 0);
+    /* Sparse: reading it whole would take 8 GiB of memory. */
+    CHECK_EQ_INT(ftruncate(fd, (off_t)8 << 30), 0);
+    close(fd);
+    const char *put[] = {"--master", st.master, "put", "big", path, NULL};
+    io_t io = {0};
+    result_t r;
+    uint64_t t0 = now_ms();
+    run(&io, put, &r);
+    CHECK_EQ_INT(r.status, 1);
+    CHECK_HAS(r.err, "larger than the largest object the store can hold");
+    CHECK_CMP_U64(now_ms() - t0, <, 3000);
+    CHECK_EQ_INT(kvs_client_exists(c, "big"), 0);
+    /* One byte over, then exactly the limit. */
+    fd = open(path, O_WRONLY | O_TRUNC);
+    CHECK(fd >= 0);
+    CHECK_EQ_INT(ftruncate(fd, (off_t)SEGMENT_SIZE + 1), 0);
+    close(fd);
+    run(&io, put, &r);
+    CHECK_EQ_INT(r.status, 1);
+    CHECK_HAS(r.err, "larger than the largest object the store can hold");
+    fd = open(path, O_WRONLY | O_TRUNC);
+    CHECK(fd >= 0);
+    CHECK_EQ_INT(ftruncate(fd, (off_t)SEGMENT_SIZE), 0);
+    close(fd);
+    run(&io, put, &r);
+    CHECK_EQ_INT(r.status, 0);
+    CHECK_EQ_INT(kvs_client_get_size(c, "big"), SEGMENT_SIZE);
+    unlink(path);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
 /* ---- what ls prints -------------------------------------------------------------------------- */
 
 /* Keys are peer-chosen bytes: ls prints them escaped, one line each, so that none can fake a
@@ -440,6 +539,8 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_get_refuses_closed_stdout),
         KVS_TEST_CASE(test_closed_stdin_and_stderr),
         KVS_TEST_CASE(test_full_stdout_fails),
+        KVS_TEST_CASE(test_put_endless_stdin_stops_at_the_limit),
+        KVS_TEST_CASE(test_put_file_over_the_limit),
         KVS_TEST_CASE(test_ls_escapes_keys),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));

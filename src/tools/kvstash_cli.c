@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void usage(FILE *f)
@@ -36,7 +37,8 @@ static void usage(FILE *f)
                "\n"
                "The master defaults to $KVS_MASTER, else 127.0.0.1:50051.\n"
                "ls and stat escape keys and names: \\\\ for a backslash, \\n \\t \\r, and \\xNN\n"
-               "for other bytes outside printable ASCII.\n");
+               "for other bytes outside printable ASCII. put refuses input larger than the\n"
+               "store's largest segment (an object is stored whole in one segment).\n");
 }
 
 /* Which of the standard descriptors were closed at start (main put /dev/null in their place). */
@@ -121,6 +123,40 @@ static int cli_call(cli_t *c)
     if (rc != KVS_OK)
         fprintf(stderr, "kvstash: request failed: %s (%d)\n", kvs_status_str(rc), rc);
     return rc;
+}
+
+/* Connects to the master at `master`. Returns 0, or 1 with a message. */
+static int cli_open(const char *master, uint64_t timeout_ms, cli_t *c)
+{
+    char *host;
+    uint16_t port;
+    memset(c, 0, sizeof(*c));
+    int rc = kvs__parse_host_port(master, "127.0.0.1", &host, &port);
+    if (rc != KVS_OK) {
+        fprintf(stderr, "kvstash: master address '%s': %s\n", master, kvs_status_str(rc));
+        return 1;
+    }
+    kvs__rpc_config_t rcfg = {.host = host, .port = port, .timeout_ms = timeout_ms};
+    rc = kvs__rpc_open(&rcfg, &c->rpc);
+    if (rc != KVS_OK) {
+        fprintf(stderr, "kvstash: cannot reach the master at %s:%u: %s\n", host, (unsigned)port,
+                kvs_status_str(rc));
+        kvs__free(host);
+        return 1;
+    }
+    kvs__free(host);
+    kvs__wbuf_init(&c->req);
+    kvs__wbuf_init(&c->rsp);
+    kvs__arena_init(&c->arena);
+    return 0;
+}
+
+static void cli_close(cli_t *c)
+{
+    kvs__arena_free(&c->arena);
+    kvs__wbuf_free(&c->req);
+    kvs__wbuf_free(&c->rsp);
+    kvs__rpc_close(c->rpc);
 }
 
 static int cmp_entries(const void *a, const void *b)
@@ -238,59 +274,128 @@ static int cmd_stat(cli_t *c)
 
 /* ---- put / get / rm through the client API ------------------------------------------------ */
 
-/* Reads all of `f` into a new buffer (caller frees). */
-static int slurp(FILE *f, char **data_p, size_t *size_p)
+/* The largest object the store can hold: objects are placed whole in one segment, so its largest
+ * mounted segment (0: none is). Returns 0, or 1 with a message. */
+static int store_max_object(const char *master, uint64_t timeout_ms, uint64_t *max_p)
 {
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
+    cli_t c;
+    if (cli_open(master, timeout_ms, &c) != 0)
+        return 1;
+    int ret = 1;
+    kvs__rpc_begin(c.rpc, &c.req, KVS_MSG_STAT);
+    if (cli_call(&c) == KVS_OK) {
+        kvs__stat_rsp_t rsp;
+        if (kvs__stat_rsp_decode(c.rsp.data, c.rsp.len, c.rsp.version, &c.arena, &rsp) == KVS_OK) {
+            uint64_t max = 0;
+            for (uint32_t i = 0; i < rsp.nsegs; i++)
+                max = KVS_MAX(max, rsp.segs[i].size);
+            *max_p = max;
+            ret = 0;
+        } else {
+            fprintf(stderr, "kvstash put: malformed answer from the master\n");
+        }
+    }
+    cli_close(&c);
+    return ret;
+}
+
+/* How messages name put's input. */
+static const char *input_name(const char *path)
+{
+    return strcmp(path, "-") == 0 ? "standard input" : path;
+}
+
+static void too_large(const char *path, uint64_t max)
+{
+    char sz[32];
+    fprintf(stderr,
+            "kvstash put: %s is larger than the largest object the store can hold: %s "
+            "(%llu bytes, its largest segment)\n",
+            input_name(path), kvs__format_size(max, sz, sizeof(sz)), (unsigned long long)max);
+}
+
+/* Reads all of `f` into a new buffer (caller frees with kvs__free), but never more than `max`
+ * bytes and one: standard input may have no end (`yes |`, /dev/zero), and a regular file is
+ * refused by its size before it is read. Returns 0, or 1 with a message. */
+static int read_bounded(FILE *f, const char *path, uint64_t max, char **data_p, size_t *size_p)
+{
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size > max) {
+        too_large(path, max);
+        return 1;
+    }
+    size_t limit = (size_t)KVS_MIN(max, (uint64_t)SIZE_MAX / 2) + 1;
+    size_t cap = 0, len = 0;
+    char *buf = NULL;
     for (;;) {
-        if (buf == NULL)
-            return -1;
+        if (len == cap) {
+            if (len == limit) {
+                kvs__free(buf);
+                too_large(path, max);
+                return 1;
+            }
+            size_t want = KVS_MIN(cap == 0 ? (size_t)1 << 16 : cap * 2, limit);
+            char *grown = kvs__realloc(buf, want);
+            if (grown == NULL) {
+                kvs__free(buf);
+                fprintf(stderr, "kvstash put: out of memory reading %s\n", input_name(path));
+                return 1;
+            }
+            buf = grown;
+            cap = want;
+        }
         size_t n = fread(buf + len, 1, cap - len, f);
         len += n;
         if (n == 0)
             break;
-        if (len == cap) {
-            char *grown = realloc(buf, cap * 2);
-            if (grown == NULL)
-                free(buf);
-            buf = grown;
-            cap *= 2;
-        }
     }
     if (ferror(f)) {
-        free(buf);
-        return -1;
+        fprintf(stderr, "kvstash put: cannot read %s: %s\n", input_name(path), strerror(errno));
+        kvs__free(buf);
+        return 1;
     }
     *data_p = buf;
     *size_p = len;
     return 0;
 }
 
-static int cmd_put(kvs_client_t *c, const char *key, const char *path)
+/* Reads what `put KEY PATH` stores, bounded by what the store at `master` can hold. Returns 0,
+ * or 1 with a message. */
+static int put_input(const char *master, uint64_t timeout_ms, const char *path, char **data_p,
+                     size_t *size_p)
 {
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    bool in = strcmp(path, "-") == 0;
+    if (in && stdin_closed) {
+        fprintf(stderr, "kvstash put: standard input is closed\n");
+        return 1;
+    }
+    uint64_t max;
+    if (store_max_object(master, timeout_ms, &max) != 0)
+        return 1;
+    if (max == 0) {
+        fprintf(stderr, "kvstash put: the store has no segment mounted\n");
+        return 1;
+    }
+    FILE *f = in ? stdin : fopen(path, "rb");
     if (f == NULL) {
         fprintf(stderr, "kvstash put: cannot open '%s': %s\n", path, strerror(errno));
         return 1;
     }
-    char *data;
-    size_t size;
-    int r = slurp(f, &data, &size);
+    int r = read_bounded(f, path, max, data_p, size_p);
     if (f != stdin)
         fclose(f);
-    if (r != 0) {
-        fprintf(stderr, "kvstash put: cannot read '%s'\n", path);
+    if (r == 0 && *size_p == 0) {
+        fprintf(stderr, "kvstash put: %s is empty; objects hold at least one byte\n",
+                input_name(path));
+        kvs__free(*data_p);
         return 1;
     }
-    if (size == 0) {
-        fprintf(stderr, "kvstash put: '%s' is empty; objects hold at least one byte\n", path);
-        free(data);
-        return 1;
-    }
-    int rc = kvs_client_put(c, key, data, size, NULL);
-    free(data);
-    if (rc != KVS_OK) {
+    return r;
+}
+
+static int cmd_put(kvs_client_t *c, const char *key, const char *data, size_t size)
+{
+    if (kvs_client_put(c, key, data, size, NULL) != KVS_OK) {
         fprintf(stderr, "kvstash put: %s\n", kvs_last_error());
         return 1;
     }
@@ -349,12 +454,15 @@ static int client_cmd(const char *master, uint64_t timeout_ms, const char *cmd, 
         fprintf(stderr, "kvstash %s: wants %s\n", cmd, want == 1 ? "KEY [--force]" : "KEY FILE|-");
         return 2;
     }
-    if (strcmp(cmd, "get") == 0 && strcmp(argv[1], "-") == 0 && !stdout_open("get"))
+    bool put = strcmp(cmd, "put") == 0, get = strcmp(cmd, "get") == 0;
+    if (get && strcmp(argv[1], "-") == 0 && !stdout_open("get"))
         return 1;
-    if (strcmp(cmd, "put") == 0 && strcmp(argv[1], "-") == 0 && stdin_closed) {
-        fprintf(stderr, "kvstash put: standard input is closed\n");
+    /* Input is read, within what the store can hold, before the client connects. */
+    char *data = NULL;
+    size_t size = 0;
+    if (put && put_input(master && *master ? master : "127.0.0.1:50051", timeout_ms, argv[1], &data,
+                         &size) != 0)
         return 1;
-    }
     kvs_client_config_t cfg;
     if (kvs_client_config_init(&cfg) != KVS_OK)
         fprintf(stderr, "kvstash: %s; using the default\n", kvs_last_error());
@@ -362,14 +470,16 @@ static int client_cmd(const char *master, uint64_t timeout_ms, const char *cmd, 
     cfg.rpc_timeout_ms = timeout_ms;
     cfg.transfer_timeout_ms = timeout_ms;
     kvs_client_t *c;
+    int ret = 1;
     if (kvs_client_open(&cfg, &c) != KVS_OK) {
         fprintf(stderr, "kvstash: %s\n", kvs_last_error());
-        return 1;
+    } else {
+        ret = put   ? cmd_put(c, argv[0], data, size)
+              : get ? cmd_get(c, argv[0], argv[1])
+                    : cmd_rm(c, argv[0], force);
+        kvs_client_close(c);
     }
-    int ret = strcmp(cmd, "put") == 0   ? cmd_put(c, argv[0], argv[1])
-              : strcmp(cmd, "get") == 0 ? cmd_get(c, argv[0], argv[1])
-                                        : cmd_rm(c, argv[0], force);
-    kvs_client_close(c);
+    kvs__free(data);
     return ret;
 }
 
