@@ -532,6 +532,53 @@ static void test_ls_escapes_keys(void)
     server_stop(&st.srv);
 }
 
+/* ---- arguments ------------------------------------------------------------------------------- */
+
+/* An empty master address is an error, not the default; so are options without their value. */
+static void test_bad_arguments(void)
+{
+    io_t io = {0};
+    result_t r;
+    const char *empty_put[] = {"--master", "", "put", "k", "-", NULL};
+    run(&io, empty_put, &r);
+    CHECK_EQ_INT(r.status, 2);
+    CHECK_HAS(r.err, "--master is empty");
+    const char *empty_ls[] = {"--master", "", "ls", NULL};
+    run(&io, empty_ls, &r);
+    CHECK_EQ_INT(r.status, 2);
+    CHECK_HAS(r.err, "--master is empty");
+    io_t env_empty = {.env_master = ""};
+    const char *get[] = {"get", "k", "-", NULL}, *stat_[] = {"stat", NULL};
+    run(&env_empty, get, &r);
+    CHECK_EQ_INT(r.status, 2);
+    CHECK_HAS(r.err, "KVS_MASTER is empty");
+    run(&env_empty, stat_, &r);
+    CHECK_EQ_INT(r.status, 2);
+    CHECK_HAS(r.err, "KVS_MASTER is empty");
+    io_t env_bad = {.env_master = "nonsense"};
+    run(&env_bad, get, &r);
+    CHECK_EQ_INT(r.status, 2);
+    CHECK_HAS(r.err, "KVS_MASTER wants HOST:PORT");
+    const char *no_value[] = {"--master", NULL}, *no_timeout[] = {"--timeout-ms", NULL},
+               *bad_timeout[] = {"--timeout-ms", "5x", "ls", NULL},
+               *no_limit[] = {"--master", "127.0.0.1:1", "ls", "--limit", NULL},
+               *two_prefixes[] = {"--master", "127.0.0.1:1", "ls", "a", "b", NULL};
+    run(&io, no_value, &r);
+    CHECK_EQ_INT(r.status, 2);
+    CHECK_HAS(r.err, "--master wants a value");
+    run(&io, no_timeout, &r);
+    CHECK_EQ_INT(r.status, 2);
+    run(&io, bad_timeout, &r);
+    CHECK_EQ_INT(r.status, 2);
+    CHECK_HAS(r.err, "--timeout-ms wants");
+    run(&io, no_limit, &r);
+    CHECK_EQ_INT(r.status, 2);
+    CHECK_HAS(r.err, "--limit wants a value");
+    run(&io, two_prefixes, &r);
+    CHECK_EQ_INT(r.status, 2);
+    CHECK_HAS(r.err, "one PREFIX");
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -542,6 +589,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_put_endless_stdin_stops_at_the_limit),
         KVS_TEST_CASE(test_put_file_over_the_limit),
         KVS_TEST_CASE(test_ls_escapes_keys),
+        KVS_TEST_CASE(test_bad_arguments),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
 }

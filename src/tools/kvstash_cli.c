@@ -15,6 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#define DEFAULT_MASTER "127.0.0.1:50051"
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvstash [--master HOST:PORT] [--timeout-ms N] COMMAND [ARGS]\n"
@@ -35,7 +37,7 @@ static void usage(FILE *f)
                "  bench store [...]         the store benchmark: own store and reader processes,\n"
                "                            direct/grouped/staged reads beside measured limits\n"
                "\n"
-               "The master defaults to $KVS_MASTER, else 127.0.0.1:50051.\n"
+               "The master defaults to $KVS_MASTER, else 127.0.0.1:50051; empty is an error.\n"
                "ls and stat escape keys and names: \\\\ for a backslash, \\n \\t \\r, and \\xNN\n"
                "for other bytes outside printable ASCII. put refuses input larger than the\n"
                "store's largest segment (an object is stored whole in one segment).\n");
@@ -109,6 +111,28 @@ static void print_escaped(FILE *f, const char *s, size_t len)
     }
 }
 
+/* Checks the master address before anything is connected; an empty one is an error, never the
+ * default. `from` names where it came from. Returns 0, or 2 (a usage error) with a message. */
+static int master_check(const char *master, const char *from)
+{
+    char *host;
+    uint16_t port;
+    if (*master == '\0') {
+        fprintf(stderr, "kvstash: %s is empty; it wants HOST:PORT\n", from);
+        return 2;
+    }
+    if (kvs__parse_host_port(master, "127.0.0.1", &host, &port) != KVS_OK) {
+        fprintf(stderr, "kvstash: %s wants HOST:PORT, got '%s'\n", from, master);
+        return 2;
+    }
+    kvs__free(host);
+    if (port == 0) {
+        fprintf(stderr, "kvstash: %s wants a port above 0, got '%s'\n", from, master);
+        return 2;
+    }
+    return 0;
+}
+
 typedef struct {
     kvs__rpc_t *rpc;
     kvs__wbuf_t req, rsp;
@@ -125,7 +149,7 @@ static int cli_call(cli_t *c)
     return rc;
 }
 
-/* Connects to the master at `master`. Returns 0, or 1 with a message. */
+/* Connects to the master at `master` (checked by master_check). Returns 0, or 1 with a message. */
 static int cli_open(const char *master, uint64_t timeout_ms, cli_t *c)
 {
     char *host;
@@ -167,12 +191,19 @@ static int cmp_entries(const void *a, const void *b)
     return r ? r : (x->key.len > y->key.len) - (x->key.len < y->key.len);
 }
 
-static int cmd_ls(cli_t *c, int argc, char **argv)
+/* `ls [PREFIX] [--limit N]`'s arguments, read before anything is connected. Returns 0, or 2
+ * (a usage error) with a message. */
+static int ls_args(int argc, char **argv, kvs__list_req_t *req_p)
 {
     kvs__list_req_t req = {kvs__str_c(""), 1000, 0};
+    bool have_prefix = false;
     for (int i = 0; i < argc; i++) {
         uint64_t v;
-        if (strcmp(argv[i], "--limit") == 0 && i + 1 < argc) {
+        if (strcmp(argv[i], "--limit") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "kvstash ls: --limit wants a value\n");
+                return 2;
+            }
             if (kvs__parse_u64(argv[++i], KVS_MAX_BATCH, &v) != KVS_OK || v == 0) {
                 fprintf(stderr, "kvstash ls: --limit wants 1..%u\n", KVS_MAX_BATCH);
                 return 2;
@@ -181,10 +212,20 @@ static int cmd_ls(cli_t *c, int argc, char **argv)
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "kvstash ls: unknown option '%s'\n", argv[i]);
             return 2;
+        } else if (have_prefix) {
+            fprintf(stderr, "kvstash ls: takes one PREFIX, got '%s' after it\n", argv[i]);
+            return 2;
         } else {
             req.prefix = kvs__str_c(argv[i]);
+            have_prefix = true;
         }
     }
+    *req_p = req;
+    return 0;
+}
+
+static int cmd_ls(cli_t *c, kvs__list_req_t req)
+{
     /* Page after page (each reply fits a frame) until the limit or the end. */
     kvs__list_entry_t *all = NULL;
     uint32_t n = 0, want = req.limit;
@@ -460,8 +501,7 @@ static int client_cmd(const char *master, uint64_t timeout_ms, const char *cmd, 
     /* Input is read, within what the store can hold, before the client connects. */
     char *data = NULL;
     size_t size = 0;
-    if (put && put_input(master && *master ? master : "127.0.0.1:50051", timeout_ms, argv[1], &data,
-                         &size) != 0)
+    if (put && put_input(master, timeout_ms, argv[1], &data, &size) != 0)
         return 1;
     kvs_client_config_t cfg;
     if (kvs_client_config_init(&cfg) != KVS_OK)
@@ -483,19 +523,86 @@ static int client_cmd(const char *master, uint64_t timeout_ms, const char *cmd, 
     return ret;
 }
 
+/* kvstash bench ...: returns the exit code. `from` names where `master` came from. */
+static int bench_cmd(const char *master, const char *from, int argc, char **argv)
+{
+    const char *which = argc > 0 ? argv[0] : "";
+    if (strcmp(which, "allocator") == 0)
+        return kvs__bench_allocator_main(argc, argv);
+    if (strcmp(which, "transport") == 0)
+        return kvs__bench_transport_main(argc, argv);
+    if (strcmp(which, "proto") == 0)
+        return kvs__bench_proto_main(argc, argv);
+    if (strcmp(which, "store") == 0)
+        return kvs__bench_store_main(argc, argv);
+    bool with_master = strcmp(which, "client") == 0 || strcmp(which, "gpu") == 0;
+    if (with_master && master_check(master, from) != 0)
+        return 2;
+    if (strcmp(which, "client") == 0)
+        return kvs__bench_client_main(master, argc, argv);
+    if (strcmp(which, "scatter") == 0 || strcmp(which, "gpu") == 0) {
+#ifdef KVS_HAVE_CUDA
+        if (strcmp(which, "gpu") == 0)
+            return kvs__bench_gpu_main(master, argc, argv);
+        return kvs__bench_scatter_main(argc, argv);
+#else
+        fprintf(stderr,
+                "kvstash bench %s: this build has no CUDA (nvcc was not found when "
+                "it was configured)\n",
+                which);
+        return 1;
+#endif
+    }
+    fprintf(stderr,
+            "kvstash bench: unknown benchmark '%s' (known: allocator, transport, proto, "
+            "client, store, scatter, gpu)\n",
+            which);
+    return 2;
+}
+
+/* ls and stat, over a connection of their own to the master. */
+static int master_cmd(const char *master, uint64_t timeout_ms, const char *cmd, int argc,
+                      char **argv)
+{
+    bool ls = strcmp(cmd, "ls") == 0;
+    kvs__list_req_t req;
+    if (ls && ls_args(argc, argv, &req) != 0)
+        return 2;
+    if (!ls && argc > 0) {
+        fprintf(stderr, "kvstash stat: takes no arguments, got '%s'\n", argv[0]);
+        return 2;
+    }
+    if (!stdout_open(cmd))
+        return 1;
+    cli_t c;
+    if (cli_open(master, timeout_ms, &c) != 0)
+        return 1;
+    int ret = ls ? cmd_ls(&c, req) : cmd_stat(&c);
+    cli_close(&c);
+    return ret;
+}
+
 int main(int argc, char **argv)
 {
     if (!std_fds_guard())
         return 1; /* no /dev/null: nothing safe to report on */
-    const char *master = getenv("KVS_MASTER");
+    const char *master = NULL, *master_from = "--master";
     uint64_t timeout_ms = 5000;
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
-        if (strcmp(argv[i], "--master") == 0 && i + 1 < argc) {
+        bool has_value = i + 1 < argc;
+        if ((strcmp(argv[i], "--master") == 0 || strcmp(argv[i], "--timeout-ms") == 0) &&
+            !has_value) {
+            fprintf(stderr, "kvstash: %s wants a value\n", argv[i]);
+            return 2;
+        }
+        if (strcmp(argv[i], "--master") == 0) {
             master = argv[++i];
-        } else if (strcmp(argv[i], "--timeout-ms") == 0 && i + 1 < argc) {
+            if (master_check(master, "--master") != 0)
+                return 2;
+        } else if (strcmp(argv[i], "--timeout-ms") == 0) {
             if (kvs__parse_u64(argv[++i], 3600000, &timeout_ms) != KVS_OK || timeout_ms == 0) {
-                fprintf(stderr, "kvstash: --timeout-ms wants 1..3600000\n");
+                fprintf(stderr, "kvstash: --timeout-ms wants 1..3600000, got '%s'\n", argv[i]);
                 return 2;
             }
         } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
@@ -518,77 +625,29 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (master == NULL && (master = getenv("KVS_MASTER")) != NULL)
+        master_from = "KVS_MASTER";
+    if (master == NULL)
+        master = DEFAULT_MASTER;
     const char *cmd = argv[i++];
-    if (strcmp(cmd, "bench") == 0) {
-        if (i < argc && strcmp(argv[i], "allocator") == 0)
-            return kvs__bench_allocator_main(argc - i, argv + i);
-        if (i < argc && strcmp(argv[i], "transport") == 0)
-            return kvs__bench_transport_main(argc - i, argv + i);
-        if (i < argc && strcmp(argv[i], "proto") == 0)
-            return kvs__bench_proto_main(argc - i, argv + i);
-        if (i < argc && strcmp(argv[i], "client") == 0)
-            return kvs__bench_client_main(master, argc - i, argv + i);
-        if (i < argc && strcmp(argv[i], "store") == 0)
-            return kvs__bench_store_main(argc - i, argv + i);
-        if (i < argc && (strcmp(argv[i], "scatter") == 0 || strcmp(argv[i], "gpu") == 0)) {
-#ifdef KVS_HAVE_CUDA
-            if (strcmp(argv[i], "gpu") == 0)
-                return kvs__bench_gpu_main(master, argc - i, argv + i);
-            return kvs__bench_scatter_main(argc - i, argv + i);
-#else
-            fprintf(stderr,
-                    "kvstash bench %s: this build has no CUDA (nvcc was not found when "
-                    "it was configured)\n",
-                    argv[i]);
-            return 1;
-#endif
-        }
-        fprintf(stderr,
-                "kvstash bench: unknown benchmark '%s' (known: allocator, transport, proto, "
-                "client, store, scatter, gpu)\n",
-                i < argc ? argv[i] : "");
-        return 2;
-    }
+    if (strcmp(cmd, "bench") == 0)
+        return stdout_finish(cmd, bench_cmd(master, master_from, argc - i, argv + i));
     if (strcmp(cmd, "schema") == 0) {
         if (!stdout_open(cmd))
             return 1;
         kvs__schema_write_markdown(stdout);
         return stdout_finish(cmd, 0);
     }
-    if (strcmp(cmd, "put") == 0 || strcmp(cmd, "get") == 0 || strcmp(cmd, "rm") == 0)
-        return client_cmd(master, timeout_ms, cmd, argc - i, argv + i);
-    if (strcmp(cmd, "ls") != 0 && strcmp(cmd, "stat") != 0) {
+    bool client = strcmp(cmd, "put") == 0 || strcmp(cmd, "get") == 0 || strcmp(cmd, "rm") == 0;
+    if (!client && strcmp(cmd, "ls") != 0 && strcmp(cmd, "stat") != 0) {
         fprintf(stderr, "kvstash: unknown command '%s'\n", cmd);
         usage(stderr);
         return 2;
     }
-    if (!stdout_open(cmd))
-        return 1;
-    cli_t c = {0};
-    char *host;
-    uint16_t port;
-    if (kvs__parse_host_port(master ? master : "127.0.0.1:50051", "127.0.0.1", &host, &port) !=
-            KVS_OK ||
-        port == 0) {
-        fprintf(stderr, "kvstash: --master wants HOST:PORT, got '%s'\n", master);
+    if (master_check(master, master_from) != 0)
         return 2;
-    }
-    kvs__rpc_config_t rcfg = {.host = host, .port = port, .timeout_ms = timeout_ms};
-    int rc = kvs__rpc_open(&rcfg, &c.rpc);
-    if (rc != KVS_OK) {
-        fprintf(stderr, "kvstash: cannot reach the master at %s:%u: %s\n", host, (unsigned)port,
-                kvs_status_str(rc));
-        kvs__free(host);
-        return 1;
-    }
-    kvs__wbuf_init(&c.req);
-    kvs__wbuf_init(&c.rsp);
-    kvs__arena_init(&c.arena);
-    int ret = strcmp(cmd, "ls") == 0 ? cmd_ls(&c, argc - i, argv + i) : cmd_stat(&c);
-    kvs__arena_free(&c.arena);
-    kvs__wbuf_free(&c.req);
-    kvs__wbuf_free(&c.rsp);
-    kvs__rpc_close(c.rpc);
-    kvs__free(host);
-    return stdout_finish(cmd, ret);
+    /* get checks its own writes to standard output; put and rm write none. */
+    if (client)
+        return client_cmd(master, timeout_ms, cmd, argc - i, argv + i);
+    return stdout_finish(cmd, master_cmd(master, timeout_ms, cmd, argc - i, argv + i));
 }
