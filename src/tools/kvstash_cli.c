@@ -1,5 +1,6 @@
 /* kvstash: the command line. put/get/rm go through the public client API; ls and stat ask the
- * master directly; bench runs the benchmarks. */
+ * master directly; bench runs the benchmarks. Peer-chosen strings (keys, segment names) are
+ * printed escaped, and standard descriptors that were closed at start are never reused. */
 #define _GNU_SOURCE
 #include "cli_int.h"
 #include "proto/net_int.h"
@@ -7,9 +8,14 @@
 #include <kvstash/kvstash.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define DEFAULT_MASTER "127.0.0.1:50051"
 
 static void usage(FILE *f)
 {
@@ -31,7 +37,100 @@ static void usage(FILE *f)
                "  bench store [...]         the store benchmark: own store and reader processes,\n"
                "                            direct/grouped/staged reads beside measured limits\n"
                "\n"
-               "The master defaults to $KVS_MASTER, else 127.0.0.1:50051.\n");
+               "The master defaults to $KVS_MASTER, else 127.0.0.1:50051; empty is an error.\n"
+               "ls and stat escape keys and names: \\\\ for a backslash, \\n \\t \\r, and \\xNN\n"
+               "for other bytes outside printable ASCII. put refuses input larger than the\n"
+               "store's largest segment (an object is stored whole in one segment).\n");
+}
+
+/* Which of the standard descriptors were closed at start (main put /dev/null in their place). */
+static bool stdin_closed, stdout_closed;
+
+/* A closed descriptor 0, 1 or 2 would be the number the next open() or socket() returns: an
+ * object written to "standard output" or a message to "standard error" would then go into a
+ * master connection or an output file, and "standard input" would read from one. Each closed one
+ * gets /dev/null instead, and is remembered, so that commands that need it refuse to run. */
+static bool std_fds_guard(void)
+{
+    for (int fd = 0; fd <= 2; fd++) {
+        if (fcntl(fd, F_GETFD) != -1 || errno != EBADF)
+            continue;
+        /* The lowest free number, hence `fd`: the ones below it are open by now. */
+        int got = open("/dev/null", O_RDWR);
+        if (got != fd) {
+            if (got >= 0)
+                close(got);
+            return false;
+        }
+        stdin_closed |= fd == 0;
+        stdout_closed |= fd == 1;
+    }
+    return true;
+}
+
+/* Commands whose results go to standard output refuse to run without one. */
+static bool stdout_open(const char *what)
+{
+    if (stdout_closed)
+        fprintf(stderr, "kvstash %s: standard output is closed; refusing to run\n", what);
+    return !stdout_closed;
+}
+
+/* Flushes standard output: a write that failed (a full disk, a closed pipe) makes `ret` a
+ * failure. */
+static int stdout_finish(const char *what, int ret)
+{
+    int err = fflush(stdout) != 0 ? errno : 0;
+    if (err != 0 || ferror(stdout)) {
+        fprintf(stderr, "kvstash %s: cannot write standard output: %s\n", what,
+                err != 0 ? strerror(err) : "write error");
+        return ret != 0 ? ret : 1;
+    }
+    return ret;
+}
+
+/* Writes `len` bytes of a peer-chosen string with the backslash and every byte outside printable
+ * ASCII escaped, so that a key can neither fake a line of a listing nor send the terminal an
+ * escape sequence. */
+static void print_escaped(FILE *f, const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '\\')
+            fputs("\\\\", f);
+        else if (ch == '\n')
+            fputs("\\n", f);
+        else if (ch == '\t')
+            fputs("\\t", f);
+        else if (ch == '\r')
+            fputs("\\r", f);
+        else if (ch < 0x20 || ch > 0x7e)
+            fprintf(f, "\\x%02x", ch);
+        else
+            putc(ch, f);
+    }
+}
+
+/* Checks the master address before anything is connected; an empty one is an error, never the
+ * default. `from` names where it came from. Returns 0, or 2 (a usage error) with a message. */
+static int master_check(const char *master, const char *from)
+{
+    char *host;
+    uint16_t port;
+    if (*master == '\0') {
+        fprintf(stderr, "kvstash: %s is empty; it wants HOST:PORT\n", from);
+        return 2;
+    }
+    if (kvs__parse_host_port(master, "127.0.0.1", &host, &port) != KVS_OK) {
+        fprintf(stderr, "kvstash: %s wants HOST:PORT, got '%s'\n", from, master);
+        return 2;
+    }
+    kvs__free(host);
+    if (port == 0) {
+        fprintf(stderr, "kvstash: %s wants a port above 0, got '%s'\n", from, master);
+        return 2;
+    }
+    return 0;
 }
 
 typedef struct {
@@ -50,6 +149,40 @@ static int cli_call(cli_t *c)
     return rc;
 }
 
+/* Connects to the master at `master` (checked by master_check). Returns 0, or 1 with a message. */
+static int cli_open(const char *master, uint64_t timeout_ms, cli_t *c)
+{
+    char *host;
+    uint16_t port;
+    memset(c, 0, sizeof(*c));
+    int rc = kvs__parse_host_port(master, "127.0.0.1", &host, &port);
+    if (rc != KVS_OK) {
+        fprintf(stderr, "kvstash: master address '%s': %s\n", master, kvs_status_str(rc));
+        return 1;
+    }
+    kvs__rpc_config_t rcfg = {.host = host, .port = port, .timeout_ms = timeout_ms};
+    rc = kvs__rpc_open(&rcfg, &c->rpc);
+    if (rc != KVS_OK) {
+        fprintf(stderr, "kvstash: cannot reach the master at %s:%u: %s\n", host, (unsigned)port,
+                kvs_status_str(rc));
+        kvs__free(host);
+        return 1;
+    }
+    kvs__free(host);
+    kvs__wbuf_init(&c->req);
+    kvs__wbuf_init(&c->rsp);
+    kvs__arena_init(&c->arena);
+    return 0;
+}
+
+static void cli_close(cli_t *c)
+{
+    kvs__arena_free(&c->arena);
+    kvs__wbuf_free(&c->req);
+    kvs__wbuf_free(&c->rsp);
+    kvs__rpc_close(c->rpc);
+}
+
 static int cmp_entries(const void *a, const void *b)
 {
     const kvs__list_entry_t *x = a, *y = b;
@@ -58,12 +191,19 @@ static int cmp_entries(const void *a, const void *b)
     return r ? r : (x->key.len > y->key.len) - (x->key.len < y->key.len);
 }
 
-static int cmd_ls(cli_t *c, int argc, char **argv)
+/* `ls [PREFIX] [--limit N]`'s arguments, read before anything is connected. Returns 0, or 2
+ * (a usage error) with a message. */
+static int ls_args(int argc, char **argv, kvs__list_req_t *req_p)
 {
     kvs__list_req_t req = {kvs__str_c(""), 1000, 0};
+    bool have_prefix = false;
     for (int i = 0; i < argc; i++) {
         uint64_t v;
-        if (strcmp(argv[i], "--limit") == 0 && i + 1 < argc) {
+        if (strcmp(argv[i], "--limit") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "kvstash ls: --limit wants a value\n");
+                return 2;
+            }
             if (kvs__parse_u64(argv[++i], KVS_MAX_BATCH, &v) != KVS_OK || v == 0) {
                 fprintf(stderr, "kvstash ls: --limit wants 1..%u\n", KVS_MAX_BATCH);
                 return 2;
@@ -72,10 +212,20 @@ static int cmd_ls(cli_t *c, int argc, char **argv)
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "kvstash ls: unknown option '%s'\n", argv[i]);
             return 2;
+        } else if (have_prefix) {
+            fprintf(stderr, "kvstash ls: takes one PREFIX, got '%s' after it\n", argv[i]);
+            return 2;
         } else {
             req.prefix = kvs__str_c(argv[i]);
+            have_prefix = true;
         }
     }
+    *req_p = req;
+    return 0;
+}
+
+static int cmd_ls(cli_t *c, kvs__list_req_t req)
+{
     /* Page after page (each reply fits a frame) until the limit or the end. */
     kvs__list_entry_t *all = NULL;
     uint32_t n = 0, want = req.limit;
@@ -118,8 +268,10 @@ static int cmd_ls(cli_t *c, int argc, char **argv)
         char sz[32];
         for (uint32_t i = 0; i < n; i++) {
             const kvs__list_entry_t *e = &all[i];
-            printf("%-12s %-8s %u  %.*s\n", kvs__format_size(e->size, sz, sizeof(sz)),
-                   e->state == 1 ? "complete" : "pending", e->nrep, (int)e->key.len, e->key.ptr);
+            printf("%-12s %-8s %u  ", kvs__format_size(e->size, sz, sizeof(sz)),
+                   e->state == 1 ? "complete" : "pending", e->nrep);
+            print_escaped(stdout, e->key.ptr, e->key.len);
+            putchar('\n');
         }
         if (more)
             fprintf(stderr, "(listing stopped at %u keys; use --limit or a prefix)\n", n);
@@ -139,15 +291,23 @@ static int cmd_stat(cli_t *c)
         return 1;
     }
     char a[32], b[32];
-    for (uint32_t i = 0; i < rsp.ncounters; i++)
-        printf("%-20.*s %llu\n", (int)rsp.counters[i].name.len, rsp.counters[i].name.ptr,
-               (unsigned long long)rsp.counters[i].value);
+    for (uint32_t i = 0; i < rsp.ncounters; i++) {
+        const kvs__counter_t *k = &rsp.counters[i];
+        print_escaped(stdout, k->name.ptr, k->name.len);
+        printf("%*s %llu\n", k->name.len < 20 ? (int)(20 - k->name.len) : 0, "",
+               (unsigned long long)k->value);
+    }
     printf("\n%u segment(s)\n", rsp.nsegs);
+    /* Names, nodes and endpoints are chosen by owners. */
     for (uint32_t i = 0; i < rsp.nsegs; i++) {
         const kvs__seg_info_t *s = &rsp.segs[i];
-        printf("  #%llu %.*s on %.*s at %.*s: %s used of %s\n", (unsigned long long)s->id,
-               (int)s->name.len, s->name.ptr, (int)s->node.len, s->node.ptr, (int)s->endpoint.len,
-               s->endpoint.ptr, kvs__format_size(s->used, a, sizeof(a)),
+        printf("  #%llu ", (unsigned long long)s->id);
+        print_escaped(stdout, s->name.ptr, s->name.len);
+        fputs(" on ", stdout);
+        print_escaped(stdout, s->node.ptr, s->node.len);
+        fputs(" at ", stdout);
+        print_escaped(stdout, s->endpoint.ptr, s->endpoint.len);
+        printf(": %s used of %s\n", kvs__format_size(s->used, a, sizeof(a)),
                kvs__format_size(s->size, b, sizeof(b)));
     }
     return 0;
@@ -155,65 +315,135 @@ static int cmd_stat(cli_t *c)
 
 /* ---- put / get / rm through the client API ------------------------------------------------ */
 
-/* Reads all of `f` into a new buffer (caller frees). */
-static int slurp(FILE *f, char **data_p, size_t *size_p)
+/* The largest object the store can hold: objects are placed whole in one segment, so its largest
+ * mounted segment (0: none is). Returns 0, or 1 with a message. */
+static int store_max_object(const char *master, uint64_t timeout_ms, uint64_t *max_p)
 {
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
+    cli_t c;
+    if (cli_open(master, timeout_ms, &c) != 0)
+        return 1;
+    int ret = 1;
+    kvs__rpc_begin(c.rpc, &c.req, KVS_MSG_STAT);
+    if (cli_call(&c) == KVS_OK) {
+        kvs__stat_rsp_t rsp;
+        if (kvs__stat_rsp_decode(c.rsp.data, c.rsp.len, c.rsp.version, &c.arena, &rsp) == KVS_OK) {
+            uint64_t max = 0;
+            for (uint32_t i = 0; i < rsp.nsegs; i++)
+                max = KVS_MAX(max, rsp.segs[i].size);
+            *max_p = max;
+            ret = 0;
+        } else {
+            fprintf(stderr, "kvstash put: malformed answer from the master\n");
+        }
+    }
+    cli_close(&c);
+    return ret;
+}
+
+/* How messages name put's input. */
+static const char *input_name(const char *path)
+{
+    return strcmp(path, "-") == 0 ? "standard input" : path;
+}
+
+static void too_large(const char *path, uint64_t max)
+{
+    char sz[32];
+    fprintf(stderr,
+            "kvstash put: %s is larger than the largest object the store can hold: %s "
+            "(%llu bytes, its largest segment)\n",
+            input_name(path), kvs__format_size(max, sz, sizeof(sz)), (unsigned long long)max);
+}
+
+/* Reads all of `f` into a new buffer (caller frees with kvs__free), but never more than `max`
+ * bytes and one: standard input may have no end (`yes |`, /dev/zero), and a regular file is
+ * refused by its size before it is read. Returns 0, or 1 with a message. */
+static int read_bounded(FILE *f, const char *path, uint64_t max, char **data_p, size_t *size_p)
+{
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size > max) {
+        too_large(path, max);
+        return 1;
+    }
+    size_t limit = (size_t)KVS_MIN(max, (uint64_t)SIZE_MAX / 2) + 1;
+    size_t cap = 0, len = 0;
+    char *buf = NULL;
     for (;;) {
-        if (buf == NULL)
-            return -1;
+        if (len == cap) {
+            if (len == limit) {
+                kvs__free(buf);
+                too_large(path, max);
+                return 1;
+            }
+            size_t want = KVS_MIN(cap == 0 ? (size_t)1 << 16 : cap * 2, limit);
+            char *grown = kvs__realloc(buf, want);
+            if (grown == NULL) {
+                kvs__free(buf);
+                fprintf(stderr, "kvstash put: out of memory reading %s\n", input_name(path));
+                return 1;
+            }
+            buf = grown;
+            cap = want;
+        }
         size_t n = fread(buf + len, 1, cap - len, f);
         len += n;
         if (n == 0)
             break;
-        if (len == cap) {
-            char *grown = realloc(buf, cap * 2);
-            if (grown == NULL)
-                free(buf);
-            buf = grown;
-            cap *= 2;
-        }
     }
     if (ferror(f)) {
-        free(buf);
-        return -1;
+        fprintf(stderr, "kvstash put: cannot read %s: %s\n", input_name(path), strerror(errno));
+        kvs__free(buf);
+        return 1;
     }
     *data_p = buf;
     *size_p = len;
     return 0;
 }
 
-static int cmd_put(kvs_client_t *c, const char *key, const char *path)
+/* Reads what `put KEY PATH` stores, bounded by what the store at `master` can hold. Returns 0,
+ * or 1 with a message. */
+static int put_input(const char *master, uint64_t timeout_ms, const char *path, char **data_p,
+                     size_t *size_p)
 {
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    bool in = strcmp(path, "-") == 0;
+    if (in && stdin_closed) {
+        fprintf(stderr, "kvstash put: standard input is closed\n");
+        return 1;
+    }
+    uint64_t max;
+    if (store_max_object(master, timeout_ms, &max) != 0)
+        return 1;
+    if (max == 0) {
+        fprintf(stderr, "kvstash put: the store has no segment mounted\n");
+        return 1;
+    }
+    FILE *f = in ? stdin : fopen(path, "rb");
     if (f == NULL) {
         fprintf(stderr, "kvstash put: cannot open '%s': %s\n", path, strerror(errno));
         return 1;
     }
-    char *data;
-    size_t size;
-    int r = slurp(f, &data, &size);
+    int r = read_bounded(f, path, max, data_p, size_p);
     if (f != stdin)
         fclose(f);
-    if (r != 0) {
-        fprintf(stderr, "kvstash put: cannot read '%s'\n", path);
+    if (r == 0 && *size_p == 0) {
+        fprintf(stderr, "kvstash put: %s is empty; objects hold at least one byte\n",
+                input_name(path));
+        kvs__free(*data_p);
         return 1;
     }
-    if (size == 0) {
-        fprintf(stderr, "kvstash put: '%s' is empty; objects hold at least one byte\n", path);
-        free(data);
-        return 1;
-    }
-    int rc = kvs_client_put(c, key, data, size, NULL);
-    free(data);
-    if (rc != KVS_OK) {
+    return r;
+}
+
+static int cmd_put(kvs_client_t *c, const char *key, const char *data, size_t size)
+{
+    if (kvs_client_put(c, key, data, size, NULL) != KVS_OK) {
         fprintf(stderr, "kvstash put: %s\n", kvs_last_error());
         return 1;
     }
     return 0;
 }
 
+/* Writes object `key` to `path`, "-" for standard output (checked by the caller to be open). */
 static int cmd_get(kvs_client_t *c, const char *key, const char *path)
 {
     void *data;
@@ -226,9 +456,22 @@ static int cmd_get(kvs_client_t *c, const char *key, const char *path)
     bool out = strcmp(path, "-") == 0;
     FILE *f = out ? stdout : fopen(path, "wb");
     int ret = 0;
-    if (f == NULL || fwrite(data, 1, size, f) != size || (out ? fflush(f) : fclose(f)) != 0) {
-        fprintf(stderr, "kvstash get: cannot write '%s': %s\n", path, strerror(errno));
+    if (f == NULL) {
+        fprintf(stderr, "kvstash get: cannot open '%s': %s\n", path, strerror(errno));
         ret = 1;
+    } else {
+        /* A short write is an error: the object is all there or the call fails. */
+        bool ok = fwrite(data, 1, size, f) == size;
+        int err = ok ? 0 : errno;
+        if ((out ? fflush(f) : fclose(f)) != 0 && ok) {
+            ok = false;
+            err = errno;
+        }
+        if (!ok) {
+            fprintf(stderr, "kvstash get: cannot write %s%s%s: %s\n", out ? "" : "'",
+                    out ? "standard output" : path, out ? "" : "'", strerror(err));
+            ret = 1;
+        }
     }
     kvs_free(data);
     return ret;
@@ -252,6 +495,14 @@ static int client_cmd(const char *master, uint64_t timeout_ms, const char *cmd, 
         fprintf(stderr, "kvstash %s: wants %s\n", cmd, want == 1 ? "KEY [--force]" : "KEY FILE|-");
         return 2;
     }
+    bool put = strcmp(cmd, "put") == 0, get = strcmp(cmd, "get") == 0;
+    if (get && strcmp(argv[1], "-") == 0 && !stdout_open("get"))
+        return 1;
+    /* Input is read, within what the store can hold, before the client connects. */
+    char *data = NULL;
+    size_t size = 0;
+    if (put && put_input(master, timeout_ms, argv[1], &data, &size) != 0)
+        return 1;
     kvs_client_config_t cfg;
     if (kvs_client_config_init(&cfg) != KVS_OK)
         fprintf(stderr, "kvstash: %s; using the default\n", kvs_last_error());
@@ -259,36 +510,111 @@ static int client_cmd(const char *master, uint64_t timeout_ms, const char *cmd, 
     cfg.rpc_timeout_ms = timeout_ms;
     cfg.transfer_timeout_ms = timeout_ms;
     kvs_client_t *c;
+    int ret = 1;
     if (kvs_client_open(&cfg, &c) != KVS_OK) {
         fprintf(stderr, "kvstash: %s\n", kvs_last_error());
-        return 1;
+    } else {
+        ret = put   ? cmd_put(c, argv[0], data, size)
+              : get ? cmd_get(c, argv[0], argv[1])
+                    : cmd_rm(c, argv[0], force);
+        kvs_client_close(c);
     }
-    int ret = strcmp(cmd, "put") == 0   ? cmd_put(c, argv[0], argv[1])
-              : strcmp(cmd, "get") == 0 ? cmd_get(c, argv[0], argv[1])
-                                        : cmd_rm(c, argv[0], force);
-    kvs_client_close(c);
+    kvs__free(data);
+    return ret;
+}
+
+/* kvstash bench ...: returns the exit code. `from` names where `master` came from. */
+static int bench_cmd(const char *master, const char *from, int argc, char **argv)
+{
+    const char *which = argc > 0 ? argv[0] : "";
+    if (strcmp(which, "allocator") == 0)
+        return kvs__bench_allocator_main(argc, argv);
+    if (strcmp(which, "transport") == 0)
+        return kvs__bench_transport_main(argc, argv);
+    if (strcmp(which, "proto") == 0)
+        return kvs__bench_proto_main(argc, argv);
+    if (strcmp(which, "store") == 0)
+        return kvs__bench_store_main(argc, argv);
+    bool with_master = strcmp(which, "client") == 0 || strcmp(which, "gpu") == 0;
+    if (with_master && master_check(master, from) != 0)
+        return 2;
+    if (strcmp(which, "client") == 0)
+        return kvs__bench_client_main(master, argc, argv);
+    if (strcmp(which, "scatter") == 0 || strcmp(which, "gpu") == 0) {
+#ifdef KVS_HAVE_CUDA
+        if (strcmp(which, "gpu") == 0)
+            return kvs__bench_gpu_main(master, argc, argv);
+        return kvs__bench_scatter_main(argc, argv);
+#else
+        fprintf(stderr,
+                "kvstash bench %s: this build has no CUDA (nvcc was not found when "
+                "it was configured)\n",
+                which);
+        return 1;
+#endif
+    }
+    fprintf(stderr,
+            "kvstash bench: unknown benchmark '%s' (known: allocator, transport, proto, "
+            "client, store, scatter, gpu)\n",
+            which);
+    return 2;
+}
+
+/* ls and stat, over a connection of their own to the master. */
+static int master_cmd(const char *master, uint64_t timeout_ms, const char *cmd, int argc,
+                      char **argv)
+{
+    bool ls = strcmp(cmd, "ls") == 0;
+    kvs__list_req_t req;
+    if (ls && ls_args(argc, argv, &req) != 0)
+        return 2;
+    if (!ls && argc > 0) {
+        fprintf(stderr, "kvstash stat: takes no arguments, got '%s'\n", argv[0]);
+        return 2;
+    }
+    if (!stdout_open(cmd))
+        return 1;
+    cli_t c;
+    if (cli_open(master, timeout_ms, &c) != 0)
+        return 1;
+    int ret = ls ? cmd_ls(&c, req) : cmd_stat(&c);
+    cli_close(&c);
     return ret;
 }
 
 int main(int argc, char **argv)
 {
-    const char *master = getenv("KVS_MASTER");
+    if (!std_fds_guard())
+        return 1; /* no /dev/null: nothing safe to report on */
+    const char *master = NULL, *master_from = "--master";
     uint64_t timeout_ms = 5000;
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
-        if (strcmp(argv[i], "--master") == 0 && i + 1 < argc) {
+        bool has_value = i + 1 < argc;
+        if ((strcmp(argv[i], "--master") == 0 || strcmp(argv[i], "--timeout-ms") == 0) &&
+            !has_value) {
+            fprintf(stderr, "kvstash: %s wants a value\n", argv[i]);
+            return 2;
+        }
+        if (strcmp(argv[i], "--master") == 0) {
             master = argv[++i];
-        } else if (strcmp(argv[i], "--timeout-ms") == 0 && i + 1 < argc) {
+            if (master_check(master, "--master") != 0)
+                return 2;
+        } else if (strcmp(argv[i], "--timeout-ms") == 0) {
             if (kvs__parse_u64(argv[++i], 3600000, &timeout_ms) != KVS_OK || timeout_ms == 0) {
-                fprintf(stderr, "kvstash: --timeout-ms wants 1..3600000\n");
+                fprintf(stderr, "kvstash: --timeout-ms wants 1..3600000, got '%s'\n", argv[i]);
                 return 2;
             }
         } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            if (!stdout_open("--help"))
+                return 1;
             usage(stdout);
-            return 0;
+            return stdout_finish("--help", 0);
         } else if (strcmp(argv[i], "--version") == 0) {
+            if (!stdout_open("--version"))
+                return 1;
             printf("kvstash %s\n", KVS_VERSION_STRING);
-            return 0;
+            return stdout_finish("--version", 0);
         } else {
             fprintf(stderr, "kvstash: unknown option '%s'\n", argv[i]);
             usage(stderr);
@@ -299,73 +625,29 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (master == NULL && (master = getenv("KVS_MASTER")) != NULL)
+        master_from = "KVS_MASTER";
+    if (master == NULL)
+        master = DEFAULT_MASTER;
     const char *cmd = argv[i++];
-    if (strcmp(cmd, "bench") == 0) {
-        if (i < argc && strcmp(argv[i], "allocator") == 0)
-            return kvs__bench_allocator_main(argc - i, argv + i);
-        if (i < argc && strcmp(argv[i], "transport") == 0)
-            return kvs__bench_transport_main(argc - i, argv + i);
-        if (i < argc && strcmp(argv[i], "proto") == 0)
-            return kvs__bench_proto_main(argc - i, argv + i);
-        if (i < argc && strcmp(argv[i], "client") == 0)
-            return kvs__bench_client_main(master, argc - i, argv + i);
-        if (i < argc && strcmp(argv[i], "store") == 0)
-            return kvs__bench_store_main(argc - i, argv + i);
-        if (i < argc && (strcmp(argv[i], "scatter") == 0 || strcmp(argv[i], "gpu") == 0)) {
-#ifdef KVS_HAVE_CUDA
-            if (strcmp(argv[i], "gpu") == 0)
-                return kvs__bench_gpu_main(master, argc - i, argv + i);
-            return kvs__bench_scatter_main(argc - i, argv + i);
-#else
-            fprintf(stderr,
-                    "kvstash bench %s: this build has no CUDA (nvcc was not found when "
-                    "it was configured)\n",
-                    argv[i]);
-            return 1;
-#endif
-        }
-        fprintf(stderr,
-                "kvstash bench: unknown benchmark '%s' (known: allocator, transport, proto, "
-                "client, store, scatter, gpu)\n",
-                i < argc ? argv[i] : "");
-        return 2;
-    }
+    if (strcmp(cmd, "bench") == 0)
+        return stdout_finish(cmd, bench_cmd(master, master_from, argc - i, argv + i));
     if (strcmp(cmd, "schema") == 0) {
+        if (!stdout_open(cmd))
+            return 1;
         kvs__schema_write_markdown(stdout);
-        return 0;
+        return stdout_finish(cmd, 0);
     }
-    if (strcmp(cmd, "put") == 0 || strcmp(cmd, "get") == 0 || strcmp(cmd, "rm") == 0)
-        return client_cmd(master, timeout_ms, cmd, argc - i, argv + i);
-    if (strcmp(cmd, "ls") != 0 && strcmp(cmd, "stat") != 0) {
+    bool client = strcmp(cmd, "put") == 0 || strcmp(cmd, "get") == 0 || strcmp(cmd, "rm") == 0;
+    if (!client && strcmp(cmd, "ls") != 0 && strcmp(cmd, "stat") != 0) {
         fprintf(stderr, "kvstash: unknown command '%s'\n", cmd);
         usage(stderr);
         return 2;
     }
-    cli_t c = {0};
-    char *host;
-    uint16_t port;
-    if (kvs__parse_host_port(master ? master : "127.0.0.1:50051", "127.0.0.1", &host, &port) !=
-            KVS_OK ||
-        port == 0) {
-        fprintf(stderr, "kvstash: --master wants HOST:PORT, got '%s'\n", master);
+    if (master_check(master, master_from) != 0)
         return 2;
-    }
-    kvs__rpc_config_t rcfg = {.host = host, .port = port, .timeout_ms = timeout_ms};
-    int rc = kvs__rpc_open(&rcfg, &c.rpc);
-    if (rc != KVS_OK) {
-        fprintf(stderr, "kvstash: cannot reach the master at %s:%u: %s\n", host, (unsigned)port,
-                kvs_status_str(rc));
-        kvs__free(host);
-        return 1;
-    }
-    kvs__wbuf_init(&c.req);
-    kvs__wbuf_init(&c.rsp);
-    kvs__arena_init(&c.arena);
-    int ret = strcmp(cmd, "ls") == 0 ? cmd_ls(&c, argc - i, argv + i) : cmd_stat(&c);
-    kvs__arena_free(&c.arena);
-    kvs__wbuf_free(&c.req);
-    kvs__wbuf_free(&c.rsp);
-    kvs__rpc_close(c.rpc);
-    kvs__free(host);
-    return ret;
+    /* get checks its own writes to standard output; put and rm write none. */
+    if (client)
+        return client_cmd(master, timeout_ms, cmd, argc - i, argv + i);
+    return stdout_finish(cmd, master_cmd(master, timeout_ms, cmd, argc - i, argv + i));
 }
