@@ -629,6 +629,19 @@ static void test_store_with_token(void)
         cfg.auth_token_file = wrong;
         CHECK_STATUS(kvs_client_open(&cfg, &c), KVS_AUTH_FAILED);
     }
+    /* The command line: with the token it lists and reads; without, it is refused. */
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s --master %s --auth-token-file %s ls >/dev/null 2>&1",
+             KVS_CLI_PATH, master, path);
+    CHECK_EQ_INT(system(cmd), 0);
+    snprintf(cmd, sizeof(cmd), "KVS_AUTH_TOKEN_FILE=%s %s --master %s get k-tcp - >/dev/null 2>&1",
+             path, KVS_CLI_PATH, master);
+    CHECK_EQ_INT(system(cmd), 0);
+    snprintf(cmd, sizeof(cmd), "%s --master %s ls >/dev/null 2>&1", KVS_CLI_PATH, master);
+    CHECK(system(cmd) != 0);
+    snprintf(cmd, sizeof(cmd), "%s --master %s --auth-token-file %s rm k-tcp >/dev/null 2>&1",
+             KVS_CLI_PATH, master, wrong);
+    CHECK(system(cmd) != 0);
     server_stop(&s);
 }
 

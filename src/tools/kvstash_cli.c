@@ -19,7 +19,11 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvstash [--master HOST:PORT] [--timeout-ms N] COMMAND [ARGS]\n"
+    fprintf(f, "usage: kvstash [--master HOST:PORT] [--timeout-ms N] [--auth-token-file PATH] "
+               "COMMAND [ARGS]\n"
+               "\n"
+               "--auth-token-file (default $KVS_AUTH_TOKEN_FILE): the cluster's secret, for a\n"
+               "store that requires authentication.\n"
                "\n"
                "Commands:\n"
                "  put KEY FILE|-            store FILE (or standard input) under KEY\n"
@@ -161,6 +165,12 @@ static int cli_open(const char *master, uint64_t timeout_ms, cli_t *c)
         return 1;
     }
     kvs__rpc_config_t rcfg = {.host = host, .port = port, .timeout_ms = timeout_ms};
+    char why[512];
+    if (kvs__auth_configure(NULL, &rcfg.auth, why, sizeof(why)) != KVS_OK) {
+        fprintf(stderr, "kvstash: %s\n", why);
+        kvs__free(host);
+        return 1;
+    }
     rc = kvs__rpc_open(&rcfg, &c->rpc);
     if (rc != KVS_OK) {
         fprintf(stderr, "kvstash: cannot reach the master at %s:%u: %s\n", host, (unsigned)port,
@@ -591,7 +601,8 @@ int main(int argc, char **argv)
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         bool has_value = i + 1 < argc;
-        if ((strcmp(argv[i], "--master") == 0 || strcmp(argv[i], "--timeout-ms") == 0) &&
+        if ((strcmp(argv[i], "--master") == 0 || strcmp(argv[i], "--timeout-ms") == 0 ||
+             strcmp(argv[i], "--auth-token-file") == 0) &&
             !has_value) {
             fprintf(stderr, "kvstash: %s wants a value\n", argv[i]);
             return 2;
@@ -600,6 +611,12 @@ int main(int argc, char **argv)
             master = argv[++i];
             if (master_check(master, "--master") != 0)
                 return 2;
+        } else if (strcmp(argv[i], "--auth-token-file") == 0) {
+            /* Through the environment, which the client library and the master calls read. */
+            if (argv[++i][0] == '\0' || setenv("KVS_AUTH_TOKEN_FILE", argv[i], 1) != 0) {
+                fprintf(stderr, "kvstash: --auth-token-file wants a path\n");
+                return 2;
+            }
         } else if (strcmp(argv[i], "--timeout-ms") == 0) {
             if (kvs__parse_u64(argv[++i], 3600000, &timeout_ms) != KVS_OK || timeout_ms == 0) {
                 fprintf(stderr, "kvstash: --timeout-ms wants 1..3600000, got '%s'\n", argv[i]);
