@@ -109,7 +109,7 @@ static void test_proofs_bind_everything(void)
     q[31] ^= 1;
     CHECK(!kvs__auth_check(&a, KVS_AUTH_MASTER, KVS_AUTH_BY_CLIENT, cn, sn, q, 32));
     /* Capabilities name the segment, the range and the token. */
-    uint8_t k[32];
+    uint8_t k[KVS_WRITE_KEY_LEN];
     kvs__write_key_new(k);
     uint64_t c = kvs__write_cap(k, 5, 4096, 100, 77);
     CHECK(c != 0);
@@ -261,9 +261,12 @@ static void test_master_handshake(void)
     kvs__wbuf_t w, rsp;
     kvs__wbuf_init(&w);
     kvs__wbuf_init(&rsp);
-    uint8_t key[32] = {0};
-    kvs__mount_req_t mr = {
-        kvs__str_c("rogue"), kvs__str_c("n"), kvs__str_c("127.0.0.1:1"), 1ull << 40, {key, 32}};
+    uint8_t key[KVS_WRITE_KEY_LEN] = {0};
+    kvs__mount_req_t mr = {kvs__str_c("rogue"),
+                           kvs__str_c("n"),
+                           kvs__str_c("127.0.0.1:1"),
+                           1ull << 40,
+                           {key, KVS_WRITE_KEY_LEN}};
     kvs__mount_req_encode(&w, &mr);
     raw_send(fd, KVS_MSG_MOUNT, &w);
     CHECK_EQ_INT(raw_recv(fd, &rsp), KVS_MSG_ERROR | KVS_RSP_FLAG);
@@ -331,7 +334,7 @@ typedef struct {
     kvs__segment_mem_t mem;
     char ep[64];
     char dir[64];
-    uint8_t key[32];
+    uint8_t key[KVS_WRITE_KEY_LEN];
 } owner_t;
 
 #define SEG_ID 99u

@@ -4,9 +4,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/params.h>
 #include <openssl/sha.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -175,21 +177,74 @@ bool kvs__auth_check(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint, kvs
     return CRYPTO_memcmp(want, proof, KVS_AUTH_PROOF_LEN) == 0;
 }
 
-uint64_t kvs__write_cap(const uint8_t key[KVS_WRITE_KEY_LEN], uint64_t segment_id, uint64_t offset,
-                        uint64_t size, uint64_t token)
+struct kvs__cap_ctx {
+    EVP_MAC_CTX *mac;
+};
+
+int kvs__cap_ctx_rekey(kvs__cap_ctx_t *ctx, const uint8_t key[KVS_WRITE_KEY_LEN])
+{
+    size_t size = 8;
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_size_t(OSSL_MAC_PARAM_SIZE, &size),
+                           OSSL_PARAM_construct_end()};
+    return EVP_MAC_init(ctx->mac, key, KVS_WRITE_KEY_LEN, params) == 1 ? KVS_OK
+                                                                       : KVS_INTERNAL_ERROR;
+}
+
+int kvs__cap_ctx_new(const uint8_t key[KVS_WRITE_KEY_LEN], kvs__cap_ctx_t **ctx_p)
+{
+    kvs__cap_ctx_t *c = kvs__calloc(1, sizeof(*c));
+    if (c == NULL)
+        return KVS_NO_MEMORY;
+    EVP_MAC *mac = EVP_MAC_fetch(NULL, "SIPHASH", NULL);
+    c->mac = mac != NULL ? EVP_MAC_CTX_new(mac) : NULL;
+    EVP_MAC_free(mac); /* the context holds its own reference */
+    if (c->mac == NULL || kvs__cap_ctx_rekey(c, key) != KVS_OK) {
+        kvs__cap_ctx_free(c);
+        return KVS_INTERNAL_ERROR;
+    }
+    *ctx_p = c;
+    return KVS_OK;
+}
+
+void kvs__cap_ctx_free(kvs__cap_ctx_t *ctx)
+{
+    if (ctx == NULL)
+        return;
+    EVP_MAC_CTX_free(ctx->mac);
+    kvs__free(ctx);
+}
+
+uint64_t kvs__cap_ctx_compute(kvs__cap_ctx_t *ctx, uint64_t segment_id, uint64_t offset,
+                              uint64_t size, uint64_t token)
 {
     static const char label[] = "kvstash-write-1";
-    uint8_t in[sizeof(label) + 32], out[32];
+    uint8_t in[sizeof(label) + 32], out[8];
+    size_t n = 0;
     memcpy(in, label, sizeof(label));
     le64(in + sizeof(label), segment_id);
     le64(in + sizeof(label) + 8, offset);
     le64(in + sizeof(label) + 16, size);
     le64(in + sizeof(label) + 24, token);
-    hmac(key, in, sizeof(in), out);
+    /* Re-initialising with no key keeps the key and starts a new message. */
+    if (EVP_MAC_init(ctx->mac, NULL, 0, NULL) != 1 ||
+        EVP_MAC_update(ctx->mac, in, sizeof(in)) != 1 ||
+        EVP_MAC_final(ctx->mac, out, &n, sizeof(out)) != 1 || n != sizeof(out))
+        return 0;
     uint64_t cap = 0;
     for (unsigned i = 0; i < 8; i++)
         cap |= (uint64_t)out[i] << (8 * i);
     return cap ? cap : 1;
+}
+
+uint64_t kvs__write_cap(const uint8_t key[KVS_WRITE_KEY_LEN], uint64_t segment_id, uint64_t offset,
+                        uint64_t size, uint64_t token)
+{
+    kvs__cap_ctx_t *c;
+    if (kvs__cap_ctx_new(key, &c) != KVS_OK)
+        return 0;
+    uint64_t cap = kvs__cap_ctx_compute(c, segment_id, offset, size, token);
+    kvs__cap_ctx_free(c);
+    return cap;
 }
 
 int kvs__auth_selftest(void)

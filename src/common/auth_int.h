@@ -60,14 +60,26 @@ bool kvs__auth_check(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint, kvs
 
 /* ---- write capabilities ------------------------------------------------------------------
  * Each segment has a random write key, made by its owner at mount and told only to the master.
- * For every replica of a put the master gives the writer a capability: a MAC of the segment,
- * the allocated range and the put's token under that key. The owner accepts a write only
- * inside the range its capability names, so a writer can write only where the master placed
- * its own open puts. */
-#define KVS_WRITE_KEY_LEN 32u
+ * For every replica of a put the master gives the writer a capability: a MAC (SipHash-2-4 from
+ * libcrypto: a 64-bit PRF made for short inputs, 0.14 us against 0.5 us for HMAC-SHA256) of
+ * the segment, the allocated range and the put's token under that key. The owner accepts a
+ * write only inside the range its capability names, so a writer can write only where the
+ * master placed its own open puts. */
+#define KVS_WRITE_KEY_LEN 16u
 
 void kvs__write_key_new(uint8_t key[KVS_WRITE_KEY_LEN]);
-/* The capability (never 0) for [offset, offset + size) of segment `segment_id` and `token`. */
+
+/* A keyed MAC context for capabilities: one thread at a time. */
+typedef struct kvs__cap_ctx kvs__cap_ctx_t;
+/* NO_MEMORY (or INTERNAL_ERROR without SipHash in libcrypto); *ctx_p only on success. */
+int kvs__cap_ctx_new(const uint8_t key[KVS_WRITE_KEY_LEN], kvs__cap_ctx_t **ctx_p);
+int kvs__cap_ctx_rekey(kvs__cap_ctx_t *ctx, const uint8_t key[KVS_WRITE_KEY_LEN]);
+void kvs__cap_ctx_free(kvs__cap_ctx_t *ctx);
+/* The capability (never 0) for [offset, offset + size) of segment `segment_id` and `token`;
+ * 0 when libcrypto fails (never a valid capability). */
+uint64_t kvs__cap_ctx_compute(kvs__cap_ctx_t *ctx, uint64_t segment_id, uint64_t offset,
+                              uint64_t size, uint64_t token);
+/* The same in one call (a context made and freed): tests and one-off uses. */
 uint64_t kvs__write_cap(const uint8_t key[KVS_WRITE_KEY_LEN], uint64_t segment_id, uint64_t offset,
                         uint64_t size, uint64_t token);
 

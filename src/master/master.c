@@ -48,8 +48,8 @@ typedef struct seg {
     uint64_t last_heartbeat_ns;
     bool graced;   /* got a pause's grace since its last heartbeat (at most one per heartbeat) */
     char peer[64]; /* the address its MOUNT came from, "" if unknown */
-    bool keyed;    /* its owner gave a write key: every put's replica gets a capability */
-    uint8_t write_key[KVS_WRITE_KEY_LEN];
+    kvs__cap_ctx_t *cap; /* keyed with the owner's write key: every replica's capability
+                          * (NULL: the owner gave none, and checks none) */
 } seg_t;
 
 typedef struct {
@@ -541,6 +541,7 @@ static void seg_destroy(seg_t *s)
     if (s == NULL)
         return;
     kvs__seg_alloc_destroy(s->alloc);
+    kvs__cap_ctx_free(s->cap);
     kvs__free(s->fences);
     kvs__free(s->name);
     kvs__free(s->node);
@@ -648,9 +649,11 @@ int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
     }
     s->id = new_segment_id(m);
     s->client_id = client_id;
-    s->keyed = req->write_key.len == KVS_WRITE_KEY_LEN;
-    if (s->keyed)
-        memcpy(s->write_key, req->write_key.ptr, KVS_WRITE_KEY_LEN);
+    if (req->write_key.len == KVS_WRITE_KEY_LEN &&
+        kvs__cap_ctx_new(req->write_key.ptr, &s->cap) != KVS_OK) {
+        seg_destroy(s);
+        return KVS_NO_MEMORY;
+    }
     s->size = kvs__seg_alloc_capacity(s->alloc);
     s->last_heartbeat_ns = now_ns;
     m->segs[m->nseg++] = s;
@@ -993,7 +996,7 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, uint64_t writer,
     for (uint32_t i = 0; i < got; i++) {
         const seg_t *g = reps[i].seg;
         uint64_t cap =
-            g->keyed ? kvs__write_cap(g->write_key, g->id, reps[i].offset, it->size, o->token) : 0;
+            g->cap ? kvs__cap_ctx_compute(g->cap, g->id, reps[i].offset, it->size, o->token) : 0;
         d->reps[i] = (kvs__replica_t){g->id, reps[i].offset, cap};
     }
     return KVS_OK;

@@ -152,22 +152,36 @@ static void send_error(int fd, unsigned version, uint32_t req_id, int status, co
     kvs__wbuf_free(&w);
 }
 
+/* A connection's MAC context for capabilities, keyed for the segment it last checked. */
+typedef struct {
+    kvs__cap_ctx_t *ctx;
+    uint64_t segment_id; /* 0: not keyed yet */
+} cap_cache_t;
+
 /* Whether a write lies inside the range its capability names: the master allocated that range
  * to the writer's put (only the master and this owner know the key). */
-static bool write_allowed(const served_t *g, const kvs__data_req_t *r)
+static bool write_allowed(const served_t *g, const kvs__data_req_t *r, cap_cache_t *cc)
 {
     if (r->alloc_size == 0 || r->offset < r->alloc_offset ||
         r->offset - r->alloc_offset > r->alloc_size ||
         r->length > r->alloc_size - (r->offset - r->alloc_offset))
         return false;
-    return kvs__write_cap(g->write_key, g->id, r->alloc_offset, r->alloc_size, r->token) == r->cap;
+    if (cc->segment_id != g->id) {
+        int rc = cc->ctx == NULL ? kvs__cap_ctx_new(g->write_key, &cc->ctx)
+                                 : kvs__cap_ctx_rekey(cc->ctx, g->write_key);
+        if (rc != KVS_OK)
+            return false;
+        cc->segment_id = g->id;
+    }
+    uint64_t cap = kvs__cap_ctx_compute(cc->ctx, g->id, r->alloc_offset, r->alloc_size, r->token);
+    return cap != 0 && cap == r->cap;
 }
 
 /* Finds the segment and checks [offset, offset + length) lies inside it, and for a write that
- * its put is not fenced and, with `cap`, that its capability allows it (once per request: a
- * segment's key never changes under its id). Read lock held. */
-static int check_range(kvs__data_server_t *s, const kvs__data_req_t *r, bool write, bool cap,
-                       char **addr_p)
+ * its put is not fenced and, with `cap` (the connection's MAC context), that its capability
+ * allows it (once per request: a segment's key never changes under its id). Read lock held. */
+static int check_range(kvs__data_server_t *s, const kvs__data_req_t *r, bool write,
+                       cap_cache_t *cap, char **addr_p)
 {
     for (uint32_t i = 0; i < s->nseg; i++) {
         if (s->segs[i].id != r->segment_id)
@@ -178,7 +192,7 @@ static int check_range(kvs__data_server_t *s, const kvs__data_req_t *r, bool wri
         /* A write belongs to a put; a fenced put's space may already hold another object. */
         if (write && (r->token == 0 || fence_has(&s->segs[i].fenced, r->token)))
             return KVS_INVALID_WRITE;
-        if (write && cap && s->segs[i].keyed && !write_allowed(&s->segs[i], r))
+        if (write && cap != NULL && s->segs[i].keyed && !write_allowed(&s->segs[i], r, cap))
             return KVS_INVALID_WRITE;
         *addr_p = s->segs[i].base + r->offset;
         return KVS_OK;
@@ -228,7 +242,7 @@ static int segment_io(kvs__data_server_t *s, int fd, const kvs__data_req_t *r, b
         char *addr = NULL;
         ssize_t n = -1;
         int err = 0;
-        rc = check_range(s, r, to_segment, false, &addr);
+        rc = check_range(s, r, to_segment, NULL, &addr);
         if (rc == KVS_OK) {
             size_t want = (size_t)(r->length - done);
             TSAN_IGNORE_BEGIN();
@@ -359,8 +373,8 @@ static int answer_hello(kvs__data_server_t *s, int fd, const kvs__frame_hdr_t *h
     return rc;
 }
 
-/* Serves one connection. Returns when the peer leaves, errs, or the server stops. */
-static void serve(kvs__data_server_t *s, int fd)
+/* Serves one connection's requests. Returns when the peer leaves, errs, or the server stops. */
+static void serve_requests(kvs__data_server_t *s, int fd, cap_cache_t *cc)
 {
     uint64_t io_ns = s->cfg.io_timeout_ms * KVS_NS_PER_MS;
     bool hello = false;
@@ -433,7 +447,7 @@ static void serve(kvs__data_server_t *s, int fd)
             usleep((useconds_t)s->cfg.inject_delay_us);
         pthread_rwlock_rdlock(&s->seg_lock);
         char *addr = NULL;
-        rc = check_range(s, &r, is_write, true, &addr);
+        rc = check_range(s, &r, is_write, cc, &addr);
         pthread_rwlock_unlock(&s->seg_lock);
         uint64_t done = 0;
         deadline = kvs__now_ns() + io_ns + r.length / 256; /* at least ~256 MB/s */
@@ -471,6 +485,14 @@ static void serve(kvs__data_server_t *s, int fd)
         if (send_status(fd, ver, KVS_MSG_DATA_WRITE, h.req_id, rc, 0, deadline) != KVS_OK)
             return;
     }
+}
+
+/* Serves one connection, with its own MAC context for write capabilities. */
+static void serve(kvs__data_server_t *s, int fd)
+{
+    cap_cache_t cc = {NULL, 0};
+    serve_requests(s, fd, &cc);
+    kvs__cap_ctx_free(cc.ctx);
 }
 
 static void *conn_thread(void *arg)
