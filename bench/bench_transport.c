@@ -78,7 +78,7 @@ static double baseline_round(uint32_t conns, char *src, char *dst, size_t total)
 
 /* Median time (µs) of a fresh connection's first 4 KiB read: connect, HELLO (and AUTH with a
  * secret), the read. What authentication costs is paid here, once per connection. */
-static double first_read_us(const char *ep_name, const kvs__auth_t *auth, char *dst)
+static double first_read_us(const char *ep_name, const kvs__auth_t *auth, bool tls, char *dst)
 {
     enum { N = 101 };
     double us[N];
@@ -87,6 +87,7 @@ static double first_read_us(const char *ep_name, const kvs__auth_t *auth, char *
         kvs__tcp_config_init(&tcfg);
         tcfg.conns_per_peer = 1;
         tcfg.auth = *auth;
+        tcfg.tls = tls;
         kvs_transport_t *t;
         kvs_endpoint_t *ep;
         if (kvs__tcp_transport_create(&tcfg, &t) != KVS_OK)
@@ -118,17 +119,24 @@ int kvs__bench_transport_main(int argc, char **argv)
     char why[512];
     kvs__auth_t auth;
     const char *token_file = NULL;
+    bool tls = false;
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: kvstash bench transport [--size SIZE] [--reps N] "
-                   "[--auth-token-file PATH]\n"
+                   "[--auth-token-file PATH] [--tls]\n"
                    "defaults: --size 256MiB --reps 5; connections 1, 2, 4, 8; the token file\n"
-                   "(default $KVS_AUTH_TOKEN_FILE) makes both sides authenticate\n");
+                   "(default $KVS_AUTH_TOKEN_FILE) makes both sides authenticate; --tls (needs\n"
+                   "the token) puts both sides' connections in TLS\n");
             return 0;
         }
         if (v && !strcmp(a, "--auth-token-file")) {
             token_file = v;
+            continue;
+        }
+        if (!strcmp(a, "--tls")) {
+            tls = true;
+            i--; /* no value */
             continue;
         }
         if (v && !strcmp(a, "--size") && kvs__parse_size(v, &size) == KVS_OK && size >= 1 << 20)
@@ -149,6 +157,7 @@ int kvs__bench_transport_main(int argc, char **argv)
     kvs__data_server_config_t dcfg;
     kvs__data_server_config_init(&dcfg);
     dcfg.auth = auth;
+    dcfg.tls = tls;
     kvs__data_server_t *srv;
     if (kvs__data_server_create(&dcfg, &srv) != KVS_OK ||
         kvs__data_server_add(srv, 1, mem.base, size, mem.fd, NULL) != KVS_OK)
@@ -162,12 +171,12 @@ int kvs__bench_transport_main(int argc, char **argv)
     memset(src, 2, size);
     static const uint32_t conn_list[] = {1, 2, 4, 8};
     printf("loopback read of %llu MiB per call, median of %llu calls after one warm-up; "
-           "%ld cores; authentication %s\n\n",
+           "%ld cores; authentication %s, TLS %s\n\n",
            (unsigned long long)(size >> 20), (unsigned long long)reps,
-           sysconf(_SC_NPROCESSORS_ONLN), auth.on ? "on" : "off");
+           sysconf(_SC_NPROCESSORS_ONLN), auth.on ? "on" : "off", tls ? "on" : "off");
     printf("a fresh connection's first 4 KiB read (connect, handshake, read): median %.1f us "
            "of 101\n\n",
-           first_read_us(ep_name, &auth, dst));
+           first_read_us(ep_name, &auth, tls, dst));
     printf("| connections | kvstash tcp transport GB/s | plain sockets GB/s | ratio |\n");
     printf("|---|---|---|---|\n");
     int ret = 0;
@@ -176,6 +185,8 @@ int kvs__bench_transport_main(int argc, char **argv)
         kvs__tcp_config_init(&tcfg);
         tcfg.conns_per_peer = conn_list[ci];
         tcfg.auth = auth;
+        tcfg.tls = tls;
+        tcfg.tls = tls;
         kvs_transport_t *t;
         kvs_endpoint_t *ep;
         if (kvs__tcp_transport_create(&tcfg, &t) != KVS_OK ||

@@ -16,13 +16,16 @@
 #   store          `kvstash bench store` (the store benchmark); $STORE_ARGS adds its options
 #   contract       the correctness-contract tests on this machine's cores: test_stress and the
 #                  restart, fencing, tombstone and lease cases of test_client
+#   auth           the store benchmark's tcp rows without a token, then with one (servers and
+#                  readers authenticate), alternately twice: what authentication costs;
+#                  test_auth on this machine
 # $SCATTER_ARGS adds options to `kvstash bench scatter`.
 # Every suite runs even when an earlier one failed; the exit status says whether all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-build-gpu/out}
 mkdir -p "$out"
-(($#)) || { sed -n '2,21p' "$0"; exit 2; }
+(($#)) || { sed -n '2,24p' "$0"; exit 2; }
 {
     date -u +"%Y-%m-%dT%H:%M:%SZ"
     # (no commit line: the device machine's copy of .git may lag behind the tree it runs)
@@ -115,6 +118,22 @@ for suite in "$@"; do
             test_restart_on_the_same_ports_under_a_shm_client test_forced_remove_during_a_read \
             test_stopped_owner_resumes_after_its_put_was_revoked \
             test_completed_reads_release_their_leases test_owner_killed_during_shm_reads
+        ;;
+    auth)
+        step auth_test build-gpu/tests/test_auth
+        token=$(mktemp)
+        od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >"$token"
+        chmod 600 "$token"
+        for round in 1 2; do
+            for mode in off on; do
+                if [ "$mode" = on ]; then export KVS_AUTH_TOKEN_FILE=$token; fi
+                step "auth_${mode}_$round" build-gpu/kvstash bench store --topology tcp \
+                    --readers 1 --rounds 2 --threads 0 --csv "$out/auth-$mode-$round.csv" \
+                    --table "$out/auth-$mode-$round.md"
+                unset KVS_AUTH_TOKEN_FILE
+            done
+        done
+        rm -f "$token"
         ;;
     *) echo "unknown suite '$suite'"; failed+=("$suite") ;;
     esac

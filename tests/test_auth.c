@@ -648,6 +648,63 @@ static void test_store_with_token(void)
     server_stop(&s);
 }
 
+/* --tls: a client with TLS and the token stores and reads back over tcp; a client without TLS
+ * is refused by the TLS server, and a TLS client refuses a server without TLS. */
+static int open_client(const char *master, const char *token, bool tls, kvs_client_t **c_p)
+{
+    kvs_client_config_t cfg;
+    CHECK_STATUS(kvs_client_config_init(&cfg), KVS_OK);
+    cfg.master = master;
+    cfg.protocol = "tcp";
+    cfg.auth_token_file = token;
+    cfg.tls = tls;
+    cfg.rpc_timeout_ms = 2000;
+    *c_p = NULL;
+    return kvs_client_open(&cfg, c_p);
+}
+
+static void test_tls_store(void)
+{
+    const char *path = token_file(2, TOKEN_A, 0600);
+    const char *wrong = token_file(1, TOKEN_B, 0600);
+    const char *args[] = {"--auth-token-file", path, "--tls", "--segment-size", "8MiB", NULL};
+    server_t s;
+    server_start(&s, args);
+    char master[32];
+    snprintf(master, sizeof(master), "127.0.0.1:%u", (unsigned)s.port);
+    kvs_client_t *c;
+    CHECK_STATUS(open_client(master, path, true, &c), KVS_OK);
+    char in[300000];
+    for (size_t i = 0; i < sizeof(in); i++)
+        in[i] = (char)(i * 7 + 1);
+    CHECK_STATUS(kvs_client_put(c, "tls-key", in, sizeof(in), NULL), KVS_OK);
+    void *out = NULL;
+    size_t n = 0;
+    CHECK_STATUS(kvs_client_get(c, "tls-key", &out, &n), KVS_OK);
+    CHECK_EQ_U64(n, sizeof(in));
+    CHECK(memcmp(in, out, sizeof(in)) == 0);
+    kvs_free(out);
+    kvs_client_close(c);
+    CHECK(open_client(master, path, false, &c) != KVS_OK); /* plain against TLS */
+    CHECK(c == NULL);
+    CHECK(open_client(master, wrong, true, &c) != KVS_OK);                 /* another token's key */
+    CHECK_STATUS(open_client(master, NULL, true, &c), KVS_INVALID_PARAMS); /* TLS needs one */
+    server_stop(&s);
+    /* A server without TLS: the TLS client refuses it. */
+    const char *plain[] = {"--auth-token-file", path, "--segment-size", "8MiB", NULL};
+    server_start(&s, plain);
+    snprintf(master, sizeof(master), "127.0.0.1:%u", (unsigned)s.port);
+    CHECK(open_client(master, path, true, &c) != KVS_OK);
+    CHECK(c == NULL);
+    server_stop(&s);
+    /* --tls without a token: refused at start. */
+    char err[2048] = "";
+    const char *no_token[] = {"--tls", NULL};
+    unsetenv("KVS_AUTH_TOKEN_FILE");
+    CHECK_EQ_INT(server_run(no_token, err, sizeof(err)), 2);
+    CHECK(strstr(err, "--tls needs") != NULL);
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
@@ -661,6 +718,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_write_capabilities),
         KVS_TEST_CASE(test_server_refuses_open_bind_without_token),
         KVS_TEST_CASE(test_store_with_token),
+        KVS_TEST_CASE(test_tls_store),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
 }

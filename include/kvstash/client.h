@@ -45,11 +45,14 @@ typedef struct {
      * those that prove it back (and its own segments require it). NULL or "": none.
      * Default: $KVS_AUTH_TOKEN_FILE. */
     const char *auth_token_file;
+    /* TLS (1.3, keyed by the token: no certificates) on every master and tcp data connection;
+     * needs auth_token_file, and servers started with --tls. Default: $KVS_TLS (0 or 1). */
+    bool tls;
 } kvs_client_config_t;
 
 /* Fills defaults, then KVS_MASTER, KVS_PROTOCOL, KVS_RPC_TIMEOUT_MS,
- * KVS_TRANSFER_TIMEOUT_MS and KVS_AUTH_TOKEN_FILE from the environment. Returns KVS_INVALID_PARAMS
- * (and keeps the default) for a malformed environment value. */
+ * KVS_TRANSFER_TIMEOUT_MS, KVS_AUTH_TOKEN_FILE and KVS_TLS from the environment. Returns
+ * KVS_INVALID_PARAMS (and keeps the default) for a malformed environment value. */
 int kvs_client_config_init(kvs_client_config_t *cfg);
 
 /* Connects to the master. On success *client_p is a new client (free with kvs_client_close). */

@@ -33,6 +33,8 @@ int kvs_client_config_init(kvs_client_config_t *cfg)
     else
         rc = kvs__fail(KVS_INVALID_PARAMS, "KVS_RPC_TIMEOUT_MS must be 1..%llu",
                        (unsigned long long)DAY_MS);
+    if (kvs__env_bool("KVS_TLS", &cfg->tls) != KVS_OK)
+        rc = kvs__fail(KVS_INVALID_PARAMS, "KVS_TLS must be 0 or 1");
     v = cfg->transfer_timeout_ms;
     if (kvs__env_u64("KVS_TRANSFER_TIMEOUT_MS", DAY_MS, &v) == KVS_OK && v > 0)
         cfg->transfer_timeout_ms = v;
@@ -95,6 +97,12 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
             goto err_free;
         }
     }
+    c->tls = cfg->tls;
+    if (cfg->tls && !c->auth.on) {
+        rc = kvs__fail(KVS_INVALID_PARAMS, "TLS needs the cluster's token (auth_token_file or "
+                                           "KVS_AUTH_TOKEN_FILE): its key is derived from it");
+        goto err_free;
+    }
     /* Staging settings are read once, here. */
     kvs__staging_config_t scfg;
     kvs__staging_config_init(&scfg);
@@ -110,6 +118,7 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
     kvs__shm_config_t mcfg;
     rc = want_tcp ? kvs__tcp_config_init(&tcfg) : KVS_OK;
     tcfg.auth = c->auth;
+    tcfg.tls = cfg->tls;
     if (rc == KVS_OK && want_tcp)
         rc = kvs__tcp_transport_create(&tcfg, &c->tcp);
     if (rc == KVS_OK && want_shm && (rc = kvs__shm_config_init(&mcfg)) == KVS_OK) {
@@ -132,7 +141,8 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
                               .node = cfg->local_hostname,
                               .timeout_ms = cfg->rpc_timeout_ms,
                               .max_conns = (uint32_t)conns,
-                              .auth = c->auth};
+                              .auth = c->auth,
+                              .tls = cfg->tls};
     rc = kvs__rpc_open(&rcfg, &c->rpc);
     if (rc != KVS_OK) {
         rc = kvs__fail(rc, "cannot reach the master at %s: %s", master, kvs_status_str(rc));
@@ -241,6 +251,7 @@ int kvs_client_mount_segment(kvs_client_t *c, uint64_t size, const char *name,
     };
     kvs__data_server_config_init(&oc.data);
     oc.data.auth = c->auth; /* peers of our segment prove the secret we were given */
+    oc.data.tls = c->tls;
     kvs__client_enter(c);
     pthread_mutex_lock(&c->owners_lock);
     kvs__owner_t **grown = kvs__realloc(c->owners, (c->nowners + 1) * sizeof(*grown));

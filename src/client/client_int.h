@@ -54,6 +54,7 @@ typedef struct {
 struct kvs_client {
     char *master_host;
     kvs__auth_t auth; /* the secret from auth_token_file, if any */
+    bool tls;         /* TLS to the master and owners, and on our own segments' data ports */
     uint16_t master_port;
     char *node;
     uint64_t transfer_timeout_ms;

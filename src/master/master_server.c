@@ -27,6 +27,11 @@ typedef struct conn {
     tag_t tag;                /* TAG_CONN */
     struct conn *prev, *next; /* every open connection, for shutdown */
     int fd;
+    void *ssl;           /* its TLS session when the master has TLS on */
+    bool read_wants_out; /* TLS: a read step must write first (its handshake) */
+    bool write_wants_in; /* TLS: a write step must read first */
+    bool ready;          /* on the ready list: TLS holds bytes a poll cannot see */
+    struct conn *ready_next;
     bool hello_done;          /* HELLO answered */
     bool authed;              /* and the peer proved the secret (or the master has none): the
                                * connection has its identity, and requests are served */
@@ -77,6 +82,8 @@ struct kvs__master_server {
     probe_t *probes;      /* in flight */
     probe_t *dead_probes; /* finished; freed after the event batch that may still name them */
     kvs__wbuf_t scratch;
+    kvs__tls_t *tls;      /* server side, when cfg.tls */
+    conn_t *ready;        /* connections to read again before waiting (see conn_update_events) */
     uint64_t incarnation; /* random per start, told to every peer at HELLO */
     uint64_t pause_ns;    /* a gap between two looks at the clock longer than this is a pause */
     uint64_t last_run_ns; /* the monotonic clock at the last look (0: none yet) */
@@ -145,6 +152,15 @@ int kvs__master_server_create(const kvs__master_server_config_t *cfg,
     s->cfg = *cfg;
     s->listen_fd = s->epoll_fd = s->stop_fd = -1;
     s->incarnation = kvs__random_u64();
+    if (cfg->tls) {
+        char why[256];
+        int trc = kvs__tls_create(&cfg->auth, true, &s->tls, why, sizeof(why));
+        if (trc != KVS_OK) {
+            kvs_error("master: %s", why);
+            kvs__free(s);
+            return trc;
+        }
+    }
     s->pause_ns = server_pause_ms(cfg) * KVS_NS_PER_MS;
     kvs__wbuf_init(&s->scratch);
     int rc = kvs__master_create(&cfg->master, &s->master);
@@ -193,7 +209,15 @@ static void conn_close(kvs__master_server_t *s, conn_t *c)
     if (c->authed)
         kvs__master_client_disconnected(s->master, server_now(s), c->client_id);
     epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
+    kvs__io_t io = {c->fd, c->ssl};
+    kvs__io_free(&io);
     close(c->fd);
+    for (conn_t **pp = &s->ready; c->ready && *pp != NULL; pp = &(*pp)->ready_next) {
+        if (*pp == c) {
+            *pp = c->ready_next;
+            break;
+        }
+    }
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -206,16 +230,30 @@ static void conn_close(kvs__master_server_t *s, conn_t *c)
     s->nconns--;
 }
 
+static bool conn_reading(const conn_t *c)
+{
+    return !c->closing && !c->parked && c->out.len - c->out_sent < OUT_HIGH_WATER;
+}
+
 static void conn_update_events(kvs__master_server_t *s, conn_t *c)
 {
     size_t pending = c->out.len - c->out_sent;
     uint32_t ev = 0;
-    if (!c->closing && !c->parked && pending < OUT_HIGH_WATER)
+    bool reading = conn_reading(c);
+    if (reading || c->write_wants_in)
         ev |= EPOLLIN;
     if (c->parked)
         ev |= EPOLLRDHUP; /* a peer that leaves while its MOUNT waits cancels the probe */
-    if (pending > 0)
+    if (pending > 0 || (reading && c->read_wants_out))
         ev |= EPOLLOUT;
+    /* Bytes TLS decrypted already raise no event: such a connection is read again before the
+     * loop waits. */
+    kvs__io_t io = {c->fd, c->ssl};
+    if (reading && !c->ready && kvs__io_pending(&io)) {
+        c->ready = true;
+        c->ready_next = s->ready;
+        s->ready = c;
+    }
     if (ev != c->events) {
         struct epoll_event e = {.events = ev, .data.ptr = c};
         epoll_ctl(s->epoll_fd, EPOLL_CTL_MOD, c->fd, &e);
@@ -677,7 +715,10 @@ static bool conn_read(kvs__master_server_t *s, conn_t *c)
             dst = c->payload + c->payload_got;
             want = c->h.len - c->payload_got;
         }
-        ssize_t n = want ? recv(c->fd, dst, want, 0) : 0;
+        kvs__io_t io = {c->fd, c->ssl};
+        short events = POLLIN;
+        ssize_t n = want ? kvs__io_recv(&io, dst, want, &events) : 0;
+        c->read_wants_out = n < 0 && events == POLLOUT;
         if (want && n == 0)
             return false;
         if (n < 0) {
@@ -724,8 +765,12 @@ static bool conn_read(kvs__master_server_t *s, conn_t *c)
 
 static bool conn_write(conn_t *c)
 {
+    c->write_wants_in = false;
     while (c->out_sent < c->out.len) {
-        ssize_t n = send(c->fd, c->out.data + c->out_sent, c->out.len - c->out_sent, MSG_NOSIGNAL);
+        kvs__io_t io = {c->fd, c->ssl};
+        short events = POLLOUT;
+        ssize_t n = kvs__io_send(&io, c->out.data + c->out_sent, c->out.len - c->out_sent, &events);
+        c->write_wants_in = n < 0 && events == POLLIN;
         if (n > 0) {
             c->out_sent += (size_t)n;
         } else if (n < 0 && errno == EINTR) {
@@ -768,6 +813,15 @@ static void accept_all(kvs__master_server_t *s)
         }
         c->tag = TAG_CONN;
         c->fd = fd;
+        if (s->tls != NULL) { /* the handshake runs in the first reads and writes */
+            kvs__io_t io;
+            if (kvs__tls_handshake(s->tls, fd, 0, &io) != KVS_OK) {
+                close(fd);
+                kvs__free(c);
+                continue;
+            }
+            c->ssl = io.ssl;
+        }
         peer_address(fd, c->peer, sizeof(c->peer));
         c->reply_version = KVS_PROTO_VERSION_MIN;
         c->events = EPOLLIN;
@@ -786,6 +840,23 @@ static void accept_all(kvs__master_server_t *s)
     }
 }
 
+/* Reads the connections whose TLS holds decrypted bytes (no event would come for them). */
+static void serve_ready(kvs__master_server_t *s)
+{
+    conn_t *list = s->ready;
+    s->ready = NULL;
+    while (list != NULL) {
+        conn_t *c = list;
+        list = c->ready_next;
+        c->ready = false;
+        bool ok = conn_read(s, c) && conn_write(c);
+        if (!ok || (c->closing && c->out_sent == c->out.len))
+            conn_close(s, c);
+        else
+            conn_update_events(s, c);
+    }
+}
+
 int kvs__master_server_run(kvs__master_server_t *s)
 {
     if (s == NULL)
@@ -794,7 +865,9 @@ int kvs__master_server_run(kvs__master_server_t *s)
     struct epoll_event evs[64];
     uint64_t tick_ns = s->cfg.tick_ms * KVS_NS_PER_MS, next_tick = server_now(s) + tick_ns;
     for (;;) {
-        int n = epoll_wait(s->epoll_fd, evs, (int)KVS_ARRAY_SIZE(evs), (int)s->cfg.tick_ms);
+        serve_ready(s);
+        int n = epoll_wait(s->epoll_fd, evs, (int)KVS_ARRAY_SIZE(evs),
+                           s->ready != NULL ? 0 : (int)s->cfg.tick_ms);
         if (n < 0 && errno != EINTR) {
             kvs_error("epoll_wait: %s", strerror(errno));
             return KVS_IO_ERROR;
@@ -816,7 +889,8 @@ int kvs__master_server_run(kvs__master_server_t *s)
             bool ok = true;
             if (c->parked && (evs[i].events & (EPOLLERR | EPOLLHUP | EPOLLRDHUP)))
                 ok = false; /* reported whatever we watch: a parked peer that failed goes now */
-            else if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP))
+            else if ((evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) ||
+                     (c->read_wants_out && (evs[i].events & EPOLLOUT)))
                 ok = conn_read(s, c);
             if (ok)
                 ok = conn_write(c);
@@ -878,6 +952,7 @@ void kvs__master_server_destroy(kvs__master_server_t *s)
     if (s->epoll_fd >= 0)
         close(s->epoll_fd);
     kvs__wbuf_free(&s->scratch);
+    kvs__tls_destroy(s->tls);
     kvs__master_destroy(s->master);
     kvs__free(s);
 }

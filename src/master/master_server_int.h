@@ -20,6 +20,7 @@ typedef struct {
                             * long at most for a connect to the old owner's data endpoint: if
                             * it is refused, the old registration is replaced (default 1000) */
     kvs__auth_t auth;      /* peers must prove this secret at HELLO (AUTH), if on */
+    bool tls;              /* TLS on every connection (needs auth) */
     kvs__master_config_t master;
 } kvs__master_server_config_t;
 

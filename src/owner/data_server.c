@@ -96,7 +96,8 @@ struct kvs__data_server {
     uint16_t port;
     pthread_t accept_thread;
     bool accept_started;
-    int unix_fd; /* the shm socket, or -1 */
+    kvs__tls_t *tls; /* server side, when cfg.tls */
+    int unix_fd;     /* the shm socket, or -1 */
     char unix_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     pthread_t unix_thread;
     bool unix_started;
@@ -124,8 +125,8 @@ void kvs__data_server_config_init(kvs__data_server_config_t *cfg)
 
 /* Sends a response frame made of a header and an i32 status, plus `extra` more payload bytes
  * announced in the header (a READ's data, sent by the caller right after). */
-static int send_status(int fd, unsigned version, uint16_t type, uint32_t req_id, int32_t status,
-                       uint64_t extra, uint64_t deadline)
+static int send_status(const kvs__io_t *io, unsigned version, uint16_t type, uint32_t req_id,
+                       int32_t status, uint64_t extra, uint64_t deadline)
 {
     uint8_t buf[KVS_FRAME_HDR_LEN + KVS_DATA_STATUS_LEN];
     kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, (uint16_t)version, (uint16_t)(type | KVS_RSP_FLAG),
@@ -136,11 +137,11 @@ static int send_status(int fd, unsigned version, uint16_t type, uint32_t req_id,
     kvs__data_status_encode(&w, &ds);
     if (w.failed || w.len != KVS_DATA_STATUS_LEN)
         return KVS_INTERNAL_ERROR;
-    return kvs__send_all(fd, buf, sizeof(buf), deadline);
+    return kvs__io_send_all(io, buf, sizeof(buf), deadline);
 }
 
-static void send_error(int fd, unsigned version, uint32_t req_id, int status, const char *msg,
-                       uint64_t deadline)
+static void send_error(const kvs__io_t *io, unsigned version, uint32_t req_id, int status,
+                       const char *msg, uint64_t deadline)
 {
     kvs__wbuf_t w;
     kvs__wbuf_init(&w);
@@ -148,7 +149,7 @@ static void send_error(int fd, unsigned version, uint32_t req_id, int status, co
     kvs__error_rsp_t e = {status, kvs__str_c(msg)};
     kvs__error_rsp_encode(&w, &e);
     if (kvs__frame_end(&w) == KVS_OK)
-        kvs__send_all(fd, w.data, w.len, deadline);
+        kvs__io_send_all(io, w.data, w.len, deadline);
     kvs__wbuf_free(&w);
 }
 
@@ -232,8 +233,8 @@ void __tsan_ignore_thread_end(void);
  * different connections are ordered by the protocol (the master hands out space; readers read
  * complete objects), through sockets and other processes that ThreadSanitizer cannot see, so
  * its checks are off for these bytes (and only these). */
-static int segment_io(kvs__data_server_t *s, int fd, const kvs__data_req_t *r, bool to_segment,
-                      uint64_t deadline, uint64_t *done_p)
+static int segment_io(kvs__data_server_t *s, const kvs__io_t *io, const kvs__data_req_t *r,
+                      bool to_segment, uint64_t deadline, uint64_t *done_p)
 {
     uint64_t done = 0;
     int rc = KVS_OK;
@@ -242,12 +243,13 @@ static int segment_io(kvs__data_server_t *s, int fd, const kvs__data_req_t *r, b
         char *addr = NULL;
         ssize_t n = -1;
         int err = 0;
+        short events = to_segment ? POLLIN : POLLOUT;
         rc = check_range(s, r, to_segment, NULL, &addr);
         if (rc == KVS_OK) {
             size_t want = (size_t)(r->length - done);
             TSAN_IGNORE_BEGIN();
-            n = to_segment ? recv(fd, addr + done, want, MSG_DONTWAIT)
-                           : send(fd, addr + done, want, MSG_DONTWAIT | MSG_NOSIGNAL);
+            n = to_segment ? kvs__io_recv(io, addr + done, want, &events)
+                           : kvs__io_send(io, addr + done, want, &events);
             err = errno;
             TSAN_IGNORE_END();
         }
@@ -260,7 +262,7 @@ static int segment_io(kvs__data_server_t *s, int fd, const kvs__data_req_t *r, b
             rc = KVS_IO_ERROR; /* the peer closed */
             break;
         } else if (err == EAGAIN || err == EWOULDBLOCK) {
-            rc = kvs__wait_fd(fd, to_segment ? POLLIN : POLLOUT, deadline);
+            rc = kvs__wait_fd(io->fd, events, deadline);
             if (rc != KVS_OK)
                 break;
         } else if (err != EINTR) {
@@ -273,12 +275,12 @@ static int segment_io(kvs__data_server_t *s, int fd, const kvs__data_req_t *r, b
 }
 
 /* Reads and drops `len` bytes of the stream (a refused payload). */
-static int drain(int fd, uint64_t len, uint64_t deadline)
+static int drain(const kvs__io_t *io, uint64_t len, uint64_t deadline)
 {
     char sink[16384];
     while (len > 0) {
         size_t n = (size_t)KVS_MIN(len, (uint64_t)sizeof(sink));
-        int rc = kvs__recv_all(fd, sink, n, deadline);
+        int rc = kvs__io_recv_all(io, sink, n, deadline);
         if (rc != KVS_OK)
             return rc;
         len -= n;
@@ -287,7 +289,7 @@ static int drain(int fd, uint64_t len, uint64_t deadline)
 }
 
 /* Sends a HELLO or AUTH reply frame of `type` holding `rec` encoded by `encode`. */
-static int send_reply(int fd, uint16_t type, uint32_t req_id, unsigned version,
+static int send_reply(const kvs__io_t *io, uint16_t type, uint32_t req_id, unsigned version,
                       void (*encode)(kvs__wbuf_t *, const void *), const void *rec,
                       uint64_t deadline)
 {
@@ -297,7 +299,7 @@ static int send_reply(int fd, uint16_t type, uint32_t req_id, unsigned version,
     encode(&w, rec);
     int rc = kvs__frame_end(&w);
     if (rc == KVS_OK)
-        rc = kvs__send_all(fd, w.data, w.len, deadline);
+        rc = kvs__io_send_all(io, w.data, w.len, deadline);
     kvs__wbuf_free(&w);
     return rc;
 }
@@ -314,41 +316,41 @@ static void encode_auth_rsp(kvs__wbuf_t *w, const void *m)
 
 /* With a secret, the frame after HELLO must be an AUTH whose proof is right for this
  * connection's nonces; anything else ends the connection. */
-static int expect_auth(kvs__data_server_t *s, int fd, unsigned v, const kvs__auth_pending_t *st,
-                       uint64_t deadline)
+static int expect_auth(kvs__data_server_t *s, const kvs__io_t *io, unsigned v,
+                       const kvs__auth_pending_t *st, uint64_t deadline)
 {
     uint8_t hb[KVS_FRAME_HDR_LEN], pb[256];
     kvs__frame_hdr_t h;
     kvs__auth_req_t req;
-    int rc = kvs__recv_all(fd, hb, sizeof(hb), deadline);
+    int rc = kvs__io_recv_all(io, hb, sizeof(hb), deadline);
     if (rc != KVS_OK)
         return rc;
     if (kvs__frame_hdr_decode(hb, sizeof(hb), sizeof(pb), &h) != KVS_OK || h.type != KVS_MSG_AUTH) {
-        send_error(fd, v, h.req_id, KVS_AUTH_FAILED, "AUTH must follow HELLO", deadline);
+        send_error(io, v, h.req_id, KVS_AUTH_FAILED, "AUTH must follow HELLO", deadline);
         return KVS_AUTH_FAILED;
     }
-    if ((rc = kvs__recv_all(fd, pb, h.len, deadline)) != KVS_OK)
+    if ((rc = kvs__io_recv_all(io, pb, h.len, deadline)) != KVS_OK)
         return rc;
     if (kvs__auth_req_decode(pb, h.len, h.version, NULL, &req) != KVS_OK ||
         !kvs__auth_server_verify(&s->cfg.auth, KVS_AUTH_DATA, st, &req)) {
         kvs_warn("data server: refused a peer with a wrong proof");
-        send_error(fd, v, h.req_id, KVS_AUTH_FAILED, "wrong proof: this owner has another token",
+        send_error(io, v, h.req_id, KVS_AUTH_FAILED, "wrong proof: this owner has another token",
                    deadline);
         return KVS_AUTH_FAILED;
     }
     kvs__auth_rsp_t ar = {KVS_OK, 0};
-    return send_reply(fd, KVS_MSG_AUTH, h.req_id, v, encode_auth_rsp, &ar, deadline);
+    return send_reply(io, KVS_MSG_AUTH, h.req_id, v, encode_auth_rsp, &ar, deadline);
 }
 
 /* Answers a data connection's HELLO with the highest version both sides speak, or an ERROR
  * that says why there is none; with a secret, the AUTH that must follow too. */
-static int answer_hello(kvs__data_server_t *s, int fd, const kvs__frame_hdr_t *h,
+static int answer_hello(kvs__data_server_t *s, const kvs__io_t *io, const kvs__frame_hdr_t *h,
                         const uint8_t *payload, uint64_t deadline, unsigned *version_p)
 {
     kvs__hello_req_t req;
     unsigned reply_v = kvs__proto_reply_version(h->version);
     if (kvs__hello_req_decode(payload, h->len, h->version, NULL, &req) != KVS_OK) {
-        send_error(fd, reply_v, h->req_id, KVS_PROTOCOL_ERROR, "HELLO is malformed", deadline);
+        send_error(io, reply_v, h->req_id, KVS_PROTOCOL_ERROR, "HELLO is malformed", deadline);
         return KVS_PROTOCOL_ERROR;
     }
     unsigned v = kvs__proto_negotiate(req.version_min, req.version_max);
@@ -356,25 +358,25 @@ static int answer_hello(kvs__data_server_t *s, int fd, const kvs__frame_hdr_t *h
         char msg[128];
         snprintf(msg, sizeof(msg), "peer speaks protocol %u..%u, this owner speaks %u..%u",
                  req.version_min, req.version_max, KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX);
-        send_error(fd, reply_v, h->req_id, KVS_INVALID_VERSION, msg, deadline);
+        send_error(io, reply_v, h->req_id, KVS_INVALID_VERSION, msg, deadline);
         return KVS_INVALID_VERSION;
     }
     kvs__hello_rsp_t rsp = {.status = KVS_OK, .version = v, .next_probe = req.next_probe};
     kvs__auth_pending_t st;
     if (kvs__auth_server_hello(&s->cfg.auth, KVS_AUTH_DATA, &req, &st, &rsp) != KVS_OK) {
-        send_error(fd, v, h->req_id, KVS_AUTH_FAILED, "HELLO carries no nonce", deadline);
+        send_error(io, v, h->req_id, KVS_AUTH_FAILED, "HELLO carries no nonce", deadline);
         return KVS_AUTH_FAILED;
     }
-    int rc = send_reply(fd, KVS_MSG_HELLO, h->req_id, v, encode_hello_rsp, &rsp, deadline);
+    int rc = send_reply(io, KVS_MSG_HELLO, h->req_id, v, encode_hello_rsp, &rsp, deadline);
     if (rc == KVS_OK && st.required)
-        rc = expect_auth(s, fd, v, &st, deadline);
+        rc = expect_auth(s, io, v, &st, deadline);
     if (rc == KVS_OK)
         *version_p = v;
     return rc;
 }
 
 /* Serves one connection's requests. Returns when the peer leaves, errs, or the server stops. */
-static void serve_requests(kvs__data_server_t *s, int fd, cap_cache_t *cc)
+static void serve_requests(kvs__data_server_t *s, const kvs__io_t *io, cap_cache_t *cc)
 {
     uint64_t io_ns = s->cfg.io_timeout_ms * KVS_NS_PER_MS;
     bool hello = false;
@@ -382,13 +384,14 @@ static void serve_requests(kvs__data_server_t *s, int fd, cap_cache_t *cc)
     uint8_t hb[KVS_FRAME_HDR_LEN], pb[512];
     for (;;) {
         /* Idle peers may wait for ever; destroy shuts the socket down to wake us. */
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (poll(&p, 1, -1) < 0 && errno != EINTR)
+        /* (Bytes TLS has decrypted already are not seen by poll.) */
+        struct pollfd p = {.fd = io->fd, .events = POLLIN};
+        if (!kvs__io_pending(io) && poll(&p, 1, -1) < 0 && errno != EINTR)
             return;
         if (atomic_load(&s->stopping))
             return;
         uint64_t deadline = kvs__now_ns() + io_ns;
-        if (kvs__recv_all(fd, hb, sizeof(hb), deadline) != KVS_OK)
+        if (kvs__io_recv_all(io, hb, sizeof(hb), deadline) != KVS_OK)
             return;
         kvs__frame_hdr_t h;
         int rc = kvs__frame_hdr_decode(hb, sizeof(hb), KVS_DATA_REQ_LEN + KVS_DATA_MAX_CHUNK, &h);
@@ -399,25 +402,25 @@ static void serve_requests(kvs__data_server_t *s, int fd, cap_cache_t *cc)
                 snprintf(msg, sizeof(msg),
                          "unsupported protocol version (this owner speaks %u..%u)",
                          KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX);
-            send_error(fd, ver, 0, rc, msg, deadline);
+            send_error(io, ver, 0, rc, msg, deadline);
             return;
         }
         kvs__frame_log("owner", "<-", &h, NULL, 0);
         if (hello && !kvs__msg_known(h.type)) { /* before HELLO: refused below, and closed */
             /* Skip the payload so the stream stays in step, and say why. */
             atomic_fetch_add(&s->refused, 1);
-            if (drain(fd, h.len, deadline + h.len / 256) != KVS_OK)
+            if (drain(io, h.len, deadline + h.len / 256) != KVS_OK)
                 return;
             char msg[96];
             snprintf(msg, sizeof(msg), "unknown message type %u (this owner speaks %u..%u)", h.type,
                      KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX);
-            send_error(fd, ver, h.req_id, KVS_UNSUPPORTED, msg, deadline);
+            send_error(io, ver, h.req_id, KVS_UNSUPPORTED, msg, deadline);
             continue;
         }
         if (h.type == KVS_MSG_HELLO && !hello && h.len <= sizeof(pb)) {
-            if (kvs__recv_all(fd, pb, h.len, deadline) != KVS_OK)
+            if (kvs__io_recv_all(io, pb, h.len, deadline) != KVS_OK)
                 return;
-            if (answer_hello(s, fd, &h, pb, deadline, &ver) != KVS_OK) {
+            if (answer_hello(s, io, &h, pb, deadline, &ver) != KVS_OK) {
                 atomic_fetch_add(&s->refused, 1);
                 return;
             }
@@ -428,18 +431,18 @@ static void serve_requests(kvs__data_server_t *s, int fd, cap_cache_t *cc)
         if (!hello || (!is_read && !is_write) || h.len < KVS_DATA_REQ_LEN ||
             (is_read && h.len != KVS_DATA_REQ_LEN)) {
             atomic_fetch_add(&s->refused, 1);
-            send_error(fd, ver, h.req_id, KVS_PROTOCOL_ERROR,
+            send_error(io, ver, h.req_id, KVS_PROTOCOL_ERROR,
                        hello ? "expected DATA_READ or DATA_WRITE" : "HELLO must come first",
                        deadline);
             return;
         }
         kvs__data_req_t r;
-        if (kvs__recv_all(fd, pb, KVS_DATA_REQ_LEN, deadline) != KVS_OK)
+        if (kvs__io_recv_all(io, pb, KVS_DATA_REQ_LEN, deadline) != KVS_OK)
             return;
         if (kvs__data_req_decode(pb, KVS_DATA_REQ_LEN, h.version, NULL, &r) != KVS_OK ||
             (is_write && r.length != h.len - KVS_DATA_REQ_LEN)) {
             atomic_fetch_add(&s->refused, 1);
-            send_error(fd, ver, h.req_id, KVS_PROTOCOL_ERROR, "WRITE length disagrees with frame",
+            send_error(io, ver, h.req_id, KVS_PROTOCOL_ERROR, "WRITE length disagrees with frame",
                        deadline);
             return;
         }
@@ -452,19 +455,19 @@ static void serve_requests(kvs__data_server_t *s, int fd, cap_cache_t *cc)
         uint64_t done = 0;
         deadline = kvs__now_ns() + io_ns + r.length / 256; /* at least ~256 MB/s */
         if (rc == KVS_OK && is_read) {
-            rc = send_status(fd, ver, KVS_MSG_DATA_READ, h.req_id, KVS_OK, r.length, deadline);
+            rc = send_status(io, ver, KVS_MSG_DATA_READ, h.req_id, KVS_OK, r.length, deadline);
             if (rc != KVS_OK)
                 return;
             /* Any failure after the OK header (a remove part way included) leaves the frame
              * short: only closing the connection tells the reader. */
-            if (segment_io(s, fd, &r, false, deadline, &done) != KVS_OK)
+            if (segment_io(s, io, &r, false, deadline, &done) != KVS_OK)
                 return;
             continue;
         }
         if (rc == KVS_OK) {
-            rc = segment_io(s, fd, &r, true, deadline, &done);
+            rc = segment_io(s, io, &r, true, deadline, &done);
             if (rc == KVS_OK) {
-                if (send_status(fd, ver, KVS_MSG_DATA_WRITE, h.req_id, KVS_OK, 0, deadline) !=
+                if (send_status(io, ver, KVS_MSG_DATA_WRITE, h.req_id, KVS_OK, 0, deadline) !=
                     KVS_OK)
                     return;
                 continue;
@@ -474,25 +477,35 @@ static void serve_requests(kvs__data_server_t *s, int fd, cap_cache_t *cc)
         }
         atomic_fetch_add(&s->refused, 1);
         if (is_read) {
-            if (send_status(fd, ver, KVS_MSG_DATA_READ, h.req_id, rc, 0, deadline) != KVS_OK)
+            if (send_status(io, ver, KVS_MSG_DATA_READ, h.req_id, rc, 0, deadline) != KVS_OK)
                 return;
             continue;
         }
         /* Drain the rest of the announced bytes (never into the segment) so the stream stays
          * in step, then refuse; the peer keeps its connection. */
-        if (drain(fd, r.length - done, deadline) != KVS_OK)
+        if (drain(io, r.length - done, deadline) != KVS_OK)
             return;
-        if (send_status(fd, ver, KVS_MSG_DATA_WRITE, h.req_id, rc, 0, deadline) != KVS_OK)
+        if (send_status(io, ver, KVS_MSG_DATA_WRITE, h.req_id, rc, 0, deadline) != KVS_OK)
             return;
     }
 }
 
-/* Serves one connection, with its own MAC context for write capabilities. */
+/* Serves one connection: its TLS handshake when TLS is on, then its requests, with its own
+ * MAC context for write capabilities. */
 static void serve(kvs__data_server_t *s, int fd)
 {
+    kvs__io_t io = {fd, NULL};
+    if (s->tls != NULL &&
+        kvs__tls_handshake(s->tls, fd, kvs__now_ns() + s->cfg.io_timeout_ms * KVS_NS_PER_MS, &io) !=
+            KVS_OK) {
+        atomic_fetch_add(&s->refused, 1);
+        kvs_debug("data server: a peer failed the TLS handshake");
+        return;
+    }
     cap_cache_t cc = {NULL, 0};
-    serve_requests(s, fd, &cc);
+    serve_requests(s, &io, &cc);
     kvs__cap_ctx_free(cc.ctx);
+    kvs__io_free(&io);
 }
 
 static void *conn_thread(void *arg)
@@ -726,6 +739,15 @@ int kvs__data_server_create(const kvs__data_server_config_t *cfg, kvs__data_serv
         return KVS_NO_MEMORY;
     s->cfg = *cfg;
     s->unix_fd = -1;
+    if (cfg->tls) {
+        char why[256];
+        int rc = kvs__tls_create(&cfg->auth, true, &s->tls, why, sizeof(why));
+        if (rc != KVS_OK) {
+            kvs_error("data server: %s", why);
+            kvs__free(s);
+            return rc;
+        }
+    }
     /* Writers first: a fence (or a segment change) must not wait behind a stream of reads. */
     pthread_rwlockattr_t ra;
     pthread_rwlockattr_init(&ra);
@@ -853,5 +875,6 @@ void kvs__data_server_destroy(kvs__data_server_t *s)
     for (uint32_t i = 0; i < s->nseg; i++)
         kvs__free(s->segs[i].fenced.slots);
     kvs__free(s->segs);
+    kvs__tls_destroy(s->tls);
     kvs__free(s);
 }

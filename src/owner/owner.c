@@ -246,7 +246,8 @@ int kvs__owner_create(const kvs__owner_config_t *cfg, kvs__owner_t **owner_p)
     kvs__rpc_config_t rcfg = {.host = cfg->master_host,
                               .port = cfg->master_port,
                               .timeout_ms = cfg->rpc_timeout_ms,
-                              .auth = cfg->data.auth};
+                              .auth = cfg->data.auth,
+                              .tls = cfg->data.tls};
     rc = kvs__rpc_open(&rcfg, &o->rpc);
     if (rc != KVS_OK)
         goto err;

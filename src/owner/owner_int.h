@@ -29,6 +29,7 @@ typedef struct {
     const char *shm_dir;      /* where the same-host socket goes (NULL: KVS_SHM_DIR or the
                                * default; "": none) */
     kvs__auth_t auth;         /* peers of the tcp port and the shm socket must prove it, if on */
+    bool tls;                 /* TLS on the tcp port (needs auth); the owner's master calls too */
 } kvs__data_server_config_t;
 
 void kvs__data_server_config_init(kvs__data_server_config_t *cfg);

@@ -43,8 +43,8 @@ bool kvs__auth_server_verify(const kvs__auth_t *auth, kvs__auth_endpoint_t endpo
 
 /* Sends the frame in `w`, then receives the answer to it (its type, or ERROR) into `rsp`. An
  * ERROR becomes its status, explained in `why`. */
-static int exchange(int fd, kvs__wbuf_t *w, kvs__wbuf_t *rsp, uint64_t deadline, char *why,
-                    size_t whylen)
+static int exchange(const kvs__io_t *io, kvs__wbuf_t *w, kvs__wbuf_t *rsp, uint64_t deadline,
+                    char *why, size_t whylen)
 {
     kvs__frame_hdr_t sent, h;
     uint8_t hb[KVS_FRAME_HDR_LEN];
@@ -53,8 +53,8 @@ static int exchange(int fd, kvs__wbuf_t *w, kvs__wbuf_t *rsp, uint64_t deadline,
         rc = kvs__frame_hdr_decode(w->data, w->len, KVS_FRAME_MAX_PAYLOAD, &sent);
     if (rc != KVS_OK)
         return KVS_INTERNAL_ERROR;
-    if ((rc = kvs__send_all(fd, w->data, w->len, deadline)) != KVS_OK ||
-        (rc = kvs__recv_all(fd, hb, sizeof(hb), deadline)) != KVS_OK)
+    if ((rc = kvs__io_send_all(io, w->data, w->len, deadline)) != KVS_OK ||
+        (rc = kvs__io_recv_all(io, hb, sizeof(hb), deadline)) != KVS_OK)
         return rc;
     if (kvs__frame_hdr_decode(hb, sizeof(hb), HANDSHAKE_MAX_PAYLOAD, &h) != KVS_OK ||
         (h.type != (sent.type | KVS_RSP_FLAG) && h.type != (KVS_MSG_ERROR | KVS_RSP_FLAG))) {
@@ -65,7 +65,7 @@ static int exchange(int fd, kvs__wbuf_t *w, kvs__wbuf_t *rsp, uint64_t deadline,
     uint8_t *p = kvs__wbuf_grow(rsp, h.len);
     if (p == NULL && h.len > 0)
         return KVS_NO_MEMORY;
-    if (h.len > 0 && (rc = kvs__recv_all(fd, p, h.len, deadline)) != KVS_OK)
+    if (h.len > 0 && (rc = kvs__io_recv_all(io, p, h.len, deadline)) != KVS_OK)
         return rc;
     rsp->version = h.version;
     if (h.type == (KVS_MSG_ERROR | KVS_RSP_FLAG)) {
@@ -80,7 +80,7 @@ static int exchange(int fd, kvs__wbuf_t *w, kvs__wbuf_t *rsp, uint64_t deadline,
 
 /* The AUTH step, after a HELLO reply that asked for it: checks the server's proof, then gives
  * ours. *client_id_p gets the id the server bound. */
-static int client_auth(int fd, const kvs__handshake_t *hs, const kvs__hello_rsp_t *hr,
+static int client_auth(const kvs__io_t *io, const kvs__handshake_t *hs, const kvs__hello_rsp_t *hr,
                        const uint8_t cn[KVS_AUTH_NONCE_LEN], kvs__wbuf_t *w, kvs__wbuf_t *rsp,
                        uint64_t deadline, uint64_t *client_id_p, char *why, size_t whylen)
 {
@@ -102,7 +102,7 @@ static int client_auth(int fd, const kvs__handshake_t *hs, const kvs__hello_rsp_
     kvs__frame_begin(w, KVS_MSG_AUTH, 0, hr->version);
     kvs__auth_req_t ar = {{proof, sizeof(proof)}};
     kvs__auth_req_encode(w, &ar);
-    int rc = exchange(fd, w, rsp, deadline, why, whylen);
+    int rc = exchange(io, w, rsp, deadline, why, whylen);
     if (rc == KVS_AUTH_FAILED)
         snprintf(why + strlen(why), whylen - strlen(why), " (a different token?)");
     if (rc != KVS_OK)
@@ -120,7 +120,7 @@ static int client_auth(int fd, const kvs__handshake_t *hs, const kvs__hello_rsp_
     return KVS_OK;
 }
 
-int kvs__client_handshake(int fd, const kvs__handshake_t *hs, uint64_t deadline_ns,
+int kvs__client_handshake(const kvs__io_t *io, const kvs__handshake_t *hs, uint64_t deadline_ns,
                           kvs__hello_rsp_t *rsp_p)
 {
     char why[256] = "";
@@ -138,7 +138,7 @@ int kvs__client_handshake(int fd, const kvs__handshake_t *hs, uint64_t deadline_
                               .auth_nonce = {cn, sizeof(cn)},
                               .next_probe = KVS_PROTO_VERSION_MAX};
     kvs__hello_req_encode(&w, &hello);
-    int rc = exchange(fd, &w, &rsp, deadline_ns, why, sizeof(why));
+    int rc = exchange(io, &w, &rsp, deadline_ns, why, sizeof(why));
     kvs__hello_rsp_t h;
     if (rc == KVS_OK && kvs__hello_rsp_decode(rsp.data, rsp.len, rsp.version, NULL, &h) != KVS_OK) {
         snprintf(why, sizeof(why), "a malformed HELLO reply");
@@ -155,7 +155,7 @@ int kvs__client_handshake(int fd, const kvs__handshake_t *hs, uint64_t deadline_
         rc = KVS_INVALID_VERSION;
     }
     if (rc == KVS_OK && h.auth == KVS_HELLO_AUTH_HMAC) {
-        rc = client_auth(fd, hs, &h, cn, &w, &rsp, deadline_ns, &h.client_id, why, sizeof(why));
+        rc = client_auth(io, hs, &h, cn, &w, &rsp, deadline_ns, &h.client_id, why, sizeof(why));
     } else if (rc == KVS_OK && h.auth != KVS_HELLO_AUTH_NONE) {
         snprintf(why, sizeof(why), "it asks for authentication method %u, unknown here", h.auth);
         rc = KVS_UNSUPPORTED;
@@ -167,6 +167,11 @@ int kvs__client_handshake(int fd, const kvs__handshake_t *hs, uint64_t deadline_
     if (rc == KVS_OK) {
         h.auth_nonce = h.auth_proof = (kvs__blob_t){NULL, 0}; /* pointed into rsp */
         *rsp_p = h;
+    } else if (rc == KVS_IO_ERROR && io->ssl == NULL) {
+        /* A TLS server drops a plain HELLO without a word. */
+        kvs_warn("%s closed the connection during HELLO (a server started with --tls needs "
+                 "KVS_TLS=1 here)",
+                 hs->peer);
     } else if (rc == KVS_TIMED_OUT || rc == KVS_IO_ERROR) {
         kvs_debug("handshake with %s: %s", hs->peer, kvs_status_str(rc));
     } else {

@@ -341,10 +341,26 @@ int kvs__recv_all(int fd, void *buf, size_t len, uint64_t deadline_ns)
  * client. */
 
 typedef struct {
-    int fd; /* -1: not connected */
+    int fd;    /* -1: not connected */
+    void *ssl; /* its TLS session, when the pool has TLS on */
     uint32_t next_req_id;
     bool busy;
 } rpc_conn_t;
+
+static kvs__io_t conn_io(const rpc_conn_t *cn)
+{
+    return (kvs__io_t){cn->fd, cn->ssl};
+}
+
+static void conn_drop(rpc_conn_t *cn)
+{
+    kvs__io_t io = conn_io(cn);
+    kvs__io_free(&io);
+    if (cn->fd >= 0)
+        close(cn->fd);
+    cn->fd = -1;
+    cn->ssl = NULL;
+}
 
 struct kvs__rpc {
     char *host;
@@ -352,6 +368,7 @@ struct kvs__rpc {
     char node[KVS_MAX_NAME_LEN + 1];
     uint64_t timeout_ns;
     kvs__auth_t auth;
+    kvs__tls_t *tls; /* NULL: plain connections */
     pthread_mutex_t lock;
     pthread_cond_t cond; /* a connection became idle */
     unsigned version;    /* negotiated at the last HELLO; this build's highest before the first */
@@ -381,10 +398,11 @@ static int rpc_exchange(rpc_conn_t *cn, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint
     sent.req_id = id;
     kvs__frame_hdr_encode(&sent, req->data);
     kvs__frame_log("rpc", "->", &sent, req->data + KVS_FRAME_HDR_LEN, sent.len);
-    int rc = kvs__send_all(cn->fd, req->data, req->len, deadline);
+    kvs__io_t io = conn_io(cn);
+    int rc = kvs__io_send_all(&io, req->data, req->len, deadline);
     uint8_t hb[KVS_FRAME_HDR_LEN];
     if (rc == KVS_OK)
-        rc = kvs__recv_all(cn->fd, hb, sizeof(hb), deadline);
+        rc = kvs__io_recv_all(&io, hb, sizeof(hb), deadline);
     kvs__frame_hdr_t h;
     if (rc == KVS_OK) {
         rc = kvs__frame_hdr_decode(hb, sizeof(hb), KVS_FRAME_MAX_PAYLOAD, &h);
@@ -407,7 +425,7 @@ static int rpc_exchange(rpc_conn_t *cn, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint
                 }
             }
             if (rc == KVS_OK)
-                rc = kvs__recv_all(cn->fd, w->data, h.len, deadline);
+                rc = kvs__io_recv_all(&io, w->data, h.len, deadline);
             w->len = rc == KVS_OK ? h.len : 0;
         }
         rsp->version = h.version;
@@ -415,8 +433,7 @@ static int rpc_exchange(rpc_conn_t *cn, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint
             kvs__frame_log("rpc", "<-", &h, rsp->data, rsp->len);
     }
     if (rc != KVS_OK) {
-        close(cn->fd);
-        cn->fd = -1;
+        conn_drop(cn);
         return rc == KVS_TIMED_OUT ? KVS_TIMED_OUT : KVS_RPC_FAIL;
     }
     if (h.type == (KVS_MSG_ERROR | KVS_RSP_FLAG)) {
@@ -441,6 +458,19 @@ static int rpc_connect(kvs__rpc_t *rpc, rpc_conn_t *cn, uint64_t deadline)
         return fd == KVS_TIMED_OUT ? KVS_TIMED_OUT : KVS_RPC_FAIL;
     }
     cn->fd = fd;
+    if (rpc->tls != NULL) {
+        kvs__io_t io;
+        int trc = kvs__tls_handshake(rpc->tls, fd, deadline, &io);
+        if (trc != KVS_OK) {
+            kvs_error("TLS with the master at %s:%u failed: %s", rpc->host, (unsigned)rpc->port,
+                      trc == KVS_AUTH_FAILED ? "it has another token"
+                      : trc == KVS_TIMED_OUT ? "no answer in time"
+                                             : "it does not speak TLS (is it started with --tls?)");
+            conn_drop(cn);
+            return trc == KVS_TIMED_OUT || trc == KVS_AUTH_FAILED ? trc : KVS_RPC_FAIL;
+        }
+        cn->ssl = io.ssl;
+    }
     pthread_mutex_lock(&rpc->lock);
     uint64_t client_id = rpc->hello.client_id;
     pthread_mutex_unlock(&rpc->lock);
@@ -452,7 +482,8 @@ static int rpc_connect(kvs__rpc_t *rpc, rpc_conn_t *cn, uint64_t deadline)
                            .client_id = client_id,
                            .peer = peer};
     kvs__hello_rsp_t h;
-    int rc = kvs__client_handshake(fd, &hs, deadline, &h);
+    kvs__io_t io = conn_io(cn);
+    int rc = kvs__client_handshake(&io, &hs, deadline, &h);
     if (rc == KVS_OK) {
         pthread_mutex_lock(&rpc->lock);
         rpc->hello = h;
@@ -460,8 +491,7 @@ static int rpc_connect(kvs__rpc_t *rpc, rpc_conn_t *cn, uint64_t deadline)
         pthread_mutex_unlock(&rpc->lock);
     }
     if (rc != KVS_OK) {
-        close(cn->fd);
-        cn->fd = -1;
+        conn_drop(cn);
         /* Transport failures are the caller's to report; refusals were logged with why. */
         if (rc == KVS_IO_ERROR || rc == KVS_PROTOCOL_ERROR || rc == KVS_NO_MEMORY)
             rc = KVS_RPC_FAIL;
@@ -521,6 +551,16 @@ int kvs__rpc_open(const kvs__rpc_config_t *cfg, kvs__rpc_t **rpc_p)
     rpc->port = cfg->port;
     rpc->timeout_ns = cfg->timeout_ms * KVS_NS_PER_MS;
     rpc->auth = cfg->auth;
+    if (cfg->tls) {
+        char why[256];
+        int trc = kvs__tls_create(&cfg->auth, false, &rpc->tls, why, sizeof(why));
+        if (trc != KVS_OK) {
+            kvs_error("%s", why);
+            kvs__free(rpc->host);
+            kvs__free(rpc);
+            return trc;
+        }
+    }
     rpc->nconns = cfg->max_conns ? cfg->max_conns : KVS_RPC_DEFAULT_CONNS;
     for (uint32_t i = 0; i < KVS_RPC_MAX_CONNS; i++)
         rpc->conns[i].fd = -1;
@@ -548,10 +588,9 @@ void kvs__rpc_close(kvs__rpc_t *rpc)
 {
     if (rpc == NULL)
         return;
-    for (uint32_t i = 0; i < KVS_RPC_MAX_CONNS; i++) {
-        if (rpc->conns[i].fd >= 0)
-            close(rpc->conns[i].fd);
-    }
+    for (uint32_t i = 0; i < KVS_RPC_MAX_CONNS; i++)
+        conn_drop(&rpc->conns[i]);
+    kvs__tls_destroy(rpc->tls);
     pthread_mutex_destroy(&rpc->lock);
     pthread_cond_destroy(&rpc->cond);
     kvs__free(rpc->host);
@@ -604,10 +643,8 @@ int kvs__rpc_call_until(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uin
     int rc = conn_take(rpc, deadline_ns, &cn);
     if (rc != KVS_OK)
         return rc;
-    if (cn->fd >= 0 && conn_dead(cn->fd)) {
-        close(cn->fd);
-        cn->fd = -1;
-    }
+    if (cn->fd >= 0 && conn_dead(cn->fd))
+        conn_drop(cn);
     if (cn->fd < 0)
         rc = rpc_connect(rpc, cn, deadline_ns);
     if (rc == KVS_OK)

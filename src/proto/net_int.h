@@ -3,6 +3,7 @@
 #define KVS_NET_INT_H
 
 #include "proto_int.h"
+#include "tls_int.h"
 
 #include <netdb.h>
 #include <sys/types.h>
@@ -69,13 +70,13 @@ typedef struct {
     const char *peer;   /* "the master at HOST:PORT", for messages */
 } kvs__handshake_t;
 
-/* Client: says HELLO on a connected non-blocking socket and, when the server asks for it,
+/* Client: says HELLO on a connected non-blocking connection (plain or TLS) and, when the server asks for it,
  * proves the secret (AUTH), all before the deadline. The server must prove it first; a client
  * with a secret refuses a server without one. *rsp_p gets the HELLO reply (its client_id the
  * one AUTH bound, and its nonce and proof cleared). AUTH_FAILED, INVALID_VERSION, the server's
  * refusal, or a transport error (IO_ERROR, TIMED_OUT); failures other than transport ones are
  * logged with the reason. */
-int kvs__client_handshake(int fd, const kvs__handshake_t *hs, uint64_t deadline_ns,
+int kvs__client_handshake(const kvs__io_t *io, const kvs__handshake_t *hs, uint64_t deadline_ns,
                           kvs__hello_rsp_t *rsp_p);
 
 /* Connections to the master: a pool of up to max_conns, one per call in progress, so threads
@@ -93,6 +94,7 @@ typedef struct {
     uint32_t max_conns;   /* 0: KVS_RPC_DEFAULT_CONNS */
     uint64_t deadline_ns; /* of the first connection, made by open; 0: now + timeout_ms */
     kvs__auth_t auth;     /* the secret to prove to the master (and it to us), if on */
+    bool tls;             /* TLS on every connection (needs auth; the master must have it on) */
 } kvs__rpc_config_t;
 
 int kvs__rpc_open(const kvs__rpc_config_t *cfg, kvs__rpc_t **rpc_p);

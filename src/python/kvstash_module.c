@@ -231,6 +231,7 @@ PyDoc_STRVAR(
 static PyObject *store_setup(store_t *self, PyObject *args, PyObject *kw)
 {
     const char *host = NULL, *proto = "tcp", *master = DEFAULT_MASTER, *token_file = NULL;
+    int tls = -1; /* -1: KVS_TLS */
     uint64_t seg_size = 16u << 20, local_size = 16u << 20;
     PyObject *cfg = NULL;
     if (PyTuple_GET_SIZE(args) == 1 && PyDict_Check(PyTuple_GET_ITEM(args, 0)) &&
@@ -245,6 +246,13 @@ static PyObject *store_setup(store_t *self, PyObject *args, PyObject *kw)
         token_file = dict_str(cfg, "auth_token_file", NULL);
         if (PyErr_Occurred())
             return NULL;
+        PyObject *t = PyDict_GetItemString(cfg, "tls");
+        if (t != NULL && t != Py_None) {
+            int on = PyObject_IsTrue(t);
+            if (on < 0)
+                return NULL;
+            tls = on;
+        }
         PyObject *v = PyDict_GetItemString(cfg, "global_segment_size");
         if (v != NULL && parse_size_obj(v, "global_segment_size", &seg_size) != 0)
             return NULL;
@@ -296,6 +304,8 @@ static PyObject *store_setup(store_t *self, PyObject *args, PyObject *kw)
     ccfg.protocol = protobuf;
     if (token_file != NULL) /* else KVS_AUTH_TOKEN_FILE, read by config_init */
         ccfg.auth_token_file = tokenbuf;
+    if (tls >= 0) /* else KVS_TLS */
+        ccfg.tls = tls != 0;
     ccfg.local_hostname = host && *host ? host : NULL;
     /* A "host:port" local_hostname names the host only. */
     char hostbuf[256] = "";

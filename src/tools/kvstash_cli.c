@@ -23,7 +23,7 @@ static void usage(FILE *f)
                "COMMAND [ARGS]\n"
                "\n"
                "--auth-token-file (default $KVS_AUTH_TOKEN_FILE): the cluster's secret, for a\n"
-               "store that requires authentication.\n"
+               "store that requires authentication; KVS_TLS=1 for one started with --tls.\n"
                "\n"
                "Commands:\n"
                "  put KEY FILE|-            store FILE (or standard input) under KEY\n"
@@ -168,6 +168,11 @@ static int cli_open(const char *master, uint64_t timeout_ms, cli_t *c)
     char why[512];
     if (kvs__auth_configure(NULL, &rcfg.auth, why, sizeof(why)) != KVS_OK) {
         fprintf(stderr, "kvstash: %s\n", why);
+        kvs__free(host);
+        return 1;
+    }
+    if (kvs__env_bool("KVS_TLS", &rcfg.tls) != KVS_OK) {
+        fprintf(stderr, "kvstash: KVS_TLS must be 0 or 1\n");
         kvs__free(host);
         return 1;
     }

@@ -43,6 +43,8 @@ static void usage(FILE *f)
             "                             every peer must prove it (default: KVS_AUTH_TOKEN_FILE)\n"
             "  --insecure-no-auth         listen on a non-loopback address without a secret\n"
             "                             (any peer that reaches the ports owns the store)\n"
+            "  --tls                      TLS 1.3 on the master and data ports, keyed by the\n"
+            "                             token (no certificates; default: KVS_TLS=1)\n"
             "  --high-watermark R         segment fill ratio that starts eviction (0.90)\n"
             "  --evict-ratio R            share of a segment freed per eviction (0.05)\n"
             "  --log-level LEVEL          error|warn|info|debug|trace (default info)\n"
@@ -51,7 +53,7 @@ static void usage(FILE *f)
             "\n"
             "Environment: KVS_MASTER_LEASE_MS, KVS_MASTER_HEARTBEAT_TIMEOUT_MS,\n"
             "KVS_MASTER_PUT_DISCARD_MS, KVS_MASTER_HIGH_WATERMARK, KVS_MASTER_EVICT_RATIO,\n"
-            "KVS_AUTH_TOKEN_FILE, KVS_LOG_LEVEL. Options override the environment.\n");
+            "KVS_AUTH_TOKEN_FILE, KVS_TLS, KVS_LOG_LEVEL. Options override the environment.\n");
 }
 
 static int parse_ms(const char *opt, const char *v, uint64_t *out)
@@ -97,7 +99,8 @@ int main(int argc, char **argv)
         O_PAUSE,
         O_PROBE,
         O_AUTH_FILE,
-        O_INSECURE
+        O_INSECURE,
+        O_TLS
     };
     static const struct option opts[] = {
         {"master-only", no_argument, NULL, O_MASTER_ONLY},
@@ -116,6 +119,7 @@ int main(int argc, char **argv)
         {"probe-timeout-ms", required_argument, NULL, O_PROBE},
         {"auth-token-file", required_argument, NULL, O_AUTH_FILE},
         {"insecure-no-auth", no_argument, NULL, O_INSECURE},
+        {"tls", no_argument, NULL, O_TLS},
         {"high-watermark", required_argument, NULL, O_HWM},
         {"evict-ratio", required_argument, NULL, O_EVICT},
         {"log-level", required_argument, NULL, O_LOG},
@@ -128,7 +132,7 @@ int main(int argc, char **argv)
     kvs__master_server_config_t cfg;
     if (kvs__master_server_config_init(&cfg) != KVS_OK)
         return 2;
-    bool master_only = false, owner_only = false, insecure = false;
+    bool master_only = false, owner_only = false, insecure = false, tls = false;
     const char *port_file = NULL, *master_addr = NULL, *seg_name = NULL, *auth_file = NULL;
     uint64_t seg_size = 1ull << 30, data_port = 0;
     uint64_t v;
@@ -210,6 +214,9 @@ int main(int argc, char **argv)
         case O_INSECURE:
             insecure = true;
             break;
+        case O_TLS:
+            tls = true;
+            break;
         case O_HWM:
             if (parse_ratio("--high-watermark", optarg, &cfg.master.high_watermark))
                 return 2;
@@ -263,6 +270,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvstash-server: %s\n", why);
         return 2;
     }
+    if (!tls && kvs__env_bool("KVS_TLS", &tls) != KVS_OK) {
+        fprintf(stderr, "kvstash-server: KVS_TLS must be 0 or 1\n");
+        return 2;
+    }
+    if (tls && !cfg.auth.on) {
+        fprintf(stderr, "kvstash-server: --tls needs --auth-token-file (or KVS_AUTH_TOKEN_FILE): "
+                        "the TLS key is derived from the token\n");
+        return 2;
+    }
+    cfg.tls = tls;
     if (cfg.auth.on && insecure) {
         fprintf(stderr, "kvstash-server: --insecure-no-auth and a token exclude each other\n");
         return 2;
@@ -312,6 +329,7 @@ int main(int argc, char **argv)
             .segment_size = seg_size, .segment_name = seg_name, .rpc_timeout_ms = 5000};
         kvs__data_server_config_init(&oc.data);
         oc.data.auth = cfg.auth;
+        oc.data.tls = cfg.tls;
         oc.data.bind_host = cfg.bind_host;
         oc.data.port = (uint16_t)data_port;
         char *host = NULL;

@@ -59,6 +59,7 @@ struct tcp_conn {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     int fd;           /* -1 while disconnected; closed only under lock */
+    void *ssl;        /* its TLS session when the transport has TLS on (used by its thread) */
     int opening_fd;   /* the socket of a handshake in progress (cancel shuts it down), or -1 */
     unsigned version; /* negotiated at HELLO */
     chunk_t *head, *tail;
@@ -99,6 +100,7 @@ struct kvs_batch {
 typedef struct tcp_transport {
     kvs_transport_t base;
     kvs__tcp_config_t cfg;
+    kvs__tls_t *tls; /* client side, when cfg.tls */
     atomic_uint_fast64_t next_batch_id;
     pthread_mutex_t lock;
     kvs_endpoint_t *eps;
@@ -174,8 +176,8 @@ static int config_check(const kvs__tcp_config_t *cfg)
 /* ---- socket I/O over a slice of a request's fragments ------------------------------------ */
 
 /* Moves `len` bytes between the socket and the fragments starting `off` bytes into them. */
-static int xfer_iov(int fd, bool to_memory, const struct iovec *iov, uint32_t cnt, uint64_t off,
-                    uint64_t len)
+static int xfer_iov(const kvs__io_t *io, bool to_memory, const struct iovec *iov, uint32_t cnt,
+                    uint64_t off, uint64_t len)
 {
     uint32_t i = 0;
     while (i < cnt && off >= iov[i].iov_len) {
@@ -195,8 +197,8 @@ static int xfer_iov(int fd, bool to_memory, const struct iovec *iov, uint32_t cn
         }
         if (k == 0)
             return KVS_INVALID_PARAMS; /* fragments shorter than the request */
-        struct msghdr mh = {.msg_iov = v, .msg_iovlen = (size_t)k};
-        ssize_t n = to_memory ? recvmsg(fd, &mh, 0) : sendmsg(fd, &mh, MSG_NOSIGNAL);
+        short want;
+        ssize_t n = to_memory ? kvs__io_recvv(io, v, k, &want) : kvs__io_sendv(io, v, k, &want);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -221,10 +223,26 @@ static int xfer_iov(int fd, bool to_memory, const struct iovec *iov, uint32_t cn
     return KVS_OK;
 }
 
-static int io_all(int fd, bool to_memory, void *buf, size_t len)
+static int io_all(const kvs__io_t *io, bool to_memory, void *buf, size_t len)
 {
     struct iovec v = {buf, len};
-    return xfer_iov(fd, to_memory, &v, 1, 0, len);
+    return xfer_iov(io, to_memory, &v, 1, 0, len);
+}
+
+static kvs__io_t conn_io(const tcp_conn_t *c)
+{
+    return (kvs__io_t){c->fd, c->ssl};
+}
+
+/* Closes the connection's socket and session. Caller holds c->lock (or is its only user). */
+static void conn_drop_locked(tcp_conn_t *c)
+{
+    kvs__io_t io = conn_io(c);
+    kvs__io_free(&io);
+    c->ssl = NULL;
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
 }
 
 /* ---- connections -------------------------------------------------------------------------- */
@@ -292,7 +310,15 @@ static int conn_open(tcp_conn_t *c, chunk_t *const *win, uint32_t n)
                            .client_id = 0,
                            .peer = peer};
     kvs__hello_rsp_t hr;
-    int rc = kvs__client_handshake(fd, &hs, deadline, &hr);
+    kvs__io_t io = {fd, NULL};
+    int rc = t->tls != NULL ? kvs__tls_handshake(t->tls, fd, deadline, &io) : KVS_OK;
+    if (rc != KVS_OK)
+        kvs_error("tcp: TLS with %s failed: %s", c->ep->name,
+                  rc == KVS_AUTH_FAILED ? "it has another token"
+                  : rc == KVS_TIMED_OUT ? "no answer in time"
+                                        : "it does not speak TLS (is it started with --tls?)");
+    if (rc == KVS_OK)
+        rc = kvs__client_handshake(&io, &hs, deadline, &hr);
     if (rc == KVS_OK) {
         kvs__set_nonblock(fd, false);
         struct timeval tv = {.tv_sec = (time_t)(t->cfg.io_timeout_ms / 1000),
@@ -304,12 +330,14 @@ static int conn_open(tcp_conn_t *c, chunk_t *const *win, uint32_t n)
     c->opening_fd = -1;
     if (rc == KVS_OK) {
         c->fd = fd;
+        c->ssl = io.ssl;
         c->version = hr.version;
     }
     pthread_mutex_unlock(&c->lock);
     if (rc != KVS_OK) {
         if (rc == KVS_IO_ERROR || rc == KVS_TIMED_OUT) /* refusals were logged with why */
             kvs_warn("tcp: handshake with %s failed: %s", c->ep->name, kvs_status_str(rc));
+        kvs__io_free(&io);
         close(fd);
     }
     return rc;
@@ -318,9 +346,7 @@ static int conn_open(tcp_conn_t *c, chunk_t *const *win, uint32_t n)
 static void conn_close(tcp_conn_t *c)
 {
     pthread_mutex_lock(&c->lock);
-    if (c->fd >= 0)
-        close(c->fd);
-    c->fd = -1;
+    conn_drop_locked(c);
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -465,11 +491,12 @@ static int send_request(tcp_conn_t *c, chunk_t *ch, uint32_t req_id)
         if (g != KVS_OK)
             return KVS_INVALID_PARAMS; /* fails the chunk without a retry */
     }
-    int rc = io_all(c->fd, false, buf, sizeof(buf));
+    kvs__io_t io = conn_io(c);
+    int rc = io_all(&io, false, buf, sizeof(buf));
     if (rc == KVS_OK && write && r->gpu != 0)
-        rc = io_all(c->fd, false, c->gpu.bounce[0], (size_t)ch->len);
+        rc = io_all(&io, false, c->gpu.bounce[0], (size_t)ch->len);
     else if (rc == KVS_OK && write)
-        rc = xfer_iov(c->fd, false, r->iov, r->iovcnt, ch->off, ch->len);
+        rc = xfer_iov(&io, false, r->iov, r->iovcnt, ch->off, ch->len);
     return rc;
 }
 
@@ -479,7 +506,8 @@ static int recv_response(tcp_conn_t *c, chunk_t *ch, uint32_t req_id, int *statu
     const kvs_xfer_req_t *r = &ch->b->reqs[ch->req];
     bool write = r->op == KVS_XFER_WRITE;
     uint8_t buf[KVS_FRAME_HDR_LEN + 4];
-    int rc = io_all(c->fd, true, buf, sizeof(buf));
+    kvs__io_t io = conn_io(c);
+    int rc = io_all(&io, true, buf, sizeof(buf));
     if (rc != KVS_OK)
         return rc;
     kvs__frame_hdr_t h;
@@ -505,7 +533,7 @@ static int recv_response(tcp_conn_t *c, chunk_t *ch, uint32_t req_id, int *statu
         gpu_retire(c, slot);
         if (gpu_ready(c, r->gpu) != KVS_OK)
             return KVS_IO_ERROR; /* the payload stays unread: the connection is closed */
-        rc = io_all(c->fd, true, c->gpu.bounce[slot], (size_t)ch->len);
+        rc = io_all(&io, true, c->gpu.bounce[slot], (size_t)ch->len);
         if (rc != KVS_OK)
             return rc;
         if (kvs__gpu_copy_slice(c->gpu.stream, true, c->gpu.bounce[slot], r->iov, r->iovcnt,
@@ -522,7 +550,7 @@ static int recv_response(tcp_conn_t *c, chunk_t *ch, uint32_t req_id, int *statu
     if (status == KVS_OK && !write) {
         if (h.len != 4 + ch->len)
             return KVS_PROTOCOL_ERROR;
-        rc = xfer_iov(c->fd, true, r->iov, r->iovcnt, ch->off, ch->len);
+        rc = xfer_iov(&io, true, r->iov, r->iovcnt, ch->off, ch->len);
         if (rc != KVS_OK)
             return rc;
     } else if (h.len != 4) {
@@ -659,8 +687,7 @@ static void ep_destroy(kvs_endpoint_t *ep)
         pthread_mutex_unlock(&c->lock);
         pthread_join(c->thread, NULL);
         gpu_release(c);
-        if (c->fd >= 0)
-            close(c->fd);
+        conn_drop_locked(c);
         pthread_mutex_destroy(&c->lock);
         pthread_cond_destroy(&c->cond);
     }
@@ -942,6 +969,7 @@ static void tcp_destroy(kvs_transport_t *base)
         ep_destroy(e);
     }
     pthread_mutex_destroy(&t->lock);
+    kvs__tls_destroy(t->tls);
     kvs__free(t);
 }
 
@@ -967,6 +995,15 @@ int kvs__tcp_transport_create(const kvs__tcp_config_t *cfg, kvs_transport_t **t_
         return KVS_NO_MEMORY;
     t->base.ops = &tcp_ops;
     t->cfg = *cfg;
+    if (cfg->tls) {
+        char why[256];
+        int rc = kvs__tls_create(&cfg->auth, false, &t->tls, why, sizeof(why));
+        if (rc != KVS_OK) {
+            kvs_error("tcp: %s", why);
+            kvs__free(t);
+            return rc;
+        }
+    }
     pthread_mutex_init(&t->lock, NULL);
     *t_p = &t->base;
     return KVS_OK;

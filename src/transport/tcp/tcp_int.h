@@ -11,6 +11,7 @@ typedef struct {
     uint32_t window;         /* chunks in flight per connection, default 8 */
     uint64_t io_timeout_ms;  /* bound on each blocking socket step, default 5000 */
     kvs__auth_t auth;        /* the secret owners must prove (and we prove to them), if on */
+    bool tls;                /* TLS on every connection (needs auth; owners must have it on) */
 } kvs__tcp_config_t;
 
 /* Defaults, then the environment variables named above. */
