@@ -16,9 +16,9 @@
 #   store          `kvstash bench store` (the store benchmark); $STORE_ARGS adds its options
 #   contract       the correctness-contract tests on this machine's cores: test_stress and the
 #                  restart, fencing, tombstone and lease cases of test_client
-#   auth           the store benchmark's tcp rows without a token, then with one (servers and
-#                  readers authenticate), alternately twice: what authentication costs;
-#                  test_auth on this machine
+#   auth           test_auth, then `bench transport` and the store benchmark's tcp rows
+#                  without a token, with one, and with one and TLS, in turn, twice: what
+#                  authentication and TLS cost
 # $SCATTER_ARGS adds options to `kvstash bench scatter`.
 # Every suite runs even when an earlier one failed; the exit status says whether all passed.
 set -uo pipefail
@@ -125,12 +125,18 @@ for suite in "$@"; do
         od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >"$token"
         chmod 600 "$token"
         for round in 1 2; do
-            for mode in off on; do
-                if [ "$mode" = on ]; then export KVS_AUTH_TOKEN_FILE=$token; fi
-                step "auth_${mode}_$round" build-gpu/kvstash bench store --topology tcp \
-                    --readers 1 --rounds 2 --threads 0 --csv "$out/auth-$mode-$round.csv" \
+            for mode in off on tls; do
+                [ "$mode" = off ] || export KVS_AUTH_TOKEN_FILE=$token
+                [ "$mode" = tls ] && export KVS_TLS=1
+                flags=()
+                [ "$mode" = off ] || flags+=(--auth-token-file "$token")
+                [ "$mode" = tls ] && flags+=(--tls)
+                step "auth_transport_${mode}_$round" build-gpu/kvstash bench transport \
+                    --size 256MiB --reps 5 "${flags[@]}"
+                step "auth_store_${mode}_$round" build-gpu/kvstash bench store --topology tcp \
+                    --readers 1 --rounds 1 --threads 0 --csv "$out/auth-$mode-$round.csv" \
                     --table "$out/auth-$mode-$round.md"
-                unset KVS_AUTH_TOKEN_FILE
+                unset KVS_AUTH_TOKEN_FILE KVS_TLS
             done
         done
         rm -f "$token"
