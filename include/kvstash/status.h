@@ -33,7 +33,8 @@ extern "C" {
     X(NO_MEMORY, -1500, "out of memory")                                                           \
     X(PROTOCOL_ERROR, -1501, "malformed message")                                                  \
     X(IO_ERROR, -1502, "i/o error")                                                                \
-    X(UNSUPPORTED, -1503, "not supported")
+    X(UNSUPPORTED, -1503, "not supported")                                                         \
+    X(NO_RESOURCE, -1505, "a server resource limit was reached")
 
 /* TIMED_OUT uses Mooncake's RPC_TIMEOUT number; NO_MEMORY and the codes after it are
  * kvstash's own (Mooncake has no equivalent). */
