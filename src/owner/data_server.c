@@ -141,9 +141,11 @@ void kvs__data_server_config_init(kvs__data_server_config_t *cfg)
     cfg->io_timeout_ms = 5000;
     cfg->handshake_timeout_ms = 5000;
     cfg->idle_timeout_ms = 60000;
-    /* Fault injection for integration tests (a slow owner); never set in production. */
+#ifdef KVS_TEST_HOOKS
+    /* Fault injection for integration tests (a slow owner): not in production builds. */
     if (kvs__env_u64("KVS_DATA_INJECT_DELAY_US", 60000000, &cfg->inject_delay_us) != KVS_OK)
         cfg->inject_delay_us = 0;
+#endif
 }
 
 /* Sends a response frame made of a header and an i32 status, plus `extra` more payload bytes
@@ -418,8 +420,10 @@ static void serve(kvs__data_server_t *s, int fd)
                        deadline);
             return;
         }
+#ifdef KVS_TEST_HOOKS
         if (s->cfg.inject_delay_us)
             usleep((useconds_t)s->cfg.inject_delay_us);
+#endif
         pthread_rwlock_rdlock(&s->seg_lock);
         char *addr = NULL;
         rc = check_range(s, &r, is_write, &addr);

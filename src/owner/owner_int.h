@@ -21,13 +21,12 @@ void kvs__segment_mem_destroy(kvs__segment_mem_t *mem);
 /* ---- data server ---------------------------------------------------------------------- */
 
 typedef struct {
-    const char *bind_host;    /* default 127.0.0.1 */
-    uint16_t port;            /* 0: any free port */
-    uint32_t max_conns;       /* more open get ERROR NO_RESOURCE and are closed (default 1024) */
-    uint64_t io_timeout_ms;   /* a frame once begun must complete within this (default 5000) */
-    uint64_t inject_delay_us; /* tests: stall this long before answering each data request */
-    const char *shm_dir;      /* where the same-host socket goes (NULL: KVS_SHM_DIR or the
-                               * default; "": none) */
+    const char *bind_host;  /* default 127.0.0.1 */
+    uint16_t port;          /* 0: any free port */
+    uint32_t max_conns;     /* more open get ERROR NO_RESOURCE and are closed (default 1024) */
+    uint64_t io_timeout_ms; /* a frame once begun must complete within this (default 5000) */
+    const char *shm_dir;    /* where the same-host socket goes (NULL: KVS_SHM_DIR or the
+                             * default; "": none) */
 
     /* What a silent or idle peer may cost (README: Limits). */
     uint64_t handshake_timeout_ms; /* from accept to HELLO on the tcp port, and to the end of a
@@ -35,6 +34,10 @@ typedef struct {
     uint64_t idle_timeout_ms;      /* a tcp connection with no request this long is closed; the
                                     * tcp transport replaces it before its next transfer
                                     * (default 60000; 0: never) */
+#ifdef KVS_TEST_HOOKS
+    uint64_t inject_delay_us; /* stall this long before each data request (tests only; also
+                               * KVS_DATA_INJECT_DELAY_US) */
+#endif
 } kvs__data_server_config_t;
 
 void kvs__data_server_config_init(kvs__data_server_config_t *cfg);
