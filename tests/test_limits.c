@@ -558,6 +558,7 @@ static void test_data_connections_reclaimed(void)
     store_stop(&st);
 }
 
+/* A data connection must say HELLO, in a small frame, within the handshake time-out. */
 static void test_data_handshake_timeout(void)
 {
     store_t st;
@@ -575,6 +576,12 @@ static void test_data_handshake_timeout(void)
            (unsigned long long)ms);
     CHECK_CMP_U64(ms, >=, 250);
     CHECK_CMP_U64(ms, <, 2000);
+    close(fd);
+    /* Before HELLO a frame is at most KVS_HANDSHAKE_MAX_PAYLOAD bytes, as at the master. */
+    fd = dial(st.owner.port);
+    send_frame(fd, KVS_MSG_HELLO, 1u << 20, NULL, 0);
+    expect_error(fd, 3000, KVS_PROTOCOL_ERROR, "before the handshake (at most 4096");
+    CHECK(closed_within(fd, 3000));
     close(fd);
     /* Slow bytes do not stretch the handshake: half a header, then nothing. */
     fd = dial(st.owner.port);

@@ -358,7 +358,7 @@ static void serve(kvs__data_server_t *s, int fd)
     uint64_t handshake_deadline = kvs__now_ns() + s->cfg.handshake_timeout_ms * KVS_NS_PER_MS;
     bool hello = false;                   /* the handshake is done */
     unsigned ver = KVS_PROTO_VERSION_MIN; /* negotiated at HELLO */
-    uint8_t hb[KVS_FRAME_HDR_LEN], pb[512];
+    uint8_t hb[KVS_FRAME_HDR_LEN], pb[KVS_HANDSHAKE_MAX_PAYLOAD];
     for (;;) {
         if (!wait_request(s, fd, hello, handshake_deadline))
             return;
@@ -380,6 +380,15 @@ static void serve(kvs__data_server_t *s, int fd)
             return;
         }
         kvs__frame_log("owner", "<-", &h, NULL, 0);
+        if (!hello && h.len > sizeof(pb)) { /* nothing of a peer not yet known is read */
+            atomic_fetch_add(&s->refused, 1);
+            char msg[96];
+            snprintf(msg, sizeof(msg),
+                     "a frame of %u bytes before the handshake (at most %u until then)",
+                     (unsigned)h.len, (unsigned)sizeof(pb));
+            send_error(fd, ver, h.req_id, KVS_PROTOCOL_ERROR, msg, deadline);
+            return;
+        }
         if (hello && !kvs__msg_known(h.type)) { /* before HELLO: refused below, and closed */
             /* Skip the payload so the stream stays in step, and say why. */
             atomic_fetch_add(&s->refused, 1);
