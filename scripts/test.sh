@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: the default build (with CUDA parts when nvcc is present) under CTest, the
 # same suite under AddressSanitizer+UndefinedBehaviorSanitizer and under ThreadSanitizer, and
-# each libFuzzer target for KVS_FUZZ_SECONDS (default 20). Builds from scratch in build-*/.
+# each libFuzzer target for KVS_FUZZ_SECONDS (default 20). Builds from scratch in build-*/, every
+# stage with the test-only fault knobs compiled in (-DKVS_TEST_HOOKS=ON).
 # Usage: scripts/test.sh [default|asan|tsan|fuzz ...]   (no argument: all of them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +30,7 @@ run_suite() { # name, build dir, cmake args...
     shift 2
     echo "=== $name: configure and build in $dir"
     rm -rf "$dir"
-    cmake -S . -B "$dir" -DKVS_WERROR=ON "$@" >"$dir.configure.log" 2>&1 ||
+    cmake -S . -B "$dir" -DKVS_WERROR=ON -DKVS_TEST_HOOKS=ON "$@" >"$dir.configure.log" 2>&1 ||
         { cat "$dir.configure.log"; return 1; }
     build_quiet "$dir" || return 1
     echo "=== $name: ctest"
@@ -53,6 +54,7 @@ for stage in "${stages[@]}"; do
         echo "=== fuzz: build with clang"
         rm -rf build-fuzz
         if CC=clang cmake -S . -B build-fuzz -DKVS_CUDA=OFF -DKVS_FUZZ=ON -DKVS_WERROR=ON \
+            -DKVS_TEST_HOOKS=ON \
             -DCMAKE_BUILD_TYPE=RelWithDebInfo >build-fuzz.configure.log 2>&1 &&
             build_quiet build-fuzz; then
             for f in build-fuzz/tests/fuzz/fuzz_*; do

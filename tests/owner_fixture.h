@@ -21,8 +21,12 @@ typedef struct {
     char endpoint[64];
 } owner_fixture_t;
 
+/* Starts the helper serving a segment of `size` bytes; with `delay_us` it stalls that long
+ * before each request (a fault knob: the case skips in builds without them). */
 static inline void owner_fixture_start(owner_fixture_t *f, uint64_t size, uint64_t delay_us)
 {
+    if (delay_us != 0)
+        kvs_test_need_hooks();
     CHECK_STATUS(kvs__segment_mem_create("test-segment", size, &f->mem), KVS_OK);
     int p[2];
     CHECK_EQ_INT(pipe(p), 0);

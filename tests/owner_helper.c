@@ -20,7 +20,12 @@ int main(int argc, char **argv)
         return 3;
     kvs__data_server_config_t cfg;
     kvs__data_server_config_init(&cfg);
+#ifdef KVS_TEST_HOOKS
     cfg.inject_delay_us = delay;
+#else
+    if (delay != 0)
+        return 2; /* no fault knobs in this build */
+#endif
     cfg.io_timeout_ms = 10000;
     kvs__data_server_t *srv;
     if (kvs__data_server_create(&cfg, &srv) != KVS_OK ||

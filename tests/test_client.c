@@ -491,6 +491,7 @@ static void *copy_read_main(void *arg)
  * read sat at the slow owner, and the reader returned the new bytes as success.) */
 static void test_forced_remove_during_a_read(void)
 {
+    kvs_test_need_hooks();                           /* a slow owner: KVS_DATA_INJECT_DELAY_US */
     setenv("KVS_DATA_INJECT_DELAY_US", "400000", 1); /* tcp data requests wait 400 ms */
     store_t st;
     store_start(&st, "16MiB", NULL);
@@ -992,6 +993,7 @@ static void *lease_read_main(void *arg)
 
 static void test_leases_protect_reads_and_expire(void)
 {
+    kvs_test_need_hooks(); /* a slow owner: KVS_DATA_INJECT_DELAY_US */
     /* Every data request stalls 400 ms; leases last 250 ms. Over tcp: the stall is on its data
      * path (shm reads never ask the owner). */
     setenv("KVS_PROTOCOL", "tcp", 1);
@@ -1065,6 +1067,7 @@ static void test_completed_reads_release_their_leases(void)
 
 static void test_transfer_deadline_bounds_a_slow_owner(void)
 {
+    kvs_test_need_hooks(); /* a slow owner: KVS_DATA_INJECT_DELAY_US */
     setenv("KVS_PROTOCOL", "tcp", 1);
     setenv("KVS_DATA_INJECT_DELAY_US", "1500000", 1);
     store_t st;
@@ -1107,6 +1110,7 @@ static void *slow_read_main(void *arg)
 
 static void test_unregister_waits_for_reads_in_flight(void)
 {
+    kvs_test_need_hooks();            /* a slow owner: KVS_DATA_INJECT_DELAY_US */
     setenv("KVS_PROTOCOL", "tcp", 1); /* a slow owner on the data path */
     setenv("KVS_DATA_INJECT_DELAY_US", "400000", 1);
     store_t st;

@@ -605,6 +605,7 @@ static void test_readme_limits_match_the_code(void)
         {"KVS_MAX_SEGMENTS", KVS_MAX_SEGMENTS},
         {"KVS_FRAME_MAX_PAYLOAD", KVS_FRAME_MAX_PAYLOAD},
         {"KVS_DATA_MAX_CHUNK", KVS_DATA_MAX_CHUNK},
+        {"KVS_HANDSHAKE_MAX_PAYLOAD", KVS_HANDSHAKE_MAX_PAYLOAD},
     };
     bool seen[KVS_ARRAY_SIZE(limits)] = {false};
     char line[512];

@@ -24,8 +24,10 @@ typedef struct {
 
 static void store_start(store_t *st, const char *delay_us)
 {
-    if (delay_us)
+    if (delay_us) {
+        kvs_test_need_hooks();
         setenv("KVS_DATA_INJECT_DELAY_US", delay_us, 1);
+    }
     const char *args[] = {"--segment-size", "64MiB", NULL};
     server_start(&st->srv, args);
     unsetenv("KVS_DATA_INJECT_DELAY_US");

@@ -34,7 +34,8 @@ extern "C" {
     X(PROTOCOL_ERROR, -1501, "malformed message")                                                  \
     X(IO_ERROR, -1502, "i/o error")                                                                \
     X(UNSUPPORTED, -1503, "not supported")                                                         \
-    X(AUTH_FAILED, -1504, "authentication failed")
+    X(AUTH_FAILED, -1504, "authentication failed")                                                 \
+    X(NO_RESOURCE, -1505, "a server resource limit was reached")
 
 /* TIMED_OUT uses Mooncake's RPC_TIMEOUT number; NO_MEMORY and the codes after it are
  * kvstash's own (Mooncake has no equivalent). */

@@ -85,6 +85,11 @@ void kvs__cond_init(pthread_cond_t *cond);
  * their predicate. */
 bool kvs__cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *mutex, uint64_t deadline_ns);
 
+/* Whether something to be done at most once per `period_ns` (a warning that peers can trigger
+ * at will) may be done now; *last_ns holds when it last was (0: never). The caller serialises
+ * the calls on one *last_ns. */
+bool kvs__every(uint64_t *last_ns, uint64_t period_ns);
+
 /* A random, non-zero 64-bit value from the kernel (getrandom): ids and incarnations. */
 uint64_t kvs__random_u64(void);
 

@@ -48,6 +48,15 @@ void kvs__cond_init(pthread_cond_t *cond)
     pthread_condattr_destroy(&a);
 }
 
+bool kvs__every(uint64_t *last_ns, uint64_t period_ns)
+{
+    uint64_t now = kvs__now_ns();
+    if (*last_ns != 0 && now - *last_ns < period_ns)
+        return false;
+    *last_ns = now;
+    return true;
+}
+
 bool kvs__cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *mutex, uint64_t deadline_ns)
 {
     if (deadline_ns == UINT64_MAX) {

@@ -23,9 +23,20 @@ typedef enum { TAG_CONN = 1, TAG_PROBE } tag_t;
 
 struct probe;
 
+struct conn;
+
+/* Connections in the order they expire: each list has one time-out, so appending keeps it
+ * sorted and the loop looks at its head only. */
+typedef struct {
+    struct conn *head, *tail;
+} conn_list_t;
+
 typedef struct conn {
     tag_t tag;                /* TAG_CONN */
     struct conn *prev, *next; /* every open connection, for shutdown */
+    conn_list_t *timer;       /* the list that times it out; NULL while parked (or no idle limit) */
+    struct conn *tprev, *tnext;
+    uint64_t expires_ns; /* master clock (server_now) */
     int fd;
     void *ssl;           /* its TLS session when the master has TLS on */
     bool read_wants_out; /* TLS: a read step must write first (its handshake) */
@@ -90,6 +101,13 @@ struct kvs__master_server {
     uint64_t paused_ns;   /* the time the loop did not run, taken off the master's clock */
     pthread_t thread;
     bool thread_started;
+
+    /* What peers may cost. */
+    conn_list_t handshaking; /* before the handshake is done, by the time they were accepted */
+    conn_list_t idle;        /* after it, by their last request */
+    kvs__spare_fd_t spare;   /* accepting (and closing) when out of descriptors */
+    bool listen_paused;      /* out of descriptors with no spare: accept again at the next tick */
+    uint64_t refuse_warn_ns; /* warnings about refused connections at most once a second */
 };
 
 int kvs__master_server_config_init(kvs__master_server_config_t *cfg)
@@ -101,6 +119,8 @@ int kvs__master_server_config_init(kvs__master_server_config_t *cfg)
     cfg->port = 50051;
     cfg->max_payload = KVS_FRAME_MAX_PAYLOAD;
     cfg->max_conns = 4096;
+    cfg->handshake_timeout_ms = 5000;
+    cfg->idle_timeout_ms = 600000;
     cfg->tick_ms = 100;
     cfg->probe_ms = 1000;
     return kvs__master_config_init(&cfg->master);
@@ -142,7 +162,7 @@ int kvs__master_server_create(const kvs__master_server_config_t *cfg,
                               kvs__master_server_t **server_p)
 {
     if (cfg == NULL || server_p == NULL || cfg->max_payload == 0 || cfg->max_conns == 0 ||
-        cfg->tick_ms == 0 || cfg->probe_ms == 0 ||
+        cfg->tick_ms == 0 || cfg->probe_ms == 0 || cfg->handshake_timeout_ms == 0 ||
         (cfg->pause_ms != 0 && cfg->pause_ms <= 2 * cfg->tick_ms) ||
         kvs__master_config_check(&cfg->master) != KVS_OK)
         return KVS_INVALID_PARAMS;
@@ -151,6 +171,7 @@ int kvs__master_server_create(const kvs__master_server_config_t *cfg,
         return KVS_NO_MEMORY;
     s->cfg = *cfg;
     s->listen_fd = s->epoll_fd = s->stop_fd = -1;
+    kvs__spare_fd_init(&s->spare);
     s->incarnation = kvs__random_u64();
     if (cfg->tls) {
         char why[256];
@@ -200,10 +221,75 @@ uint16_t kvs__master_server_port(const kvs__master_server_t *s)
 
 /* ---- connections ------------------------------------------------------------------------ */
 
+/* Whether the connection's peer has identified itself (HELLO, and AUTH where the master has a
+ * secret): until then it is held to small frames and the handshake time-out. */
+static bool conn_handshake_done(const conn_t *c)
+{
+    return c->authed;
+}
+
+static void timer_unlink(conn_t *c)
+{
+    conn_list_t *l = c->timer;
+    if (l == NULL)
+        return;
+    if (c->tprev)
+        c->tprev->tnext = c->tnext;
+    else
+        l->head = c->tnext;
+    if (c->tnext)
+        c->tnext->tprev = c->tprev;
+    else
+        l->tail = c->tprev;
+    c->timer = NULL;
+    c->tprev = c->tnext = NULL;
+}
+
+static void timer_append(conn_list_t *l, conn_t *c, uint64_t expires_ns)
+{
+    timer_unlink(c);
+    c->timer = l;
+    c->expires_ns = expires_ns;
+    c->tprev = l->tail;
+    c->tnext = NULL;
+    if (l->tail)
+        l->tail->tnext = c;
+    else
+        l->head = c;
+    l->tail = c;
+}
+
+/* A request was served: past the handshake the connection's idle time starts again. One still
+ * in its handshake keeps its deadline; a parked one has none while it waits for its probe
+ * (probe_ms bounds that), and gets a fresh one when the probe ends. */
+static void conn_served(kvs__master_server_t *s, conn_t *c)
+{
+    if (!conn_handshake_done(c))
+        return;
+    timer_unlink(c);
+    if (!c->parked && s->cfg.idle_timeout_ms != 0)
+        timer_append(&s->idle, c, server_now(s) + s->cfg.idle_timeout_ms * KVS_NS_PER_MS);
+}
+
+/* Sends an ERROR frame (request id 0: about the connection) if the socket takes it at once; for
+ * a peer about to be dropped, so nothing waits for it. */
+static void send_error_now(kvs__master_server_t *s, int fd, unsigned version, int status,
+                           const char *msg)
+{
+    kvs__frame_begin(&s->scratch, KVS_MSG_ERROR | KVS_RSP_FLAG, 0, version);
+    kvs__error_rsp_t e = {status, kvs__str_c(msg)};
+    kvs__error_rsp_encode(&s->scratch, &e);
+    if (kvs__frame_end(&s->scratch) == KVS_OK) {
+        ssize_t n = send(fd, s->scratch.data, s->scratch.len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        KVS_UNUSED(n);
+    }
+}
+
 static void probe_unlink(kvs__master_server_t *s, probe_t *p);
 
 static void conn_close(kvs__master_server_t *s, conn_t *c)
 {
+    timer_unlink(c);
     if (c->probe != NULL)
         probe_unlink(s, c->probe);
     if (c->authed)
@@ -420,6 +506,7 @@ static void probe_finish(kvs__master_server_t *s, probe_t *p, bool dead)
     c->probed = true;
     dispatch(s, c);
     c->probed = false;
+    conn_served(s, c);
     kvs__free(c->payload);
     c->payload = NULL;
     conn_update_events(s, c); /* reads again; the reply waits for EPOLLOUT */
@@ -743,6 +830,17 @@ static bool conn_read(kvs__master_server_t *s, conn_t *c)
                 return true;
             }
             c->reply_version = kvs__proto_reply_version(c->h.version);
+            uint32_t cap = KVS_MIN(s->cfg.max_payload, KVS_HANDSHAKE_MAX_PAYLOAD);
+            if (!conn_handshake_done(c) && c->h.len > cap) {
+                /* Refused before anything is allocated: a peer that has not identified itself
+                 * costs a connection and a few bytes, never the frame it announces. */
+                char msg[128];
+                snprintf(msg, sizeof(msg),
+                         "a frame of %u bytes before the handshake (at most %u until then)",
+                         (unsigned)c->h.len, (unsigned)cap);
+                send_error(s, c, c->h.req_id, KVS_PROTOCOL_ERROR, msg, true);
+                return true;
+            }
             kvs__free(c->payload);
             c->payload = kvs__malloc(c->h.len ? c->h.len : 1);
             c->payload_got = 0;
@@ -755,6 +853,7 @@ static bool conn_read(kvs__master_server_t *s, conn_t *c)
         }
         if (c->hdr_got == KVS_FRAME_HDR_LEN && c->payload_got == c->h.len) {
             dispatch(s, c);
+            conn_served(s, c);
             c->hdr_got = 0;
             kvs__free(c->payload);
             c->payload = NULL;
@@ -793,15 +892,66 @@ static void peer_address(int fd, char *out, size_t len)
         out[0] = '\0';
 }
 
+/* Stops watching the listening socket until the next tick: it stays readable while accept
+ * fails for want of descriptors or memory, and the loop would spin on it. */
+static void listen_pause(kvs__master_server_t *s)
+{
+    struct epoll_event ev = {.events = 0, .data.ptr = &s->listen_fd};
+    if (!s->listen_paused && epoll_ctl(s->epoll_fd, EPOLL_CTL_MOD, s->listen_fd, &ev) == 0)
+        s->listen_paused = true;
+}
+
+static void listen_resume(kvs__master_server_t *s)
+{
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &s->listen_fd};
+    if (s->listen_paused && epoll_ctl(s->epoll_fd, EPOLL_CTL_MOD, s->listen_fd, &ev) == 0)
+        s->listen_paused = false;
+}
+
+/* Accept failed: out of descriptors sheds the pending connections (the spare), anything but
+ * "none pending" pauses listening. Returns true to accept again. */
+static bool accept_failed(kvs__master_server_t *s)
+{
+    int err = errno;
+    if (err == EINTR || err == ECONNABORTED)
+        return true;
+    if (err == EAGAIN || err == EWOULDBLOCK)
+        return false;
+    if (err == EMFILE || err == ENFILE) {
+        int shed = kvs__spare_fd_shed(&s->spare, s->listen_fd, "master");
+        if (shed < 0)
+            listen_pause(s);
+        return shed > 0;
+    }
+    if (kvs__every(&s->refuse_warn_ns, KVS_NS_PER_S))
+        kvs_warn("master: accept: %s", strerror(err));
+    listen_pause(s); /* ENOBUFS, ENOMEM: try again at the next tick */
+    return false;
+}
+
+/* A connection beyond the limit is told why, without waiting for it, and closed. */
+static void refuse_conn(kvs__master_server_t *s, int fd)
+{
+    char msg[96];
+    snprintf(msg, sizeof(msg), "too many connections (%u open, limit %u)", (unsigned)s->nconns,
+             (unsigned)s->cfg.max_conns);
+    if (kvs__every(&s->refuse_warn_ns, KVS_NS_PER_S))
+        kvs_warn("master: refusing a connection: %s", msg);
+    send_error_now(s, fd, KVS_PROTO_VERSION_MIN, KVS_NO_RESOURCE, msg);
+    close(fd);
+}
+
 static void accept_all(kvs__master_server_t *s)
 {
     for (;;) {
         int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
+        if (fd < 0) {
+            if (accept_failed(s))
+                continue;
             return;
+        }
         if (s->nconns >= s->cfg.max_conns) {
-            kvs_warn("refusing connection: %u connections open", s->nconns);
-            close(fd);
+            refuse_conn(s, fd);
             continue;
         }
         int one = 1;
@@ -837,6 +987,8 @@ static void accept_all(kvs__master_server_t *s)
             s->conns->prev = c;
         s->conns = c;
         s->nconns++;
+        timer_append(&s->handshaking, c,
+                     server_now(s) + s->cfg.handshake_timeout_ms * KVS_NS_PER_MS);
     }
 }
 
@@ -855,6 +1007,25 @@ static void serve_ready(kvs__master_server_t *s)
         else
             conn_update_events(s, c);
     }
+}
+
+/* Closes the connections whose time ran out: no handshake within its time-out (told so, if the
+ * socket takes it at once), or no request for the idle time-out. Both lists are in expiry
+ * order, so this looks at each expired connection and one more. */
+static void conns_expire(kvs__master_server_t *s, uint64_t now)
+{
+    while (s->handshaking.head != NULL && s->handshaking.head->expires_ns <= now) {
+        conn_t *c = s->handshaking.head;
+        if (c->out_sent == c->out.len && c->ssl == NULL) { /* (plain words, not in TLS) */
+            char msg[96];
+            snprintf(msg, sizeof(msg), "no handshake within %llu ms",
+                     (unsigned long long)s->cfg.handshake_timeout_ms);
+            send_error_now(s, c->fd, c->reply_version, KVS_TIMED_OUT, msg);
+        }
+        conn_close(s, c);
+    }
+    while (s->idle.head != NULL && s->idle.head->expires_ns <= now)
+        conn_close(s, s->idle.head);
 }
 
 int kvs__master_server_run(kvs__master_server_t *s)
@@ -902,8 +1073,10 @@ int kvs__master_server_run(kvs__master_server_t *s)
         uint64_t now = server_now(s);
         probes_expire(s, now);
         probes_free_dead(s);
+        conns_expire(s, now);
         if (now >= next_tick) {
             kvs__master_tick(s->master, now);
+            listen_resume(s);
             next_tick = now + tick_ns;
         }
     }
@@ -951,6 +1124,7 @@ void kvs__master_server_destroy(kvs__master_server_t *s)
         close(s->stop_fd);
     if (s->epoll_fd >= 0)
         close(s->epoll_fd);
+    kvs__spare_fd_close(&s->spare);
     kvs__wbuf_free(&s->scratch);
     kvs__tls_destroy(s->tls);
     kvs__master_destroy(s->master);

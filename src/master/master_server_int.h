@@ -8,19 +8,27 @@
 #include "../proto/net_int.h"
 
 typedef struct {
-    const char *bind_host; /* default "127.0.0.1" */
-    uint16_t port;         /* 0: any free port (see kvs__master_server_port) */
-    uint32_t max_payload;  /* largest request accepted (default 64 MiB) */
-    uint32_t max_conns;    /* connections beyond this are closed at accept (default 4096) */
-    uint64_t tick_ms;      /* how often time-driven work runs (default 100) */
-    uint64_t pause_ms;     /* the loop not running this long is a pause: the master's clock
-                            * skips it and owners get a new heartbeat time-out (0: a quarter
-                            * of the heartbeat time-out, at most 1 s, at least two ticks) */
-    uint64_t probe_ms;     /* a MOUNT of a taken name whose owner has no connection waits this
-                            * long at most for a connect to the old owner's data endpoint: if
-                            * it is refused, the old registration is replaced (default 1000) */
-    kvs__auth_t auth;      /* peers must prove this secret at HELLO (AUTH), if on */
-    bool tls;              /* TLS on every connection (needs auth) */
+    const char *bind_host;         /* default "127.0.0.1" */
+    uint16_t port;                 /* 0: any free port (see kvs__master_server_port) */
+    uint32_t max_payload;          /* largest request accepted once the handshake is done (default
+                                    * 64 MiB; before it, KVS_HANDSHAKE_MAX_PAYLOAD at most) */
+    uint32_t max_conns;            /* a connection beyond this many open gets an ERROR NO_RESOURCE
+                                    * frame ("too many connections") and is closed (default 4096) */
+    uint64_t handshake_timeout_ms; /* a connection that has not completed its handshake this
+                                    * long after it was accepted is closed (default 5000) */
+    uint64_t idle_timeout_ms; /* a connection past its handshake that sends no request this long
+                               * is closed; clients replace such a connection before their next
+                               * call, owners heartbeat every 500 ms at most (default 600000;
+                               * 0: never) */
+    uint64_t tick_ms;         /* how often time-driven work runs (default 100) */
+    uint64_t pause_ms;        /* the loop not running this long is a pause: the master's clock
+                               * skips it and owners get a new heartbeat time-out (0: a quarter
+                               * of the heartbeat time-out, at most 1 s, at least two ticks) */
+    uint64_t probe_ms;        /* a MOUNT of a taken name whose owner has no connection waits this
+                               * long at most for a connect to the old owner's data endpoint: if
+                               * it is refused, the old registration is replaced (default 1000) */
+    kvs__auth_t auth;         /* peers must prove this secret at HELLO (AUTH), if on */
+    bool tls;                 /* TLS on every connection (needs auth) */
     kvs__master_config_t master;
 } kvs__master_server_config_t;
 

@@ -5,6 +5,7 @@
 #include "owner_int.h"
 #include "../transport/shm/shm_int.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -14,6 +15,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -82,13 +84,28 @@ static int fence_add(fence_set_t *f, uint64_t token)
     return KVS_OK;
 }
 
+/* A connection, served by a thread of its own that ends with it: the thread unlinks it and
+ * closes its descriptor under conn_lock, so every listed descriptor is open and owned (destroy
+ * shuts them down under that lock, never a number closed and reused meanwhile). */
 typedef struct dconn {
-    struct dconn *next;
+    struct dconn *prev, *next; /* conn_lock */
     int fd;
-    pthread_t thread;
     kvs__data_server_t *srv;
-    atomic_bool done;
 } dconn_t;
+
+/* Same-host handshakes served at once, each on a thread of its own: a peer that connects and
+ * keeps silent holds one slot until its handshake time-out, never the others; beyond this many
+ * they wait in the backlog. */
+#define SHM_MAX_HANDSHAKES 16
+
+/* A same-host handshake in progress. Its thread closes fd under shm_lock as it ends, so the
+ * watchdog (unix_thread) shuts down only descriptors still in use. */
+typedef struct {
+    kvs__data_server_t *srv;
+    int fd; /* -1: free */
+    uint64_t deadline_ns;
+    bool shut; /* past its deadline: shut down */
+} shm_slot_t;
 
 struct kvs__data_server {
     kvs__data_server_config_t cfg;
@@ -101,14 +118,21 @@ struct kvs__data_server {
     char unix_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     pthread_t unix_thread;
     bool unix_started;
+    pthread_mutex_t shm_lock;
+    pthread_cond_t shm_idle; /* shm_busy fell to 0 */
+    shm_slot_t shm_slots[SHM_MAX_HANDSHAKES];
+    unsigned shm_busy;
     atomic_bool stopping;
     pthread_rwlock_t seg_lock; /* readers: a request's memory steps (segment_io); writer:
                                 * add/remove/fence */
     served_t *segs;
     uint32_t nseg;
     pthread_mutex_t conn_lock;
+    pthread_cond_t conns_gone; /* nconns fell to 0 (destroy waits for it) */
     dconn_t *conns;
     uint32_t nconns;
+    kvs__spare_fd_t spare;   /* the accept thread's, for running out of descriptors */
+    uint64_t refuse_warn_ns; /* the accept thread's warnings, at most once a second */
     atomic_uint_least64_t refused;
 };
 
@@ -118,9 +142,13 @@ void kvs__data_server_config_init(kvs__data_server_config_t *cfg)
     cfg->bind_host = "127.0.0.1";
     cfg->max_conns = 1024;
     cfg->io_timeout_ms = 5000;
-    /* Fault injection for integration tests (a slow owner); never set in production. */
+    cfg->handshake_timeout_ms = 5000;
+    cfg->idle_timeout_ms = 60000;
+#ifdef KVS_TEST_HOOKS
+    /* Fault injection for integration tests (a slow owner): not in production builds. */
     if (kvs__env_u64("KVS_DATA_INJECT_DELAY_US", 60000000, &cfg->inject_delay_us) != KVS_OK)
         cfg->inject_delay_us = 0;
+#endif
 }
 
 /* Sends a response frame made of a header and an i32 status, plus `extra` more payload bytes
@@ -138,6 +166,22 @@ static int send_status(const kvs__io_t *io, unsigned version, uint16_t type, uin
     if (w.failed || w.len != KVS_DATA_STATUS_LEN)
         return KVS_INTERNAL_ERROR;
     return kvs__io_send_all(io, buf, sizeof(buf), deadline);
+}
+
+/* Sends an ERROR frame (request id 0: about the connection) if the socket takes it without
+ * waiting; for a peer about to be dropped. */
+static void send_error_now(int fd, int status, const char *msg)
+{
+    kvs__wbuf_t w;
+    kvs__wbuf_init(&w);
+    kvs__frame_begin(&w, KVS_MSG_ERROR | KVS_RSP_FLAG, 0, KVS_PROTO_VERSION_MIN);
+    kvs__error_rsp_t e = {status, kvs__str_c(msg)};
+    kvs__error_rsp_encode(&w, &e);
+    if (kvs__frame_end(&w) == KVS_OK) {
+        ssize_t n = send(fd, w.data, w.len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        KVS_UNUSED(n);
+    }
+    kvs__wbuf_free(&w);
 }
 
 static void send_error(const kvs__io_t *io, unsigned version, uint32_t req_id, int status,
@@ -375,22 +419,42 @@ static int answer_hello(kvs__data_server_t *s, const kvs__io_t *io, const kvs__f
     return rc;
 }
 
-/* Serves one connection's requests. Returns when the peer leaves, errs, or the server stops. */
-static void serve_requests(kvs__data_server_t *s, const kvs__io_t *io, cap_cache_t *cc)
+/* Waits for the next request to begin. Before the handshake is done the peer has until
+ * `handshake_deadline` (it is told so when that passes); after it, idle_timeout_ms. destroy
+ * shuts the socket down to wake us. Returns false to close the connection. */
+static bool wait_request(kvs__data_server_t *s, const kvs__io_t *io, bool handshake_done,
+                         uint64_t handshake_deadline)
+{
+    uint64_t deadline = handshake_deadline;
+    if (handshake_done)
+        deadline = s->cfg.idle_timeout_ms ? kvs__now_ns() + s->cfg.idle_timeout_ms * KVS_NS_PER_MS
+                                          : UINT64_MAX;
+    /* (Bytes TLS has decrypted already are not seen by poll.) */
+    int rc = kvs__io_pending(io) ? KVS_OK : kvs__wait_fd(io->fd, POLLIN, deadline);
+    if (rc == KVS_TIMED_OUT && !handshake_done && io->ssl == NULL) {
+        char msg[64];
+        snprintf(msg, sizeof(msg), "no handshake within %llu ms",
+                 (unsigned long long)s->cfg.handshake_timeout_ms);
+        send_error_now(io->fd, KVS_TIMED_OUT, msg);
+    }
+    return rc == KVS_OK && !atomic_load(&s->stopping);
+}
+
+/* Serves one connection's requests. Returns when the peer leaves, errs, times out, or the
+ * server stops. */
+static void serve_requests(kvs__data_server_t *s, const kvs__io_t *io, uint64_t handshake_deadline,
+                           cap_cache_t *cc)
 {
     uint64_t io_ns = s->cfg.io_timeout_ms * KVS_NS_PER_MS;
-    bool hello = false;
+    bool hello = false; /* the handshake (HELLO, and AUTH with a secret) is done */
     unsigned ver = KVS_PROTO_VERSION_MIN; /* negotiated at HELLO */
-    uint8_t hb[KVS_FRAME_HDR_LEN], pb[512];
+    uint8_t hb[KVS_FRAME_HDR_LEN], pb[KVS_HANDSHAKE_MAX_PAYLOAD];
     for (;;) {
-        /* Idle peers may wait for ever; destroy shuts the socket down to wake us. */
-        /* (Bytes TLS has decrypted already are not seen by poll.) */
-        struct pollfd p = {.fd = io->fd, .events = POLLIN};
-        if (!kvs__io_pending(io) && poll(&p, 1, -1) < 0 && errno != EINTR)
-            return;
-        if (atomic_load(&s->stopping))
+        if (!wait_request(s, io, hello, handshake_deadline))
             return;
         uint64_t deadline = kvs__now_ns() + io_ns;
+        if (!hello) /* the whole handshake fits its time-out, however slowly the bytes come */
+            deadline = KVS_MIN(deadline, handshake_deadline);
         if (kvs__io_recv_all(io, hb, sizeof(hb), deadline) != KVS_OK)
             return;
         kvs__frame_hdr_t h;
@@ -406,6 +470,15 @@ static void serve_requests(kvs__data_server_t *s, const kvs__io_t *io, cap_cache
             return;
         }
         kvs__frame_log("owner", "<-", &h, NULL, 0);
+        if (!hello && h.len > sizeof(pb)) { /* nothing of a peer not yet known is read */
+            atomic_fetch_add(&s->refused, 1);
+            char msg[96];
+            snprintf(msg, sizeof(msg),
+                     "a frame of %u bytes before the handshake (at most %u until then)",
+                     (unsigned)h.len, (unsigned)sizeof(pb));
+            send_error(io, ver, h.req_id, KVS_PROTOCOL_ERROR, msg, deadline);
+            return;
+        }
         if (hello && !kvs__msg_known(h.type)) { /* before HELLO: refused below, and closed */
             /* Skip the payload so the stream stays in step, and say why. */
             atomic_fetch_add(&s->refused, 1);
@@ -446,8 +519,10 @@ static void serve_requests(kvs__data_server_t *s, const kvs__io_t *io, cap_cache
                        deadline);
             return;
         }
+#ifdef KVS_TEST_HOOKS
         if (s->cfg.inject_delay_us)
             usleep((useconds_t)s->cfg.inject_delay_us);
+#endif
         pthread_rwlock_rdlock(&s->seg_lock);
         char *addr = NULL;
         rc = check_range(s, &r, is_write, cc, &addr);
@@ -494,89 +569,114 @@ static void serve_requests(kvs__data_server_t *s, const kvs__io_t *io, cap_cache
  * MAC context for write capabilities. */
 static void serve(kvs__data_server_t *s, int fd)
 {
+    uint64_t handshake_deadline = kvs__now_ns() + s->cfg.handshake_timeout_ms * KVS_NS_PER_MS;
     kvs__io_t io = {fd, NULL};
-    if (s->tls != NULL &&
-        kvs__tls_handshake(s->tls, fd, kvs__now_ns() + s->cfg.io_timeout_ms * KVS_NS_PER_MS, &io) !=
-            KVS_OK) {
+    if (s->tls != NULL && kvs__tls_handshake(s->tls, fd, handshake_deadline, &io) != KVS_OK) {
         atomic_fetch_add(&s->refused, 1);
         kvs_debug("data server: a peer failed the TLS handshake");
         return;
     }
     cap_cache_t cc = {NULL, 0};
-    serve_requests(s, &io, &cc);
+    serve_requests(s, &io, handshake_deadline, &cc);
     kvs__cap_ctx_free(cc.ctx);
     kvs__io_free(&io);
 }
 
+static void conn_unlink_locked(kvs__data_server_t *s, dconn_t *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    s->nconns--;
+}
+
+/* Serves a connection, then reclaims its descriptor and itself (the thread is detached): a
+ * peer that left costs nothing from then on. */
 static void *conn_thread(void *arg)
 {
     dconn_t *c = arg;
-    serve(c->srv, c->fd);
-    shutdown(c->fd, SHUT_RDWR); /* the peer sees the end now */
-    /* The fd stays open until the reaper or destroy joins us, so it is never reused while
-     * someone may still shut it down. */
-    atomic_store(&c->done, true);
+    kvs__data_server_t *s = c->srv;
+    serve(s, c->fd);
+    pthread_mutex_lock(&s->conn_lock);
+    conn_unlink_locked(s, c);
+    close(c->fd); /* under the lock: destroy never shuts down a number reused meanwhile */
+    kvs__free(c);
+    if (s->nconns == 0)
+        pthread_cond_broadcast(&s->conns_gone);
+    pthread_mutex_unlock(&s->conn_lock);
     return NULL;
 }
 
-/* Joins finished connection threads. conn_lock held. */
-static void reap_locked(kvs__data_server_t *s)
+/* Gives an accepted connection its thread, or refuses it with a reason and closes it. */
+static void conn_start(kvs__data_server_t *s, int fd, const pthread_attr_t *detached)
 {
-    dconn_t **pp = &s->conns;
-    while (*pp != NULL) {
-        dconn_t *c = *pp;
-        if (atomic_load(&c->done)) {
-            pthread_join(c->thread, NULL);
-            close(c->fd);
-            *pp = c->next;
-            kvs__free(c);
-            s->nconns--;
+    /* Responses go out as a small header then the data: without this, Nagle and delayed
+     * acknowledgements stall every small read by tens of milliseconds. */
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    pthread_mutex_lock(&s->conn_lock);
+    uint32_t open = s->nconns;
+    dconn_t *c = open < s->cfg.max_conns ? kvs__calloc(1, sizeof(*c)) : NULL;
+    if (c != NULL) {
+        /* Listed before its thread starts: the thread unlinks it under this lock. */
+        c->fd = fd;
+        c->srv = s;
+        c->next = s->conns;
+        if (s->conns)
+            s->conns->prev = c;
+        s->conns = c;
+        s->nconns++;
+        pthread_t t;
+        if (pthread_create(&t, detached, conn_thread, c) == 0) {
+            fd = -1;
         } else {
-            pp = &c->next;
+            conn_unlink_locked(s, c);
+            kvs__free(c);
         }
     }
+    pthread_mutex_unlock(&s->conn_lock);
+    if (fd < 0)
+        return;
+    char msg[96];
+    if (open >= s->cfg.max_conns)
+        snprintf(msg, sizeof(msg), "too many connections (%u open, limit %u)", (unsigned)open,
+                 (unsigned)s->cfg.max_conns);
+    else
+        snprintf(msg, sizeof(msg), "cannot serve a connection now (no memory or thread)");
+    if (kvs__every(&s->refuse_warn_ns, KVS_NS_PER_S))
+        kvs_warn("data server: refusing a connection: %s", msg);
+    send_error_now(fd, KVS_NO_RESOURCE, msg);
+    close(fd);
 }
 
 static void *accept_thread(void *arg)
 {
     kvs__data_server_t *s = arg;
+    pthread_attr_t detached;
+    pthread_attr_init(&detached);
+    pthread_attr_setdetachstate(&detached, PTHREAD_CREATE_DETACHED);
     while (!atomic_load(&s->stopping)) {
-        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED)
-                continue;
-            if (atomic_load(&s->stopping))
-                break;
-            usleep(10000); /* EMFILE and friends: back off rather than spin */
-            continue;
-        }
-        kvs__set_nonblock(fd, true);
-        /* Responses go out as a small header then the data: without this, Nagle and delayed
-         * acknowledgements stall every small read by tens of milliseconds. */
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        pthread_mutex_lock(&s->conn_lock);
-        reap_locked(s);
-        dconn_t *c = s->nconns < s->cfg.max_conns ? kvs__calloc(1, sizeof(*c)) : NULL;
-        if (c != NULL) {
-            c->fd = fd;
-            c->srv = s;
-            if (pthread_create(&c->thread, NULL, conn_thread, c) == 0) {
-                c->next = s->conns;
-                s->conns = c;
-                s->nconns++;
-                c = NULL;
-                fd = -1;
-            } else {
-                kvs__free(c);
-            }
-        }
-        pthread_mutex_unlock(&s->conn_lock);
+        /* destroy shuts the listening socket down to wake this poll. */
+        struct pollfd p = {.fd = s->listen_fd, .events = POLLIN};
+        if (poll(&p, 1, -1) < 0 && errno != EINTR)
+            usleep(10000);
+        if (atomic_load(&s->stopping))
+            break;
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd >= 0) {
-            kvs_warn("data server: refusing a connection (%u open)", s->nconns);
-            close(fd);
+            conn_start(s, fd, &detached);
+        } else if (errno == EMFILE || errno == ENFILE) {
+            if (kvs__spare_fd_shed(&s->spare, s->listen_fd, "data server") < 0)
+                usleep(10000); /* no descriptor to shed with: back off rather than spin */
+        } else if (errno != EINTR && errno != ECONNABORTED && errno != EAGAIN &&
+                   errno != EWOULDBLOCK) {
+            usleep(10000); /* ENOBUFS, ENOMEM */
         }
     }
+    pthread_attr_destroy(&detached);
     return NULL;
 }
 
@@ -669,22 +769,179 @@ static void shm_answer(kvs__data_server_t *s, int c)
         close(fd);
 }
 
+/* Answers one same-host handshake (bounded by shm_answer's own time-outs, and by the
+ * watchdog's shutdown at the handshake time-out), then frees its slot. */
+static void *shm_thread(void *arg)
+{
+    shm_slot_t *slot = arg;
+    kvs__data_server_t *s = slot->srv;
+    shm_answer(s, slot->fd);
+    pthread_mutex_lock(&s->shm_lock);
+    close(slot->fd);
+    slot->fd = -1;
+    if (--s->shm_busy == 0)
+        pthread_cond_broadcast(&s->shm_idle);
+    pthread_mutex_unlock(&s->shm_lock);
+    return NULL;
+}
+
+/* Accepts same-host peers while slots are free, a thread each. *backoff_ns_p is set when
+ * accept cannot go on for want of descriptors, memory or threads. */
+static void shm_accept(kvs__data_server_t *s, kvs__spare_fd_t *spare,
+                       const pthread_attr_t *detached, uint64_t *backoff_ns_p)
+{
+    while (!atomic_load(&s->stopping)) {
+        pthread_mutex_lock(&s->shm_lock);
+        bool room = s->shm_busy < SHM_MAX_HANDSHAKES;
+        pthread_mutex_unlock(&s->shm_lock);
+        if (!room)
+            return;
+        int c = accept4(s->unix_fd, NULL, NULL, SOCK_CLOEXEC); /* blocking: shm_answer waits */
+        if (c < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            int shed = 0;
+            if (errno == EMFILE || errno == ENFILE)
+                shed = kvs__spare_fd_shed(spare, s->unix_fd, "shm socket");
+            else if (errno != EAGAIN && errno != EWOULDBLOCK)
+                shed = -1;
+            if (shed > 0)
+                continue;
+            if (shed < 0)
+                *backoff_ns_p = kvs__now_ns() + 10 * KVS_NS_PER_MS;
+            return;
+        }
+        pthread_mutex_lock(&s->shm_lock);
+        shm_slot_t *slot = s->shm_slots;
+        while (slot->fd >= 0)
+            slot++; /* a free one exists: only this thread takes slots */
+        *slot =
+            (shm_slot_t){s, c, kvs__now_ns() + s->cfg.handshake_timeout_ms * KVS_NS_PER_MS, false};
+        s->shm_busy++;
+        pthread_t t;
+        bool started = pthread_create(&t, detached, shm_thread, slot) == 0;
+        if (!started) {
+            slot->fd = -1;
+            s->shm_busy--;
+        }
+        pthread_mutex_unlock(&s->shm_lock);
+        if (!started) {
+            close(c);
+            *backoff_ns_p = kvs__now_ns() + 10 * KVS_NS_PER_MS;
+            return;
+        }
+    }
+}
+
+/* Shuts down the handshakes past their deadline; returns the next deadline (UINT64_MAX: none)
+ * and whether a slot is free. */
+static uint64_t shm_watch(kvs__data_server_t *s, uint64_t now, bool *room_p)
+{
+    uint64_t next = UINT64_MAX;
+    pthread_mutex_lock(&s->shm_lock);
+    for (unsigned i = 0; i < SHM_MAX_HANDSHAKES; i++) {
+        shm_slot_t *slot = &s->shm_slots[i];
+        if (slot->fd < 0 || slot->shut)
+            continue;
+        if (slot->deadline_ns <= now) {
+            shutdown(slot->fd, SHUT_RDWR); /* its thread wakes, fails and ends */
+            slot->shut = true;
+        } else {
+            next = KVS_MIN(next, slot->deadline_ns);
+        }
+    }
+    *room_p = s->shm_busy < SHM_MAX_HANDSHAKES;
+    pthread_mutex_unlock(&s->shm_lock);
+    return next;
+}
+
+/* Accepts same-host peers and hands each to a thread of its own (shm_thread), so handshakes
+ * run at once and a silent peer delays nobody; watches that each ends within the handshake
+ * time-out. At stop, ends those in progress and waits for their threads. */
 static void *unix_thread(void *arg)
 {
     kvs__data_server_t *s = arg;
+    pthread_attr_t detached;
+    pthread_attr_init(&detached);
+    pthread_attr_setdetachstate(&detached, PTHREAD_CREATE_DETACHED);
+    kvs__spare_fd_t spare;
+    kvs__spare_fd_init(&spare);
+    uint64_t backoff_ns = 0; /* accept again only after this (out of descriptors) */
     while (!atomic_load(&s->stopping)) {
-        int c = accept4(s->unix_fd, NULL, NULL, SOCK_CLOEXEC);
-        if (c < 0) {
-            if (atomic_load(&s->stopping))
-                break;
-            if (errno != EINTR && errno != ECONNABORTED)
-                usleep(10000);
-            continue;
-        }
-        shm_answer(s, c);
-        close(c);
+        uint64_t now = kvs__now_ns();
+        bool room;
+        uint64_t wake = shm_watch(s, now, &room);
+        bool accepting = room && backoff_ns <= now;
+        if (!accepting) /* a slot frees, or the back-off ends, without telling us */
+            wake = KVS_MIN(wake, now + 10 * KVS_NS_PER_MS);
+        /* destroy shuts the listening socket down to wake this poll. */
+        struct pollfd p = {.fd = s->unix_fd, .events = accepting ? POLLIN : 0};
+        int ms = wake == UINT64_MAX ? -1 : (int)KVS_MIN((wake - now) / KVS_NS_PER_MS + 1, 60000);
+        if (poll(&p, 1, ms) < 0 && errno != EINTR)
+            usleep(10000);
+        if (atomic_load(&s->stopping))
+            break;
+        if (accepting && p.revents != 0)
+            shm_accept(s, &spare, &detached, &backoff_ns);
     }
+    pthread_mutex_lock(&s->shm_lock);
+    for (unsigned i = 0; i < SHM_MAX_HANDSHAKES; i++) {
+        if (s->shm_slots[i].fd >= 0)
+            shutdown(s->shm_slots[i].fd, SHUT_RDWR);
+    }
+    while (s->shm_busy > 0)
+        pthread_cond_wait(&s->shm_idle, &s->shm_lock);
+    pthread_mutex_unlock(&s->shm_lock);
+    pthread_attr_destroy(&detached);
+    kvs__spare_fd_close(&spare);
     return NULL;
+}
+
+/* Removes the sockets of owners that are gone: "data-*.sock" sockets of this user in `dir`
+ * that nobody listens on (a connect is refused; an owner stopped by a signal still has its
+ * backlog, so it keeps its socket). Called with the directory locked, as owners bind and
+ * listen under that lock: a socket is never seen between the two. */
+static void shm_sweep(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+        struct stat st;
+        if (len < 10 || strncmp(e->d_name, "data-", 5) != 0 ||
+            strcmp(e->d_name + len - 5, ".sock") != 0 ||
+            (size_t)snprintf(path, sizeof(path), "%s/%s", dir, e->d_name) >= sizeof(path) ||
+            lstat(path, &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_uid != geteuid())
+            continue;
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        struct sockaddr_un addr = {.sun_family = AF_UNIX};
+        memcpy(addr.sun_path, path, strlen(path) + 1);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&addr, sizeof(addr)) != 0 &&
+            errno == ECONNREFUSED && unlink(path) == 0)
+            kvs_info("shm: removed %s, left by an owner that is gone", path);
+        if (fd >= 0)
+            close(fd);
+    }
+    closedir(d);
+}
+
+/* Locks the shm directory against other owners' sweeps and binds (flock; -1 if it cannot be
+ * had within half a second, e.g. its holder is stopped: then we go on without). */
+static int shm_dir_lock(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    uint64_t deadline = kvs__now_ns() + 500 * KVS_NS_PER_MS;
+    while (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if ((errno != EWOULDBLOCK && errno != EINTR) || kvs__now_ns() >= deadline) {
+            close(fd);
+            return -1;
+        }
+        usleep(1000);
+    }
+    return fd;
 }
 
 /* Listens on "<shm dir>/data-<port>.sock" (mode 0600). Same-host readers are an optimisation:
@@ -707,7 +964,10 @@ static void shm_listen(kvs__data_server_t *s)
         s->unix_path[0] = '\0';
         return;
     }
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int lock = shm_dir_lock(dir);
+    if (lock >= 0)
+        shm_sweep(dir);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     memcpy(addr.sun_path, s->unix_path, strlen(s->unix_path) + 1);
     /* A socket left by an owner that died on this port: no one can be listening on it now,
@@ -716,6 +976,8 @@ static void shm_listen(kvs__data_server_t *s)
     int ok = fd >= 0 && bind(fd, (struct sockaddr *)&addr, sizeof(addr)) == 0;
     if (ok)
         ok = chmod(s->unix_path, 0600) == 0 && listen(fd, 64) == 0;
+    if (lock >= 0)
+        close(lock);
     s->unix_fd = fd; /* before the thread that uses it starts */
     if (!ok || pthread_create(&s->unix_thread, NULL, unix_thread, s) != 0) {
         s->unix_fd = -1;
@@ -732,7 +994,8 @@ static void shm_listen(kvs__data_server_t *s)
 
 int kvs__data_server_create(const kvs__data_server_config_t *cfg, kvs__data_server_t **srv_p)
 {
-    if (cfg == NULL || srv_p == NULL || cfg->max_conns == 0 || cfg->io_timeout_ms == 0)
+    if (cfg == NULL || srv_p == NULL || cfg->max_conns == 0 || cfg->io_timeout_ms == 0 ||
+        cfg->handshake_timeout_ms == 0)
         return KVS_INVALID_PARAMS;
     kvs__data_server_t *s = kvs__calloc(1, sizeof(*s));
     if (s == NULL)
@@ -755,6 +1018,12 @@ int kvs__data_server_create(const kvs__data_server_config_t *cfg, kvs__data_serv
     pthread_rwlock_init(&s->seg_lock, &ra);
     pthread_rwlockattr_destroy(&ra);
     pthread_mutex_init(&s->conn_lock, NULL);
+    kvs__cond_init(&s->conns_gone);
+    pthread_mutex_init(&s->shm_lock, NULL);
+    kvs__cond_init(&s->shm_idle);
+    for (unsigned i = 0; i < SHM_MAX_HANDSHAKES; i++)
+        s->shm_slots[i].fd = -1;
+    kvs__spare_fd_init(&s->spare);
     s->listen_fd = kvs__tcp_listen(cfg->bind_host ? cfg->bind_host : "127.0.0.1", cfg->port, 512);
     if (s->listen_fd < 0) {
         int rc = s->listen_fd;
@@ -763,6 +1032,7 @@ int kvs__data_server_create(const kvs__data_server_config_t *cfg, kvs__data_serv
         return rc;
     }
     s->port = kvs__sock_port(s->listen_fd);
+    kvs__set_nonblock(s->listen_fd, true); /* accept after poll: shedding must never block */
     if (pthread_create(&s->accept_thread, NULL, accept_thread, s) != 0) {
         kvs__data_server_destroy(s);
         return KVS_INTERNAL_ERROR;
@@ -863,15 +1133,20 @@ void kvs__data_server_destroy(kvs__data_server_t *s)
         close(s->unix_fd);
         unlink(s->unix_path);
     }
+    /* Every listed descriptor is still open (its thread closes it under this lock as it goes):
+     * shutting them down wakes the threads, which then end. */
     pthread_mutex_lock(&s->conn_lock);
     for (dconn_t *c = s->conns; c != NULL; c = c->next)
         shutdown(c->fd, SHUT_RDWR);
-    for (dconn_t *c = s->conns; c != NULL; c = c->next)
-        atomic_store(&c->done, true); /* joined below whether finished or not */
-    reap_locked(s);
+    while (s->nconns > 0)
+        pthread_cond_wait(&s->conns_gone, &s->conn_lock);
     pthread_mutex_unlock(&s->conn_lock);
+    kvs__spare_fd_close(&s->spare);
     pthread_rwlock_destroy(&s->seg_lock);
+    pthread_cond_destroy(&s->conns_gone);
     pthread_mutex_destroy(&s->conn_lock);
+    pthread_cond_destroy(&s->shm_idle);
+    pthread_mutex_destroy(&s->shm_lock);
     for (uint32_t i = 0; i < s->nseg; i++)
         kvs__free(s->segs[i].fenced.slots);
     kvs__free(s->segs);

@@ -21,22 +21,33 @@ void kvs__segment_mem_destroy(kvs__segment_mem_t *mem);
 /* ---- data server ---------------------------------------------------------------------- */
 
 typedef struct {
-    const char *bind_host;    /* default 127.0.0.1 */
-    uint16_t port;            /* 0: any free port */
-    uint32_t max_conns;       /* default 1024 */
-    uint64_t io_timeout_ms;   /* a frame once begun must complete within this (default 5000) */
-    uint64_t inject_delay_us; /* tests: stall this long before answering each data request */
-    const char *shm_dir;      /* where the same-host socket goes (NULL: KVS_SHM_DIR or the
-                               * default; "": none) */
-    kvs__auth_t auth;         /* peers of the tcp port and the shm socket must prove it, if on */
-    bool tls;                 /* TLS on the tcp port (needs auth); the owner's master calls too */
+    const char *bind_host;  /* default 127.0.0.1 */
+    uint16_t port;          /* 0: any free port */
+    uint32_t max_conns;     /* more open get ERROR NO_RESOURCE and are closed (default 1024) */
+    uint64_t io_timeout_ms; /* a frame once begun must complete within this (default 5000) */
+    const char *shm_dir;    /* where the same-host socket goes (NULL: KVS_SHM_DIR or the
+                             * default; "": none) */
+
+    /* What a silent or idle peer may cost (README: Limits). */
+    uint64_t handshake_timeout_ms; /* from accept to HELLO on the tcp port, and to the end of a
+                                    * same-host (shm) handshake; else closed (default 5000) */
+    uint64_t idle_timeout_ms;      /* a tcp connection with no request this long is closed; the
+                                    * tcp transport replaces it before its next transfer
+                                    * (default 60000; 0: never) */
+    kvs__auth_t auth; /* peers of the tcp port and the shm socket must prove it, if on */
+    bool tls;         /* TLS on the tcp port (needs auth); the owner's master calls too */
+#ifdef KVS_TEST_HOOKS
+    uint64_t inject_delay_us; /* stall this long before each data request (tests only; also
+                               * KVS_DATA_INJECT_DELAY_US) */
+#endif
 } kvs__data_server_config_t;
 
 void kvs__data_server_config_init(kvs__data_server_config_t *cfg);
 
 typedef struct kvs__data_server kvs__data_server_t;
 
-/* Listens and starts the accept thread; one thread serves each connection. */
+/* Listens and starts the accept thread; one thread serves each connection and ends with it.
+ * Removes the same-host sockets of owners that are gone from the shm directory first. */
 int kvs__data_server_create(const kvs__data_server_config_t *cfg, kvs__data_server_t **srv_p);
 uint16_t kvs__data_server_port(const kvs__data_server_t *srv);
 /* Serves [base, base + size) as segment `segment_id`. Every request is checked against it. `fd`
@@ -57,7 +68,8 @@ int kvs__data_server_fence(kvs__data_server_t *srv, uint64_t segment_id, const u
                            size_t n);
 /* Requests served and refused so far. */
 uint64_t kvs__data_server_refused(const kvs__data_server_t *srv);
-/* Closes every connection, joins every thread, frees. NULL is a no-op. */
+/* Closes every connection, waits for every thread, removes its same-host socket, frees. NULL
+ * is a no-op. */
 void kvs__data_server_destroy(kvs__data_server_t *srv);
 
 /* ---- owner ---------------------------------------------------------------------------- */

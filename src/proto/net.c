@@ -26,6 +26,45 @@ int kvs__set_nonblock(int fd, bool on)
     return fcntl(fd, F_SETFL, fl) == 0 ? KVS_OK : KVS_IO_ERROR;
 }
 
+/* ---- accepting without descriptors ------------------------------------------------------- */
+
+void kvs__spare_fd_init(kvs__spare_fd_t *spare)
+{
+    *spare = (kvs__spare_fd_t){.fd = open("/dev/null", O_RDONLY | O_CLOEXEC)};
+}
+
+void kvs__spare_fd_close(kvs__spare_fd_t *spare)
+{
+    if (spare->fd >= 0)
+        close(spare->fd);
+    spare->fd = -1;
+}
+
+int kvs__spare_fd_shed(kvs__spare_fd_t *spare, int listen_fd, const char *who)
+{
+    int err = errno;
+    if (kvs__every(&spare->last_warn_ns, KVS_NS_PER_S))
+        kvs_warn("%s: cannot accept (%s): new connections are closed at once until descriptors "
+                 "are free (%llu so far)",
+                 who, strerror(err), (unsigned long long)spare->shed);
+    if (spare->fd < 0)
+        spare->fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (spare->fd < 0)
+        return -1;
+    close(spare->fd);
+    int c = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    int rc = c >= 0 || errno == ECONNABORTED || errno == EINTR ? 1
+             : errno == EAGAIN || errno == EWOULDBLOCK         ? 0
+                                                               : -1;
+    if (c >= 0) {
+        close(c);
+        spare->shed++;
+    }
+    /* Another thread may have taken the slot meanwhile: then the next shed tries again. */
+    spare->fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    return rc;
+}
+
 /* ---- name resolution with a deadline ------------------------------------------------------
  * getaddrinfo() has no time-out, so names (not numeric addresses) are resolved on a detached
  * thread; the caller waits for it only until its deadline. The request is shared by reference
@@ -404,10 +443,15 @@ static int rpc_exchange(rpc_conn_t *cn, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint
     if (rc == KVS_OK)
         rc = kvs__io_recv_all(&io, hb, sizeof(hb), deadline);
     kvs__frame_hdr_t h;
+    bool conn_error = false;
     if (rc == KVS_OK) {
         rc = kvs__frame_hdr_decode(hb, sizeof(hb), KVS_FRAME_MAX_PAYLOAD, &h);
-        if (rc == KVS_OK && (h.req_id != id || (h.type != (sent.type | KVS_RSP_FLAG) &&
-                                                h.type != (KVS_MSG_ERROR | KVS_RSP_FLAG))))
+        /* An ERROR of request id 0 is about the connection (a bad header, a limit the master
+         * refused it for): it may come before the request was read, and answers it too. */
+        conn_error = rc == KVS_OK && h.type == (KVS_MSG_ERROR | KVS_RSP_FLAG) && h.req_id == 0;
+        if (rc == KVS_OK && !conn_error &&
+            (h.req_id != id ||
+             (h.type != (sent.type | KVS_RSP_FLAG) && h.type != (KVS_MSG_ERROR | KVS_RSP_FLAG))))
             rc = KVS_PROTOCOL_ERROR;
     }
     if (rc == KVS_OK) {
@@ -435,6 +479,10 @@ static int rpc_exchange(rpc_conn_t *cn, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint
     if (rc != KVS_OK) {
         conn_drop(cn);
         return rc == KVS_TIMED_OUT ? KVS_TIMED_OUT : KVS_RPC_FAIL;
+    }
+    if (conn_error) { /* the master closes such a connection */
+        close(cn->fd);
+        cn->fd = -1;
     }
     if (h.type == (KVS_MSG_ERROR | KVS_RSP_FLAG)) {
         kvs__error_rsp_t e;

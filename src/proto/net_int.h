@@ -13,6 +13,25 @@
 bool kvs__host_is_loopback(const char *host);
 /* Listens on host:port (port 0 picks a free one). Returns the fd or a negative status. */
 int kvs__tcp_listen(const char *host, uint16_t port, int backlog);
+/* A descriptor held in reserve for a listening socket (libuv's trick). When accept fails for
+ * want of descriptors (EMFILE, ENFILE) the connection stays pending and the socket readable, so
+ * a level-triggered poll reports it again at once and the loop spins. Shedding closes the spare,
+ * accepts the pending connection into the freed slot, closes it at once (its peer sees the end
+ * instead of a hang) and opens the spare again. One thread uses a spare at a time. */
+typedef struct {
+    int fd;                /* /dev/null, or -1 while it cannot be had */
+    uint64_t last_warn_ns; /* warnings at most once a second */
+    uint64_t shed;         /* connections closed for want of descriptors */
+} kvs__spare_fd_t;
+
+/* Opens the spare (it is -1 if that fails; shedding tries again). */
+void kvs__spare_fd_init(kvs__spare_fd_t *spare);
+void kvs__spare_fd_close(kvs__spare_fd_t *spare);
+/* After accept on the non-blocking `listen_fd` failed with EMFILE or ENFILE: sheds one pending
+ * connection and warns (naming `who`) at most once a second. Returns 1 when one was shed (try
+ * accept again: more may be pending), 0 when none was pending, -1 when no descriptor could be
+ * freed for it (the caller backs off: the socket stays readable). */
+int kvs__spare_fd_shed(kvs__spare_fd_t *spare, int listen_fd, const char *who);
 /* The local port a socket is bound to, 0 on error. */
 uint16_t kvs__sock_port(int fd);
 /* Resolves host:port before the deadline (absolute, kvs__now_ns() clock). Numeric addresses are

@@ -21,6 +21,11 @@
 #define KVS_FRAME_MAX_PAYLOAD (64u << 20)
 #define KVS_RSP_FLAG          0x8000u
 
+/* Largest payload a server reads before the connection's handshake is done: HELLO (and what
+ * follows it to authenticate) is a few hundred bytes, so a peer that has not identified itself
+ * cannot make a server allocate more (the frame cap above holds after it). */
+#define KVS_HANDSHAKE_MAX_PAYLOAD 4096u
+
 typedef enum {
 #define KVS_MSG_ENUM_(name, num, req, rsp, raw) KVS_MSG_##name = (num),
     KVS_SCHEMA_MESSAGES(KVS_MSG_ENUM_)

@@ -39,6 +39,19 @@ static void usage(FILE *f)
             "                             else above 200)\n"
             "  --probe-timeout-ms N       wait for a connect proving a silent owner dead before\n"
             "                             its name is given to a new one (default 1000)\n"
+            "  --max-conns N              master connections open at most; more are refused\n"
+            "                             with an error (default 4096)\n"
+            "  --handshake-timeout-ms N   close a master connection whose handshake has not\n"
+            "                             completed this long after accept (default 5000)\n"
+            "  --idle-timeout-ms N        close a master connection with no request this long\n"
+            "                             (default 600000; 0: never; owners heartbeat every\n"
+            "                             500 ms at most)\n"
+            "  --data-max-conns N         owner data connections open at most (default 1024)\n"
+            "  --data-handshake-timeout-ms N\n"
+            "                             close a data or same-host connection whose\n"
+            "                             handshake has not completed this long (default 5000)\n"
+            "  --data-idle-timeout-ms N   close a data connection with no request this long\n"
+            "                             (default 60000; 0: never)\n"
             "  --auth-token-file PATH     the cluster's shared secret (mode 0600, 16+ bytes):\n"
             "                             every peer must prove it (default: KVS_AUTH_TOKEN_FILE)\n"
             "  --insecure-no-auth         listen on a non-loopback address without a secret\n"
@@ -60,6 +73,30 @@ static int parse_ms(const char *opt, const char *v, uint64_t *out)
 {
     if (kvs__parse_u64(v, 86400000ull, out) != KVS_OK) {
         fprintf(stderr, "kvstash-server: %s wants milliseconds (0..86400000), got '%s'\n", opt, v);
+        return -1;
+    }
+    return 0;
+}
+
+/* A connection count of at least 1. */
+static int parse_conns(const char *opt, const char *v, uint32_t *out)
+{
+    uint64_t n;
+    if (kvs__parse_u64(v, 1000000, &n) != KVS_OK || n == 0) {
+        fprintf(stderr, "kvstash-server: %s wants a count (1..1000000), got '%s'\n", opt, v);
+        return -1;
+    }
+    *out = (uint32_t)n;
+    return 0;
+}
+
+/* Milliseconds, at least 1. */
+static int parse_ms_nonzero(const char *opt, const char *v, uint64_t *out)
+{
+    if (parse_ms(opt, v, out))
+        return -1;
+    if (*out == 0) {
+        fprintf(stderr, "kvstash-server: %s wants at least 1\n", opt);
         return -1;
     }
     return 0;
@@ -98,6 +135,12 @@ int main(int argc, char **argv)
         O_DATA_PORT,
         O_PAUSE,
         O_PROBE,
+        O_MAX_CONNS,
+        O_HANDSHAKE,
+        O_IDLE,
+        O_DATA_MAX_CONNS,
+        O_DATA_HANDSHAKE,
+        O_DATA_IDLE,
         O_AUTH_FILE,
         O_INSECURE,
         O_TLS
@@ -117,6 +160,12 @@ int main(int argc, char **argv)
         {"put-discard-ms", required_argument, NULL, O_DISCARD},
         {"pause-ms", required_argument, NULL, O_PAUSE},
         {"probe-timeout-ms", required_argument, NULL, O_PROBE},
+        {"max-conns", required_argument, NULL, O_MAX_CONNS},
+        {"handshake-timeout-ms", required_argument, NULL, O_HANDSHAKE},
+        {"idle-timeout-ms", required_argument, NULL, O_IDLE},
+        {"data-max-conns", required_argument, NULL, O_DATA_MAX_CONNS},
+        {"data-handshake-timeout-ms", required_argument, NULL, O_DATA_HANDSHAKE},
+        {"data-idle-timeout-ms", required_argument, NULL, O_DATA_IDLE},
         {"auth-token-file", required_argument, NULL, O_AUTH_FILE},
         {"insecure-no-auth", no_argument, NULL, O_INSECURE},
         {"tls", no_argument, NULL, O_TLS},
@@ -132,6 +181,8 @@ int main(int argc, char **argv)
     kvs__master_server_config_t cfg;
     if (kvs__master_server_config_init(&cfg) != KVS_OK)
         return 2;
+    kvs__data_server_config_t dcfg;
+    kvs__data_server_config_init(&dcfg);
     bool master_only = false, owner_only = false, insecure = false, tls = false;
     const char *port_file = NULL, *master_addr = NULL, *seg_name = NULL, *auth_file = NULL;
     uint64_t seg_size = 1ull << 30, data_port = 0;
@@ -207,6 +258,30 @@ int main(int argc, char **argv)
                     fprintf(stderr, "kvstash-server: --probe-timeout-ms wants at least 1\n");
                 return 2;
             }
+            break;
+        case O_MAX_CONNS:
+            if (parse_conns("--max-conns", optarg, &cfg.max_conns))
+                return 2;
+            break;
+        case O_HANDSHAKE:
+            if (parse_ms_nonzero("--handshake-timeout-ms", optarg, &cfg.handshake_timeout_ms))
+                return 2;
+            break;
+        case O_IDLE:
+            if (parse_ms("--idle-timeout-ms", optarg, &cfg.idle_timeout_ms))
+                return 2;
+            break;
+        case O_DATA_MAX_CONNS:
+            if (parse_conns("--data-max-conns", optarg, &dcfg.max_conns))
+                return 2;
+            break;
+        case O_DATA_HANDSHAKE:
+            if (parse_ms_nonzero("--data-handshake-timeout-ms", optarg, &dcfg.handshake_timeout_ms))
+                return 2;
+            break;
+        case O_DATA_IDLE:
+            if (parse_ms("--data-idle-timeout-ms", optarg, &dcfg.idle_timeout_ms))
+                return 2;
             break;
         case O_AUTH_FILE:
             auth_file = optarg;
@@ -325,9 +400,10 @@ int main(int argc, char **argv)
                 cfg.bind_host, (unsigned)shown_port);
     }
     if (!master_only) {
-        kvs__owner_config_t oc = {
-            .segment_size = seg_size, .segment_name = seg_name, .rpc_timeout_ms = 5000};
-        kvs__data_server_config_init(&oc.data);
+        kvs__owner_config_t oc = {.segment_size = seg_size,
+                                  .segment_name = seg_name,
+                                  .rpc_timeout_ms = 5000,
+                                  .data = dcfg};
         oc.data.auth = cfg.auth;
         oc.data.tls = cfg.tls;
         oc.data.bind_host = cfg.bind_host;

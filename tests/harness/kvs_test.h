@@ -30,6 +30,15 @@ int kvs_test_main(int argc, char **argv, const kvs_test_case_t *cases, size_t nc
 #define KVS_TEST_SKIPPED 77
 void kvs_test_skip(const char *why) __attribute__((noreturn));
 
+/* A case that needs the servers' test-only fault knobs (KVS_DATA_INJECT_DELAY_US) skips in
+ * builds without them (configured without -DKVS_TEST_HOOKS=ON). */
+static inline void kvs_test_need_hooks(void)
+{
+#ifndef KVS_TEST_HOOKS
+    kvs_test_skip("needs the fault knobs of a -DKVS_TEST_HOOKS=ON build");
+#endif
+}
+
 /* Reports a failure and ends the current case. */
 void kvs_test_fail(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4), noreturn));
