@@ -332,44 +332,14 @@ int kvs__tcp_connect(const char *host, uint16_t port, uint64_t deadline_ns)
 
 int kvs__send_all(int fd, const void *buf, size_t len, uint64_t deadline_ns)
 {
-    const char *p = buf;
-    while (len > 0) {
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
-        if (n > 0) {
-            p += n;
-            len -= (size_t)n;
-        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int rc = kvs__wait_fd(fd, POLLOUT, deadline_ns);
-            if (rc != KVS_OK)
-                return rc;
-        } else if (n < 0 && errno == EINTR) {
-            continue;
-        } else {
-            return KVS_IO_ERROR;
-        }
-    }
-    return KVS_OK;
+    kvs__io_t io = {fd, NULL};
+    return kvs__io_send_all(&io, buf, len, deadline_ns);
 }
 
 int kvs__recv_all(int fd, void *buf, size_t len, uint64_t deadline_ns)
 {
-    char *p = buf;
-    while (len > 0) {
-        ssize_t n = recv(fd, p, len, 0);
-        if (n > 0) {
-            p += n;
-            len -= (size_t)n;
-        } else if (n == 0) {
-            return KVS_IO_ERROR;
-        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int rc = kvs__wait_fd(fd, POLLIN, deadline_ns);
-            if (rc != KVS_OK)
-                return rc;
-        } else if (errno != EINTR) {
-            return KVS_IO_ERROR;
-        }
-    }
-    return KVS_OK;
+    kvs__io_t io = {fd, NULL};
+    return kvs__io_recv_all(&io, buf, len, deadline_ns);
 }
 
 /* ---- master RPC connections ------------------------------------------------------------
