@@ -22,12 +22,12 @@ def pattern(key: str, size: int) -> bytes:
 class Server:
     """kvstash-server (owner + embedded master) on a free port."""
 
-    def __init__(self, segment="64MiB"):
+    def __init__(self, segment="64MiB", extra=()):
         self.dir = tempfile.TemporaryDirectory()
         port_file = os.path.join(self.dir.name, "port")
         self.proc = subprocess.Popen(
             [SERVER, "--port", "0", "--port-file", port_file, "--segment-size", segment,
-             "--log-level", "error"], stdout=subprocess.DEVNULL)
+             "--log-level", "error", *extra], stdout=subprocess.DEVNULL)
         for _ in range(500):
             if os.path.exists(port_file) and open(port_file).read().strip():
                 break
@@ -308,6 +308,51 @@ class StoreTest(unittest.TestCase):
             th.join()
         self.assertEqual(errors, [])
         self.assertEqual(s.get_stats()["put_keys"], 160)
+
+
+class AuthTest(unittest.TestCase):
+    """setup's auth_token_file and tls keys against a store that requires the token."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.token = os.path.join(cls.tmp.name, "token")
+        cls.wrong = os.path.join(cls.tmp.name, "wrong")
+        for path, text in ((cls.token, "python-test-token-0123456789\n"),
+                           (cls.wrong, "another-token-abcdefghijklmn\n")):
+            with open(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600), "w") as f:
+                f.write(text)
+        cls.server = Server(segment="16MiB", extra=("--auth-token-file", cls.token, "--tls"))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        cls.tmp.cleanup()
+
+    def config(self, **extra):
+        cfg = {"local_hostname": "localhost", "metadata_server": "P2PHANDSHAKE",
+               "global_segment_size": 0, "local_buffer_size": 0, "protocol": "tcp",
+               "master_server_address": self.server.master}
+        cfg.update(extra)
+        return cfg
+
+    def test_token_and_tls(self):
+        store = kvstash.MooncakeDistributedStore()
+        self.assertEqual(store.setup(self.config(auth_token_file=self.token, tls=True)), 0)
+        data = pattern("auth-py", 70000)
+        self.assertEqual(store.put("auth-py", data), 0)
+        self.assertEqual(store.get("auth-py"), data)
+        self.assertEqual(store.close(), 0)
+
+    def test_refused_without_the_token(self):
+        for extra in ({}, {"tls": True}, {"auth_token_file": self.wrong, "tls": True},
+                      {"auth_token_file": self.token}):
+            store = kvstash.MooncakeDistributedStore()
+            self.assertLess(store.setup(self.config(**extra)), 0, extra)
+
+    def test_bad_token_file(self):
+        store = kvstash.MooncakeDistributedStore()
+        self.assertEqual(store.setup(self.config(auth_token_file="/nonexistent/token")), -600)
 
 
 if __name__ == "__main__":
