@@ -98,7 +98,7 @@ static double first_read_us(const char *ep_name, const kvs__auth_t *auth, bool t
             return -1;
         }
         struct iovec v = {dst, 4096};
-        kvs_xfer_req_t req = {KVS_XFER_READ, ep, 1, 0, 4096, &v, 1, 0, 0, 0, 0};
+        kvs_xfer_req_t req = {KVS_XFER_READ, ep, 1, 0, 4096, &v, 1, 0, 0, 0, 0, 0};
         kvs_batch_t *b;
         int rc = t->ops->submit(t, &req, 1, UINT64_MAX, &b);
         if (rc == KVS_OK)
@@ -160,7 +160,7 @@ int kvs__bench_transport_main(int argc, char **argv)
     dcfg.tls = tls;
     kvs__data_server_t *srv;
     if (kvs__data_server_create(&dcfg, &srv) != KVS_OK ||
-        kvs__data_server_add(srv, 1, mem.base, size, mem.fd, NULL) != KVS_OK)
+        kvs__data_server_add(srv, 1, mem.base, size, mem.fd, NULL, 0) != KVS_OK)
         return 1;
     char ep_name[64];
     snprintf(ep_name, sizeof(ep_name), "127.0.0.1:%u", (unsigned)kvs__data_server_port(srv));
@@ -195,7 +195,7 @@ int kvs__bench_transport_main(int argc, char **argv)
         double *gt = calloc(reps, sizeof(double)), *gb = calloc(reps, sizeof(double));
         for (uint64_t r = 0; r <= reps; r++) {
             struct iovec v = {dst, size};
-            kvs_xfer_req_t req = {KVS_XFER_READ, ep, 1, 0, size, &v, 1, 0, 0, 0, 0};
+            kvs_xfer_req_t req = {KVS_XFER_READ, ep, 1, 0, size, &v, 1, 0, 0, 0, 0, 0};
             kvs_batch_t *b;
             uint64_t t0 = kvs__now_ns();
             int rc = t->ops->submit(t, &req, 1, UINT64_MAX, &b);

@@ -29,7 +29,7 @@ int main(int argc, char **argv)
     cfg.io_timeout_ms = 10000;
     kvs__data_server_t *srv;
     if (kvs__data_server_create(&cfg, &srv) != KVS_OK ||
-        kvs__data_server_add(srv, 7, base, size, fd, NULL) != KVS_OK)
+        kvs__data_server_add(srv, 7, base, size, fd, NULL, 0) != KVS_OK)
         return 4;
     printf("%u\n", (unsigned)kvs__data_server_port(srv));
     fflush(stdout);

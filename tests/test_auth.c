@@ -111,13 +111,14 @@ static void test_proofs_bind_everything(void)
     /* Capabilities name the segment, the range and the token. */
     uint8_t k[KVS_WRITE_KEY_LEN];
     kvs__write_key_new(k);
-    uint64_t c = kvs__write_cap(k, 5, 4096, 100, 77);
+    uint64_t c = kvs__write_cap(k, 5, 4096, 100, 77, 9);
     CHECK(c != 0);
-    CHECK_EQ_U64(kvs__write_cap(k, 5, 4096, 100, 77), c);
-    CHECK(kvs__write_cap(k, 6, 4096, 100, 77) != c);
-    CHECK(kvs__write_cap(k, 5, 0, 100, 77) != c);
-    CHECK(kvs__write_cap(k, 5, 4096, 4096, 77) != c);
-    CHECK(kvs__write_cap(k, 5, 4096, 100, 78) != c);
+    CHECK_EQ_U64(kvs__write_cap(k, 5, 4096, 100, 77, 9), c);
+    CHECK(kvs__write_cap(k, 6, 4096, 100, 77, 9) != c);
+    CHECK(kvs__write_cap(k, 5, 0, 100, 77, 9) != c);
+    CHECK(kvs__write_cap(k, 5, 4096, 4096, 77, 9) != c);
+    CHECK(kvs__write_cap(k, 5, 4096, 100, 78, 9) != c);
+    CHECK(kvs__write_cap(k, 5, 4096, 100, 77, 10) != c);
 }
 
 /* ---- master RPC ---------------------------------------------------------------------------- */
@@ -351,8 +352,9 @@ static void owner_start(owner_t *o, const kvs__auth_t *auth)
     memset(o->mem.base, 0x5a, o->mem.size);
     kvs__write_key_new(o->key);
     CHECK_STATUS(kvs__data_server_create(&cfg, &o->srv), KVS_OK);
-    CHECK_STATUS(kvs__data_server_add(o->srv, SEG_ID, o->mem.base, o->mem.size, o->mem.fd, o->key),
-                 KVS_OK);
+    CHECK_STATUS(
+        kvs__data_server_add(o->srv, SEG_ID, o->mem.base, o->mem.size, o->mem.fd, o->key, 0),
+        KVS_OK);
     snprintf(o->ep, sizeof(o->ep), "127.0.0.1:%u", (unsigned)kvs__data_server_port(o->srv));
 }
 
@@ -364,8 +366,8 @@ static void owner_stop(owner_t *o)
 }
 
 /* One transfer through a fresh tcp transport with `auth`. */
-static int tcp_xfer(const owner_t *o, const kvs__auth_t *auth, kvs_xfer_op_t op, uint64_t off,
-                    uint64_t len, void *buf, uint64_t token, uint64_t cap)
+static int tcp_xfer_epoch(const owner_t *o, const kvs__auth_t *auth, kvs_xfer_op_t op, uint64_t off,
+                          uint64_t len, void *buf, uint64_t token, uint64_t cap, uint64_t epoch)
 {
     kvs__tcp_config_t cfg;
     CHECK_STATUS(kvs__tcp_config_init(&cfg), KVS_OK);
@@ -378,7 +380,7 @@ static int tcp_xfer(const owner_t *o, const kvs__auth_t *auth, kvs_xfer_op_t op,
     uint64_t d = kvs__now_ns() + 3 * KVS_NS_PER_S;
     CHECK_STATUS(t->ops->ep_open(t, o->ep, d, &ep), KVS_OK);
     struct iovec v = {buf, len};
-    kvs_xfer_req_t r = {op, ep, SEG_ID, off, len, &v, 1, 0, 0, token, cap};
+    kvs_xfer_req_t r = {op, ep, SEG_ID, off, len, &v, 1, 0, 0, token, cap, epoch};
     kvs_batch_t *b;
     int rc = t->ops->submit(t, &r, 1, d, &b);
     if (rc == KVS_OK)
@@ -386,6 +388,12 @@ static int tcp_xfer(const owner_t *o, const kvs__auth_t *auth, kvs_xfer_op_t op,
     t->ops->ep_close(t, ep);
     t->ops->destroy(t);
     return rc == KVS_OK ? r.status : rc;
+}
+
+static int tcp_xfer(const owner_t *o, const kvs__auth_t *auth, kvs_xfer_op_t op, uint64_t off,
+                    uint64_t len, void *buf, uint64_t token, uint64_t cap)
+{
+    return tcp_xfer_epoch(o, auth, op, off, len, buf, token, cap, 0);
 }
 
 static void test_data_port_handshake(void)
@@ -408,7 +416,7 @@ static void test_data_port_handshake(void)
     raw_hello(fd, cn, 0, sn, NULL);
     uint8_t dr[KVS_DATA_REQ_LEN];
     kvs__wbuf_t w = kvs__wbuf_over(dr, sizeof(dr), KVS_PROTO_VERSION_MAX);
-    kvs__data_req_t d = {SEG_ID, 0, 64, 0, 0, 0, 0};
+    kvs__data_req_t d = {SEG_ID, 0, 64, 0, 0, 0, 0, 0};
     kvs__data_req_encode(&w, &d);
     raw_send(fd, KVS_MSG_DATA_READ, &w);
     kvs__wbuf_t rsp;
@@ -469,7 +477,7 @@ static void test_write_capabilities(void)
     char buf[4096];
     memset(buf, 0xc3, sizeof(buf));
     const uint64_t tok = 0x1234, off = 8192, size = 4096;
-    uint64_t cap = kvs__write_cap(o.key, SEG_ID, off, size, tok);
+    uint64_t cap = kvs__write_cap(o.key, SEG_ID, off, size, tok, 0);
     CHECK_STATUS(tcp_xfer(&o, NULL, KVS_XFER_WRITE, off, size, buf, tok, cap), KVS_OK);
     CHECK_EQ_INT((unsigned char)((char *)o.mem.base)[off + 5], 0xc3);
     /* Forged, zero, another token's, another range's: all refused, nothing written. */
@@ -499,7 +507,7 @@ static void test_write_capabilities(void)
         /* i = 0: past the end; 1: before the start; 2: inside (accepted). */
         uint64_t woff = i == 0 ? off + size - 16 : i == 1 ? off - 16 : off + 16;
         kvs__wbuf_reset(&w);
-        kvs__data_req_t d = {SEG_ID, woff, 32, tok, off, size, cap};
+        kvs__data_req_t d = {SEG_ID, woff, 32, tok, off, size, cap, 0};
         kvs__data_req_encode(&w, &d);
         kvs__wbuf_put_bytes(&w, buf, 32);
         raw_send(fd, KVS_MSG_DATA_WRITE, &w);
@@ -514,6 +522,28 @@ static void test_write_capabilities(void)
     close(fd);
     kvs__wbuf_free(&w);
     kvs__wbuf_free(&rsp);
+    /* Epochs: a capability of the next epoch passes (the owner's view may lag); once the owner
+     * is told epoch 5, those of epochs 0..3 are refused and 4..6 pass. A fence of epoch 4 holds
+     * at epoch 5 and is forgotten at epoch 6, when epoch 4's capabilities are refused anyway. */
+    uint64_t tok2 = 0x4242;
+    for (uint64_t e = 0; e <= 7; e++) {
+        uint64_t c = kvs__write_cap(o.key, SEG_ID, off, size, tok2, e);
+        CHECK_STATUS(tcp_xfer_epoch(&o, NULL, KVS_XFER_WRITE, off, size, buf, tok2, c, e),
+                     e <= 1 ? KVS_OK : KVS_INVALID_WRITE);
+    }
+    CHECK_STATUS(kvs__data_server_epoch(o.srv, SEG_ID, 5), KVS_OK);
+    for (uint64_t e = 0; e <= 7; e++) {
+        uint64_t c = kvs__write_cap(o.key, SEG_ID, off, size, tok2, e);
+        CHECK_STATUS(tcp_xfer_epoch(&o, NULL, KVS_XFER_WRITE, off, size, buf, tok2, c, e),
+                     e >= 4 && e <= 6 ? KVS_OK : KVS_INVALID_WRITE);
+    }
+    uint64_t c4 = kvs__write_cap(o.key, SEG_ID, off, size, tok2, 4);
+    CHECK_STATUS(kvs__data_server_fence(o.srv, SEG_ID, &tok2, (const uint64_t[]){4}, 1), KVS_OK);
+    CHECK_STATUS(tcp_xfer_epoch(&o, NULL, KVS_XFER_WRITE, off, size, buf, tok2, c4, 4),
+                 KVS_INVALID_WRITE);
+    uint64_t c6 = kvs__write_cap(o.key, SEG_ID, off, size, tok2, 6);
+    CHECK_STATUS(tcp_xfer_epoch(&o, NULL, KVS_XFER_WRITE, off, size, buf, tok2, c6, 6),
+                 KVS_INVALID_WRITE); /* the token is fenced, whatever the epoch */
     owner_stop(&o);
 }
 
@@ -705,6 +735,110 @@ static void test_tls_store(void)
     CHECK(strstr(err, "--tls needs") != NULL);
 }
 
+/* A put's writes end with it: after PUT_END the owner fences its token (at its next heartbeat),
+ * so its writer's capability no longer works there, neither over its own committed object nor
+ * over another put's object in the same space later. */
+static void test_writes_end_with_the_put(void)
+{
+    const char *args[] = {"--segment-size", "1MiB", NULL};
+    server_t srv;
+    server_start(&srv, args);
+    kvs__rpc_config_t rc = {.host = "127.0.0.1", .port = srv.port, .timeout_ms = 2000};
+    kvs__rpc_t *rpc;
+    CHECK_STATUS(kvs__rpc_open(&rc, &rpc), KVS_OK);
+    kvs__wbuf_t req, rsp;
+    kvs__wbuf_init(&req);
+    kvs__wbuf_init(&rsp);
+    kvs__arena_t a;
+    kvs__arena_init(&a);
+    kvs__rpc_begin(rpc, &req, KVS_MSG_PUT_START);
+    kvs__put_item_t it = {kvs__str_c("a"), 4096};
+    kvs__put_start_req_t ps = {kvs__str_c("n"), 1, kvs__str_c(""), 0, 1, &it};
+    kvs__put_start_req_encode(&req, &ps);
+    CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
+    CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
+    kvs__placement_rsp_t pr;
+    CHECK_STATUS(kvs__placement_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &pr), KVS_OK);
+    CHECK_EQ_INT(pr.nobjs, 1);
+    CHECK_STATUS(pr.objs[0].status, KVS_OK);
+    kvs__obj_desc_t d = pr.objs[0];
+    CHECK(d.reps[0].cap != 0);
+    owner_t o = {0};
+    snprintf(o.ep, sizeof(o.ep), "%.*s", (int)pr.segs[0].endpoint.len, pr.segs[0].endpoint.ptr);
+    char buf[4096];
+    memset(buf, 'a', sizeof(buf));
+    uint64_t seg = d.reps[0].segment_id, off = d.reps[0].offset;
+    /* (tcp_xfer_epoch writes to SEG_ID; this store's segment id is random) */
+    kvs__tcp_config_t tc;
+    CHECK_STATUS(kvs__tcp_config_init(&tc), KVS_OK);
+    kvs_transport_t *t;
+    CHECK_STATUS(kvs__tcp_transport_create(&tc, &t), KVS_OK);
+    kvs_endpoint_t *ep;
+    CHECK_STATUS(t->ops->ep_open(t, o.ep, kvs__now_ns() + 2 * KVS_NS_PER_S, &ep), KVS_OK);
+    struct iovec v = {buf, sizeof(buf)};
+    kvs_xfer_req_t w = {KVS_XFER_WRITE, ep,         seg, off, sizeof(buf), &v, 1, 0, 0, d.token,
+                        d.reps[0].cap,  d.cap_epoch};
+    int wrc = 0;
+#define WRITE_ONCE()                                                                               \
+    do {                                                                                           \
+        kvs_batch_t *b;                                                                            \
+        kvs_xfer_req_t r = w;                                                                      \
+        wrc = t->ops->submit(t, &r, 1, kvs__now_ns() + 2 * KVS_NS_PER_S, &b);                      \
+        if (wrc == KVS_OK)                                                                         \
+            wrc = t->ops->wait(t, b, kvs__now_ns() + 2 * KVS_NS_PER_S);                            \
+        if (wrc == KVS_OK || wrc == KVS_INVALID_WRITE)                                             \
+            wrc = r.status;                                                                        \
+    } while (0)
+    WRITE_ONCE();
+    CHECK_STATUS(wrc, KVS_OK);
+    /* PUT_END. */
+    kvs__wbuf_reset(&req);
+    kvs__rpc_begin(rpc, &req, KVS_MSG_PUT_END);
+    kvs__str_t k = kvs__str_c("a");
+    kvs__put_token_t tok = {d.token};
+    kvs__keys_req_t kr = {0, 1, &k, 0, NULL, 1, &tok};
+    kvs__keys_req_encode(&req, &kr);
+    CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
+    CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
+    kvs__status_list_rsp_t sl;
+    CHECK_STATUS(kvs__status_list_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &sl), KVS_OK);
+    CHECK_STATUS(sl.results[0], KVS_OK);
+    /* Within a heartbeat or two the same write is refused (the owner applies the end fence). */
+    uint64_t t0 = kvs__now_ns(), until = t0 + 5 * KVS_NS_PER_S;
+    do {
+        WRITE_ONCE();
+        if (wrc == KVS_OK)
+            usleep(20000);
+    } while (wrc == KVS_OK && kvs__now_ns() < until);
+    CHECK_STATUS(wrc, KVS_INVALID_WRITE);
+    printf("  writes refused %.0f ms after PUT_END\n", (double)(kvs__now_ns() - t0) / 1e6);
+    /* From then on the committed object does not change. */
+    char master[32];
+    snprintf(master, sizeof(master), "127.0.0.1:%u", (unsigned)srv.port);
+    kvs_client_t *c = client_open_protocol(master, "tcp");
+    void *before = NULL, *after = NULL;
+    size_t n = 0;
+    CHECK_STATUS(kvs_client_get(c, "a", &before, &n), KVS_OK);
+    CHECK_EQ_U64(n, 4096);
+    memset(buf, 'Y', sizeof(buf));
+    WRITE_ONCE();
+    CHECK_STATUS(wrc, KVS_INVALID_WRITE);
+#undef WRITE_ONCE
+    CHECK_STATUS(kvs_client_get(c, "a", &after, &n), KVS_OK);
+    CHECK(memcmp(before, after, 4096) == 0);
+    CHECK(((char *)after)[0] != 'Y');
+    kvs_free(before);
+    kvs_free(after);
+    kvs_client_close(c);
+    t->ops->ep_close(t, ep);
+    t->ops->destroy(t);
+    kvs__arena_free(&a);
+    kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
+    kvs__rpc_close(rpc);
+    server_stop(&srv);
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
@@ -719,6 +853,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_server_refuses_open_bind_without_token),
         KVS_TEST_CASE(test_store_with_token),
         KVS_TEST_CASE(test_tls_store),
+        KVS_TEST_CASE(test_writes_end_with_the_put),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
 }

@@ -416,20 +416,25 @@ static void test_put_discard(void)
     fx_t f;
     fx_init(&f, 100);
     uint64_t s1 = mount(&f, f.client, "s1", "n", 1 << 20);
-    CHECK_STATUS(put_start(&f, "old", 1000), KVS_OK);
+    kvs__obj_desc_t dold, dyoung;
+    CHECK_STATUS(put_start_ex(&f, "old", 1000, 1, "n", "", 0, &dold), KVS_OK);
     f.now += 1000 * MS;
-    CHECK_STATUS(put_start(&f, "young", 1000), KVS_OK);
+    CHECK_STATUS(put_start_ex(&f, "young", 1000, 1, "n", "", 0, &dyoung), KVS_OK);
     f.now += 1000 * MS; /* "old" has waited 2 s */
     CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, f.client, NULL, NULL, NULL), KVS_OK);
     kvs__master_tick(f.m, f.now);
     CHECK_EQ_U64(counter(&f, "puts_discarded"), 1);
     CHECK_STATUS(END(&f, "old"), KVS_OBJECT_NOT_FOUND);
     CHECK_STATUS(END(&f, "young"), KVS_OK);
-    /* The discarded put's space waits for its fence. */
+    /* The discarded put's space waits for its fence; the ended put is fenced too (its writes
+     * are over), its space in use by its object. */
     CHECK_EQ_U64(counter(&f, "used_bytes"), 2048);
     kvs__fence_t *fences;
-    CHECK_EQ_INT(heartbeat_ack(&f, f.client, s1, 0, &fences), 1);
-    CHECK_EQ_INT(heartbeat_ack(&f, f.client, fences[0].segment_id, fences[0].seq, NULL), 0);
+    CHECK_EQ_INT(heartbeat_ack(&f, f.client, s1, 0, &fences), 2);
+    CHECK_EQ_U64(fences[0].token, dold.token);
+    CHECK_EQ_U64(fences[1].token, dyoung.token);
+    CHECK_EQ_U64(fences[1].epoch, dyoung.cap_epoch);
+    CHECK_EQ_INT(heartbeat_ack(&f, f.client, fences[1].segment_id, fences[1].seq, NULL), 0);
     CHECK_EQ_U64(counter(&f, "used_bytes"), 1024);
     fx_fini(&f);
 }

@@ -86,7 +86,7 @@ static void data_req_token(uint8_t out[KVS_DATA_REQ_LEN], uint64_t seg, uint64_t
                            uint64_t token)
 {
     kvs__wbuf_t w = kvs__wbuf_over(out, KVS_DATA_REQ_LEN, KVS_PROTO_VERSION_MAX);
-    kvs__data_req_t d = {seg, off, len, token, 0, 0, 0};
+    kvs__data_req_t d = {seg, off, len, token, 0, 0, 0, 0};
     kvs__data_req_encode(&w, &d);
     CHECK(!w.failed && w.len == KVS_DATA_REQ_LEN);
 }
@@ -243,14 +243,15 @@ static void test_fenced_writes_are_refused(void)
     kvs__data_server_t *srv;
     CHECK_STATUS(kvs__data_server_create(&cfg, &srv), KVS_OK);
     static uint8_t seg[4096];
-    CHECK_STATUS(kvs__data_server_add(srv, 77, seg, sizeof(seg), -1, NULL), KVS_OK);
+    CHECK_STATUS(kvs__data_server_add(srv, 77, seg, sizeof(seg), -1, NULL, 0), KVS_OK);
     owner_fixture_t f = {.port = kvs__data_server_port(srv)};
     int fd = dial(&f);
     hello(fd);
     CHECK_STATUS(write_with_token(fd, 77, 5, 0xA1, 64), KVS_OK);
     CHECK_EQ_INT(seg[0], 0xA1);
-    CHECK_STATUS(kvs__data_server_fence(srv, 77, (const uint64_t[]){5, 9}, 2), KVS_OK);
-    CHECK_STATUS(kvs__data_server_fence(srv, 78, (const uint64_t[]){5}, 1), KVS_SEGMENT_NOT_FOUND);
+    CHECK_STATUS(kvs__data_server_fence(srv, 77, (const uint64_t[]){5, 9}, NULL, 2), KVS_OK);
+    CHECK_STATUS(kvs__data_server_fence(srv, 78, (const uint64_t[]){5}, NULL, 1),
+                 KVS_SEGMENT_NOT_FOUND);
     CHECK_STATUS(write_with_token(fd, 77, 5, 0xB2, 64), KVS_INVALID_WRITE);
     CHECK_STATUS(write_with_token(fd, 77, 9, 0xB2, 64), KVS_INVALID_WRITE);
     CHECK_STATUS(write_with_token(fd, 77, 0, 0xB2, 64), KVS_INVALID_WRITE); /* no put at all */
@@ -261,14 +262,14 @@ static void test_fenced_writes_are_refused(void)
     kvs__data_server_destroy(srv);
 
     CHECK_STATUS(kvs__data_server_create(&cfg, &srv), KVS_OK);
-    CHECK_STATUS(kvs__data_server_add(srv, 77, seg, sizeof(seg), -1, NULL), KVS_OK);
+    CHECK_STATUS(kvs__data_server_add(srv, 77, seg, sizeof(seg), -1, NULL, 0), KVS_OK);
     f.port = kvs__data_server_port(srv);
     fd = dial(&f);
     hello(fd);
     /* Many fences (the set grows) and the first ones still hold. */
-    CHECK_STATUS(kvs__data_server_fence(srv, 77, (const uint64_t[]){5}, 1), KVS_OK);
+    CHECK_STATUS(kvs__data_server_fence(srv, 77, (const uint64_t[]){5}, NULL, 1), KVS_OK);
     for (uint64_t t = 100; t < 5000; t++)
-        CHECK_STATUS(kvs__data_server_fence(srv, 77, &t, 1), KVS_OK);
+        CHECK_STATUS(kvs__data_server_fence(srv, 77, &t, NULL, 1), KVS_OK);
     CHECK_STATUS(write_with_token(fd, 77, 5, 0xD4, 64), KVS_INVALID_WRITE);
     CHECK_STATUS(write_with_token(fd, 77, 4999, 0xD4, 64), KVS_INVALID_WRITE);
     CHECK_STATUS(write_with_token(fd, 77, 5000, 0xD4, 64), KVS_OK);
@@ -290,7 +291,7 @@ static void test_fence_refuses_writes_already_queued(void)
     CHECK_STATUS(kvs__data_server_create(&cfg, &srv), KVS_OK);
     static uint8_t seg[4096];
     memset(seg, 0x11, sizeof(seg));
-    CHECK_STATUS(kvs__data_server_add(srv, 77, seg, sizeof(seg), -1, NULL), KVS_OK);
+    CHECK_STATUS(kvs__data_server_add(srv, 77, seg, sizeof(seg), -1, NULL, 0), KVS_OK);
     owner_fixture_t f = {.port = kvs__data_server_port(srv)};
     int fd = dial(&f);
     hello(fd);
@@ -301,7 +302,7 @@ static void test_fence_refuses_writes_already_queued(void)
         send_frame(fd, KVS_MSG_DATA_WRITE, sizeof(payload), payload, sizeof(payload));
     }
     usleep(50000); /* both are in the socket; the first waits out its stall */
-    CHECK_STATUS(kvs__data_server_fence(srv, 77, (const uint64_t[]){7}, 1), KVS_OK);
+    CHECK_STATUS(kvs__data_server_fence(srv, 77, (const uint64_t[]){7}, NULL, 1), KVS_OK);
     for (int i = 0; i < 2; i++) {
         int32_t st;
         CHECK_EQ_INT(response(fd, &st), KVS_MSG_DATA_WRITE | KVS_RSP_FLAG);
@@ -437,7 +438,8 @@ static void test_fence_and_remount_do_not_wait_for_peers(void)
     uint8_t *seg = mem.base;
     for (uint64_t i = 0; i < LOCK_SEG_SIZE; i++)
         seg[i] = lock_pattern(i);
-    CHECK_STATUS(kvs__data_server_add(srv, FIX_SEGMENT_ID, mem.base, mem.size, -1, NULL), KVS_OK);
+    CHECK_STATUS(kvs__data_server_add(srv, FIX_SEGMENT_ID, mem.base, mem.size, -1, NULL, 0),
+                 KVS_OK);
     owner_fixture_t f = {.port = kvs__data_server_port(srv)};
 
     /* A reader that asks for 16 MiB and reads none of it: the server's send blocks. */
@@ -467,7 +469,7 @@ static void test_fence_and_remount_do_not_wait_for_peers(void)
     CHECK(atomic_load(&st.ok) > 0);
 
     uint64_t t0 = kvs__now_ns();
-    CHECK_STATUS(kvs__data_server_fence(srv, FIX_SEGMENT_ID, (const uint64_t[]){0x5107}, 1),
+    CHECK_STATUS(kvs__data_server_fence(srv, FIX_SEGMENT_ID, (const uint64_t[]){0x5107}, NULL, 1),
                  KVS_OK);
     uint64_t fence_ms = ms_since(t0);
     CHECK_CMP_U64(fence_ms, <, 500); /* it waited for no peer */
@@ -485,7 +487,7 @@ static void test_fence_and_remount_do_not_wait_for_peers(void)
     t0 = kvs__now_ns();
     CHECK_STATUS(kvs__data_server_remove(srv, FIX_SEGMENT_ID), KVS_OK);
     CHECK_STATUS(kvs__segment_mem_create("lock-test", LOCK_SEG_SIZE, &fresh), KVS_OK);
-    CHECK_STATUS(kvs__data_server_add(srv, FIX_SEGMENT_ID + 1, fresh.base, fresh.size, -1, NULL),
+    CHECK_STATUS(kvs__data_server_add(srv, FIX_SEGMENT_ID + 1, fresh.base, fresh.size, -1, NULL, 0),
                  KVS_OK);
     uint64_t remount_ms = ms_since(t0);
     kvs__segment_mem_destroy(&mem); /* as the owner does: nothing may touch it any more */

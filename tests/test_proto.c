@@ -447,7 +447,7 @@ static void test_encoder_limits(void)
     /* A fixed buffer never grows past its end. */
     uint8_t small[8];
     kvs__wbuf_t f = kvs__wbuf_over(small, sizeof(small), KVS_PROTO_VERSION_MAX);
-    kvs__data_req_t d = {1, 2, 3, 4, 0, 0, 0};
+    kvs__data_req_t d = {1, 2, 3, 4, 0, 0, 0, 0};
     kvs__data_req_encode(&f, &d);
     CHECK(f.failed);
     CHECK_EQ_U64(KVS__MIN_BYTES_data_req, KVS_DATA_REQ_LEN);

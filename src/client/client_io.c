@@ -407,7 +407,8 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
                                        .status = KVS_OK,
                                        .gpu = gpu_of(k->domain[i]),
                                        .token = d->token,
-                                       .cap = d->reps[q].cap};
+                                       .cap = d->reps[q].cap,
+                                       .cap_epoch = d->cap_epoch};
             req_key[r++] = i;
         }
     }

@@ -9,6 +9,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/params.h>
+#include <openssl/rand.h>
 #include <openssl/sha.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -53,7 +54,8 @@ int kvs__auth_load(const char *path, kvs__auth_t *auth_p, char *err, size_t errl
         err_set(err, errlen, "%s%s", "", "no token file given");
         return KVS_INVALID_PARAMS;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    /* Non-blocking: a FIFO (or a device) must not hang the caller before it is refused. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0) {
         err_set(err, errlen, "cannot open the token file %s: %s", path, strerror(errno));
         return KVS_INVALID_PARAMS;
@@ -66,6 +68,8 @@ int kvs__auth_load(const char *path, kvs__auth_t *auth_p, char *err, size_t errl
         err_set(err, errlen, "the token file %s %s", path, "is not a regular file");
     } else if (st.st_uid != geteuid() && st.st_uid != 0) {
         err_set(err, errlen, "the token file %s %s", path, "belongs to another user");
+    } else if (st.st_size > (off_t)KVS_AUTH_TOKEN_MAX + 64) {
+        err_set(err, errlen, "the token file %s %s", path, "is longer than 4096 bytes");
     } else if ((st.st_mode & 077) != 0) {
         err_set(err, errlen, "the token file %s %s", path,
                 "may be read or written by others (chmod 600 it)");
@@ -86,9 +90,8 @@ int kvs__auth_load(const char *path, kvs__auth_t *auth_p, char *err, size_t errl
     }
     close(fd);
     if (rc == KVS_OK) {
-        kvs__auth_t a = {.on = true};
-        SHA256(buf, len, a.key);
-        *auth_p = a;
+        auth_p->on = true;
+        SHA256(buf, len, auth_p->key);
     }
     OPENSSL_cleanse(buf, sizeof(buf));
     return rc;
@@ -107,19 +110,13 @@ int kvs__auth_configure(const char *path, kvs__auth_t *auth_p, char *err, size_t
     return kvs__auth_load(path, auth_p, err, errlen);
 }
 
+/* Nonces and keys come from OpenSSL's CSPRNG (seeded by the kernel). It failing is fatal:
+ * a predictable nonce or key would be a silent hole. */
 static void random_bytes(void *buf, size_t len)
 {
-    uint8_t *p = buf;
-    while (len > 0) {
-        ssize_t n = getrandom(p, len, 0);
-        if (n > 0) {
-            p += n;
-            len -= (size_t)n;
-        } else if (n < 0 && errno != EINTR && errno != EAGAIN) {
-            /* No getrandom: fill from the 64-bit source, which has its own fallback. */
-            for (; len > 0; len--)
-                *p++ = (uint8_t)kvs__random_u64();
-        }
+    if (RAND_bytes(buf, (int)len) != 1) {
+        kvs_error("no random bytes from libcrypto: refusing to go on without them");
+        abort();
     }
 }
 
@@ -215,16 +212,17 @@ void kvs__cap_ctx_free(kvs__cap_ctx_t *ctx)
 }
 
 uint64_t kvs__cap_ctx_compute(kvs__cap_ctx_t *ctx, uint64_t segment_id, uint64_t offset,
-                              uint64_t size, uint64_t token)
+                              uint64_t size, uint64_t token, uint64_t epoch)
 {
     static const char label[] = "kvstash-write-1";
-    uint8_t in[sizeof(label) + 32], out[8];
+    uint8_t in[sizeof(label) + 40], out[8];
     size_t n = 0;
     memcpy(in, label, sizeof(label));
     le64(in + sizeof(label), segment_id);
     le64(in + sizeof(label) + 8, offset);
     le64(in + sizeof(label) + 16, size);
     le64(in + sizeof(label) + 24, token);
+    le64(in + sizeof(label) + 32, epoch);
     /* Re-initialising with no key keeps the key and starts a new message. */
     if (EVP_MAC_init(ctx->mac, NULL, 0, NULL) != 1 ||
         EVP_MAC_update(ctx->mac, in, sizeof(in)) != 1 ||
@@ -237,12 +235,12 @@ uint64_t kvs__cap_ctx_compute(kvs__cap_ctx_t *ctx, uint64_t segment_id, uint64_t
 }
 
 uint64_t kvs__write_cap(const uint8_t key[KVS_WRITE_KEY_LEN], uint64_t segment_id, uint64_t offset,
-                        uint64_t size, uint64_t token)
+                        uint64_t size, uint64_t token, uint64_t epoch)
 {
     kvs__cap_ctx_t *c;
     if (kvs__cap_ctx_new(key, &c) != KVS_OK)
         return 0;
-    uint64_t cap = kvs__cap_ctx_compute(c, segment_id, offset, size, token);
+    uint64_t cap = kvs__cap_ctx_compute(c, segment_id, offset, size, token, epoch);
     kvs__cap_ctx_free(c);
     return cap;
 }

@@ -75,13 +75,13 @@ typedef struct kvs__cap_ctx kvs__cap_ctx_t;
 int kvs__cap_ctx_new(const uint8_t key[KVS_WRITE_KEY_LEN], kvs__cap_ctx_t **ctx_p);
 int kvs__cap_ctx_rekey(kvs__cap_ctx_t *ctx, const uint8_t key[KVS_WRITE_KEY_LEN]);
 void kvs__cap_ctx_free(kvs__cap_ctx_t *ctx);
-/* The capability (never 0) for [offset, offset + size) of segment `segment_id` and `token`;
- * 0 when libcrypto fails (never a valid capability). */
+/* The capability (never 0) for [offset, offset + size) of segment `segment_id`, `token`, made
+ * in capability epoch `epoch`; 0 when libcrypto fails (never a valid capability). */
 uint64_t kvs__cap_ctx_compute(kvs__cap_ctx_t *ctx, uint64_t segment_id, uint64_t offset,
-                              uint64_t size, uint64_t token);
+                              uint64_t size, uint64_t token, uint64_t epoch);
 /* The same in one call (a context made and freed): tests and one-off uses. */
 uint64_t kvs__write_cap(const uint8_t key[KVS_WRITE_KEY_LEN], uint64_t segment_id, uint64_t offset,
-                        uint64_t size, uint64_t token);
+                        uint64_t size, uint64_t token, uint64_t epoch);
 
 /* HMAC-SHA256 of known answers (RFC 4231 case 2), for tests: OK when libcrypto computes it. */
 int kvs__auth_selftest(void);

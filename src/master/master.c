@@ -33,6 +33,7 @@ typedef struct {
 typedef struct {
     uint64_t token;
     uint64_t seq;
+    uint64_t epoch; /* the put's capability epoch */
 } mfence_t;
 
 typedef struct seg {
@@ -56,6 +57,7 @@ typedef struct {
     seg_t *seg;
     uint64_t offset;
     uint32_t handle;
+    uint64_t end_fence; /* the fence its PUT_END asked for (0: none yet) */
 } mrep_t;
 
 /* One lookup's lease on an object: until it ends or its reader releases it by id. */
@@ -79,8 +81,9 @@ typedef struct obj {
     struct reader *readers;  /* each reader's lease: until it ends or the reader releases */
     uint32_t nreaders, cap_readers;
     uint64_t started_ns;
-    uint64_t writer; /* the client that started the put; only it may end or revoke it */
-    uint64_t token;  /* random per put: its writes carry it, fences name it */
+    uint64_t writer;    /* the client that started the put; only it may end or revoke it */
+    uint64_t token;     /* random per put: its writes carry it, fences name it */
+    uint64_t cap_epoch; /* the capability epoch of its PUT_START */
     mrep_t *reps;
     uint32_t nrep;
     uint32_t key_len;
@@ -321,8 +324,21 @@ static uint64_t obj_lease(obj_t *o, uint64_t client_id, uint64_t now_ns, uint64_
     return id;
 }
 
-/* Asks the owner of `seg` to fence `token`; returns the fence's number, 0 on no memory. */
-static uint64_t fence_issue(struct seg *sg, uint64_t token)
+/* The capability epoch at `now_ns`: one per put discard time, so that every write of a put
+ * (made before the put is discarded) carries a capability of this epoch or the previous one. */
+static uint64_t cap_epoch(const kvs__master_t *m, uint64_t now_ns)
+{
+    return now_ns / (m->cfg.put_discard_ms * KVS_NS_PER_MS);
+}
+
+uint64_t kvs__master_cap_epoch(const kvs__master_t *m, uint64_t now_ns)
+{
+    return cap_epoch(m, now_ns);
+}
+
+/* Asks the owner of `seg` to fence `token` (of a put of capability epoch `epoch`); returns the
+ * fence's number, 0 on no memory. */
+static uint64_t fence_issue(struct seg *sg, uint64_t token, uint64_t epoch)
 {
     if (sg->nfences == sg->cap_fences) {
         uint32_t cap = sg->cap_fences ? 2 * sg->cap_fences : 8;
@@ -332,7 +348,7 @@ static uint64_t fence_issue(struct seg *sg, uint64_t token)
         sg->fences = f;
         sg->cap_fences = cap;
     }
-    sg->fences[sg->nfences++] = (mfence_t){token, ++sg->fence_seq};
+    sg->fences[sg->nfences++] = (mfence_t){token, ++sg->fence_seq, epoch};
     return sg->fence_seq;
 }
 
@@ -358,7 +374,7 @@ static int obj_retire(kvs__master_t *m, uint64_t now_ns, obj_t *o, bool writer_d
         if (n == o->nrep && pending) {
             /* Each fence is issued once its limbo entry exists, so none is lost. */
             for (uint32_t i = 0; i < n && fenced; i++) {
-                l[i]->fence_seq = fence_issue(o->reps[i].seg, o->token);
+                l[i]->fence_seq = fence_issue(o->reps[i].seg, o->token, o->cap_epoch);
                 fenced = l[i]->fence_seq != 0;
             }
         }
@@ -791,6 +807,7 @@ int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
     /* The fences still unacknowledged, oldest first; the rest follow in later replies. */
     memset(rsp, 0, sizeof(*rsp));
     rsp->status = found ? KVS_OK : KVS_SEGMENT_NOT_FOUND;
+    rsp->epoch = cap_epoch(m, now_ns);
     nfences = KVS_MIN(nfences, KVS_MAX_FENCES);
     rsp->fences = kvs__arena_alloc(arena, (size_t)nfences * sizeof(*rsp->fences));
     if (rsp->fences == NULL)
@@ -803,7 +820,7 @@ int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
         for (uint32_t j = 0;
              served && s->client_id == client_id && j < s->nfences && rsp->nfences < nfences; j++)
             rsp->fences[rsp->nfences++] =
-                (kvs__fence_t){s->id, s->fences[j].token, s->fences[j].seq};
+                (kvs__fence_t){s->id, s->fences[j].token, s->fences[j].seq, s->fences[j].epoch};
     }
     return KVS_OK;
 }
@@ -982,6 +999,7 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, uint64_t writer,
     o->started_ns = now_ns;
     o->writer = writer;
     o->token = kvs__random_u64();
+    o->cap_epoch = cap_epoch(m, now_ns);
     o->reps = reps;
     o->nrep = got;
     table_insert(m, o);
@@ -992,11 +1010,13 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, uint64_t writer,
         *batch_seg = reps[0].seg;
     d->size = it->size;
     d->token = o->token;
+    d->cap_epoch = o->cap_epoch;
     d->nreps = got;
     for (uint32_t i = 0; i < got; i++) {
         const seg_t *g = reps[i].seg;
-        uint64_t cap =
-            g->cap ? kvs__cap_ctx_compute(g->cap, g->id, reps[i].offset, it->size, o->token) : 0;
+        uint64_t cap = g->cap ? kvs__cap_ctx_compute(g->cap, g->id, reps[i].offset, it->size,
+                                                     o->token, o->cap_epoch)
+                              : 0;
         d->reps[i] = (kvs__replica_t){g->id, reps[i].offset, cap};
     }
     return KVS_OK;
@@ -1098,6 +1118,13 @@ static int op_put_end(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
 {
     if (!is_the_put(k, o))
         return KVS_INVALID_WRITE;
+    /* The put is over: its owners fence its token, so its writer's capabilities stop working
+     * (a write after the end would change a committed object, or later another's). A fence
+     * issued before a failure here is harmless: the writer is done writing. */
+    for (uint32_t i = 0; i < o->nrep; i++) {
+        if ((o->reps[i].end_fence = fence_issue(o->reps[i].seg, o->token, o->cap_epoch)) == 0)
+            return KVS_NO_MEMORY;
+    }
     list_unlink(o);
     o->state = KVS_OBJ_COMPLETE;
     m->npending--;

@@ -37,6 +37,8 @@ uint64_t kvs__master_new_client(kvs__master_t *m);
 
 /* Registers a segment of `size` bytes owned by `client_id` (the connection's). Names are
  * unique among mounted segments (SEGMENT_ALREADY_EXISTS). Ids are random and never reused. */
+/* The capability epoch at `now_ns` (told to owners in MOUNT and HEARTBEAT replies). */
+uint64_t kvs__master_cap_epoch(const kvs__master_t *m, uint64_t now_ns);
 int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
                       const kvs__mount_req_t *req, uint64_t *segment_id_p);
 /* Who holds a segment name (for a MOUNT refused with SEGMENT_ALREADY_EXISTS): the server may

@@ -662,6 +662,7 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
         if ((rc = kvs__mount_req_decode(p, len, ver, &arena, &req)) != KVS_OK)
             break;
         kvs__mount_rsp_t rsp = {0};
+        rsp.epoch = kvs__master_cap_epoch(s->master, now);
         rsp.status = kvs__master_mount(s->master, now, c->client_id, &req, &rsp.segment_id);
         if (rsp.status == KVS_OK)
             kvs__master_segment_set_peer(s->master, rsp.segment_id, c->peer);
@@ -937,7 +938,8 @@ static void refuse_conn(kvs__master_server_t *s, int fd)
              (unsigned)s->cfg.max_conns);
     if (kvs__every(&s->refuse_warn_ns, KVS_NS_PER_S))
         kvs_warn("master: refusing a connection: %s", msg);
-    send_error_now(s, fd, KVS_PROTO_VERSION_MIN, KVS_NO_RESOURCE, msg);
+    if (s->tls == NULL) /* a TLS peer could not read plain words */
+        send_error_now(s, fd, KVS_PROTO_VERSION_MIN, KVS_NO_RESOURCE, msg);
     close(fd);
 }
 

@@ -21,10 +21,17 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-/* Tokens of puts the master has fenced: an open-addressing set (0 marks a free slot; tokens
- * are never 0). It only grows: a fenced put's bytes may sit in a socket for ever. */
+/* Tokens of puts the master has fenced (ended, revoked, discarded): an open-addressing set
+ * (token 0 marks a free slot; tokens are never 0), each with its put's capability epoch. A
+ * fence is kept while a capability of its put could still be accepted (its epoch or the next:
+ * see write_allowed) and dropped after, so the set holds about two epochs of puts. */
 typedef struct {
-    uint64_t *slots;
+    uint64_t token;
+    uint64_t epoch;
+} fence_slot_t;
+
+typedef struct {
+    fence_slot_t *slots;
     size_t cap; /* a power of two, or 0 */
     size_t n;
 } fence_set_t;
@@ -35,7 +42,8 @@ typedef struct {
     uint64_t size;
     int fd; /* the segment's memfd for same-host readers, or -1 */
     fence_set_t fenced;
-    bool keyed; /* writes need a capability under write_key */
+    uint64_t epoch; /* the master's capability epoch, as its latest reply said */
+    bool keyed;     /* writes need a capability under write_key */
     uint8_t write_key[KVS_WRITE_KEY_LEN];
 } served_t;
 
@@ -45,42 +53,60 @@ static bool fence_has(const fence_set_t *f, uint64_t token)
         return false;
     for (size_t i = kvs__hash64(&token, sizeof(token)) & (f->cap - 1);;
          i = (i + 1) & (f->cap - 1)) {
-        if (f->slots[i] == token)
+        if (f->slots[i].token == token)
             return true;
-        if (f->slots[i] == 0)
+        if (f->slots[i].token == 0)
             return false;
     }
 }
 
-static void fence_put(fence_set_t *f, uint64_t token)
+static void fence_put(fence_set_t *f, fence_slot_t e)
 {
-    size_t i = kvs__hash64(&token, sizeof(token)) & (f->cap - 1);
-    while (f->slots[i] != 0 && f->slots[i] != token)
+    size_t i = kvs__hash64(&e.token, sizeof(e.token)) & (f->cap - 1);
+    while (f->slots[i].token != 0 && f->slots[i].token != e.token)
         i = (i + 1) & (f->cap - 1);
-    if (f->slots[i] == 0) {
-        f->slots[i] = token;
+    if (f->slots[i].token == 0) {
+        f->slots[i] = e;
         f->n++;
     }
 }
 
-/* Adds a token, growing to keep the set at most half full. NO_MEMORY leaves it unchanged. */
-static int fence_add(fence_set_t *f, uint64_t token)
+/* A fence still needed at epoch `now`: a capability of its epoch would still be accepted. */
+static bool fence_live(fence_slot_t e, uint64_t now)
+{
+    return e.epoch + 1 >= now;
+}
+
+/* Rebuilds the set in `cap` slots with the fences still live at `epoch`. NO_MEMORY leaves it
+ * unchanged. */
+static int fence_rebuild(fence_set_t *f, size_t cap, uint64_t epoch)
+{
+    fence_set_t g = {kvs__calloc(cap, sizeof(fence_slot_t)), cap, 0};
+    if (g.slots == NULL)
+        return KVS_NO_MEMORY;
+    for (size_t i = 0; i < f->cap; i++) {
+        if (f->slots[i].token != 0 && fence_live(f->slots[i], epoch))
+            fence_put(&g, f->slots[i]);
+    }
+    kvs__free(f->slots);
+    *f = g;
+    return KVS_OK;
+}
+
+/* Adds a fence, growing to keep the set at most half full (after dropping the fences no
+ * longer needed at `epoch`). NO_MEMORY leaves it unchanged. */
+static int fence_add(fence_set_t *f, uint64_t token, uint64_t fence_epoch, uint64_t epoch)
 {
     if (token == 0 || (f->cap && fence_has(f, token)))
         return KVS_OK;
     if (2 * (f->n + 1) > f->cap) {
-        fence_set_t g = {kvs__calloc(f->cap ? 2 * f->cap : 64, sizeof(uint64_t)),
-                         f->cap ? 2 * f->cap : 64, 0};
-        if (g.slots == NULL)
-            return KVS_NO_MEMORY;
-        for (size_t i = 0; i < f->cap; i++) {
-            if (f->slots[i] != 0)
-                fence_put(&g, f->slots[i]);
-        }
-        kvs__free(f->slots);
-        *f = g;
+        int rc = fence_rebuild(f, f->cap ? f->cap : 64, epoch);
+        if (rc == KVS_OK && 2 * (f->n + 1) > f->cap)
+            rc = fence_rebuild(f, 2 * f->cap, epoch);
+        if (rc != KVS_OK)
+            return rc;
     }
-    fence_put(f, token);
+    fence_put(f, (fence_slot_t){token, fence_epoch});
     return KVS_OK;
 }
 
@@ -211,6 +237,11 @@ static bool write_allowed(const served_t *g, const kvs__data_req_t *r, cap_cache
         r->offset - r->alloc_offset > r->alloc_size ||
         r->length > r->alloc_size - (r->offset - r->alloc_offset))
         return false;
+    /* Made in this epoch or the last (every write of a put comes before the master discards
+     * it, one epoch after its start), or in the next (our view of the epoch may lag). Older
+     * capabilities are refused: their puts' fences are forgotten. */
+    if (r->cap_epoch + 1 < g->epoch || r->cap_epoch > g->epoch + 1)
+        return false;
     if (cc->segment_id != g->id) {
         int rc = cc->ctx == NULL ? kvs__cap_ctx_new(g->write_key, &cc->ctx)
                                  : kvs__cap_ctx_rekey(cc->ctx, g->write_key);
@@ -218,7 +249,8 @@ static bool write_allowed(const served_t *g, const kvs__data_req_t *r, cap_cache
             return false;
         cc->segment_id = g->id;
     }
-    uint64_t cap = kvs__cap_ctx_compute(cc->ctx, g->id, r->alloc_offset, r->alloc_size, r->token);
+    uint64_t cap = kvs__cap_ctx_compute(cc->ctx, g->id, r->alloc_offset, r->alloc_size, r->token,
+                                        r->cap_epoch);
     return cap != 0 && cap == r->cap;
 }
 
@@ -370,7 +402,8 @@ static int expect_auth(kvs__data_server_t *s, const kvs__io_t *io, unsigned v,
     if (rc != KVS_OK)
         return rc;
     if (kvs__frame_hdr_decode(hb, sizeof(hb), sizeof(pb), &h) != KVS_OK || h.type != KVS_MSG_AUTH) {
-        send_error(io, v, h.req_id, KVS_AUTH_FAILED, "AUTH must follow HELLO", deadline);
+        /* (The header may not have decoded: the error is about the connection, id 0.) */
+        send_error(io, v, 0, KVS_AUTH_FAILED, "AUTH must follow HELLO", deadline);
         return KVS_AUTH_FAILED;
     }
     if ((rc = kvs__io_recv_all(io, pb, h.len, deadline)) != KVS_OK)
@@ -648,7 +681,8 @@ static void conn_start(kvs__data_server_t *s, int fd, const pthread_attr_t *deta
         snprintf(msg, sizeof(msg), "cannot serve a connection now (no memory or thread)");
     if (kvs__every(&s->refuse_warn_ns, KVS_NS_PER_S))
         kvs_warn("data server: refusing a connection: %s", msg);
-    send_error_now(fd, KVS_NO_RESOURCE, msg);
+    if (s->tls == NULL) /* a TLS peer could not read plain words */
+        send_error_now(fd, KVS_NO_RESOURCE, msg);
     close(fd);
 }
 
@@ -1054,7 +1088,7 @@ uint64_t kvs__data_server_refused(const kvs__data_server_t *s)
 }
 
 int kvs__data_server_add(kvs__data_server_t *s, uint64_t segment_id, void *base, uint64_t size,
-                         int fd, const uint8_t *write_key)
+                         int fd, const uint8_t *write_key, uint64_t epoch)
 {
     if (s == NULL || base == NULL || size == 0)
         return KVS_INVALID_PARAMS;
@@ -1069,7 +1103,7 @@ int kvs__data_server_add(kvs__data_server_t *s, uint64_t segment_id, void *base,
         rc = KVS_NO_MEMORY;
     if (rc == KVS_OK) {
         s->segs = segs;
-        served_t g = {segment_id, base, size, fd, {NULL, 0, 0}, write_key != NULL, {0}};
+        served_t g = {segment_id, base, size, fd, {NULL, 0, 0}, epoch, write_key != NULL, {0}};
         if (write_key != NULL)
             memcpy(g.write_key, write_key, KVS_WRITE_KEY_LEN);
         s->segs[s->nseg++] = g;
@@ -1097,7 +1131,7 @@ int kvs__data_server_remove(kvs__data_server_t *s, uint64_t segment_id)
 }
 
 int kvs__data_server_fence(kvs__data_server_t *s, uint64_t segment_id, const uint64_t *tokens,
-                           size_t n)
+                           const uint64_t *epochs, size_t n)
 {
     if (s == NULL || (tokens == NULL && n > 0))
         return KVS_INVALID_PARAMS;
@@ -1108,9 +1142,32 @@ int kvs__data_server_fence(kvs__data_server_t *s, uint64_t segment_id, const uin
     for (uint32_t i = 0; i < s->nseg; i++) {
         if (s->segs[i].id != segment_id)
             continue;
+        served_t *g = &s->segs[i];
         rc = KVS_OK;
         for (size_t j = 0; j < n && rc == KVS_OK; j++)
-            rc = fence_add(&s->segs[i].fenced, tokens[j]);
+            rc = fence_add(&g->fenced, tokens[j], epochs ? epochs[j] : g->epoch, g->epoch);
+    }
+    pthread_rwlock_unlock(&s->seg_lock);
+    return rc;
+}
+
+int kvs__data_server_epoch(kvs__data_server_t *s, uint64_t segment_id, uint64_t epoch)
+{
+    if (s == NULL)
+        return KVS_INVALID_PARAMS;
+    pthread_rwlock_wrlock(&s->seg_lock);
+    int rc = KVS_SEGMENT_NOT_FOUND;
+    for (uint32_t i = 0; i < s->nseg; i++) {
+        served_t *g = &s->segs[i];
+        if (g->id != segment_id)
+            continue;
+        rc = KVS_OK;
+        if (epoch > g->epoch) { /* (never back: a late reply says nothing new) */
+            g->epoch = epoch;
+            /* Fences no capability can pass any more go; failing to shrink keeps them. */
+            if (g->fenced.cap > 0)
+                fence_rebuild(&g->fenced, g->fenced.cap, epoch);
+        }
     }
     pthread_rwlock_unlock(&s->seg_lock);
     return rc;

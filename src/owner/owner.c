@@ -75,7 +75,8 @@ static int owner_mount(kvs__owner_t *o)
             fresh = (kvs__segment_mem_t){.fd = -1};
             o->segment_id = 0;
         }
-        rc = kvs__data_server_add(o->data, mr.segment_id, o->mem.base, o->mem.size, o->mem.fd, key);
+        rc = kvs__data_server_add(o->data, mr.segment_id, o->mem.base, o->mem.size, o->mem.fd, key,
+                                  mr.epoch);
         if (rc == KVS_OK) {
             o->segment_id = mr.segment_id;
             o->incarnation = kvs__rpc_incarnation(o->rpc);
@@ -98,19 +99,25 @@ static int owner_mount(kvs__owner_t *o)
  * whether there were any (so they can be acknowledged at once). */
 static int owner_apply_fences(kvs__owner_t *o, const kvs__heartbeat_rsp_t *hr, bool *applied_p)
 {
-    uint64_t *tokens = kvs__malloc(KVS_MAX(hr->nfences, 1) * sizeof(*tokens));
+    uint64_t *tokens = kvs__malloc(2 * KVS_MAX(hr->nfences, 1) * sizeof(*tokens));
     if (tokens == NULL)
         return KVS_NO_MEMORY;
+    uint64_t *epochs = tokens + KVS_MAX(hr->nfences, 1);
     size_t n = 0;
     uint64_t seq = o->fence_applied;
     for (uint32_t i = 0; i < hr->nfences; i++) {
         const kvs__fence_t *f = &hr->fences[i];
         if (f->segment_id == o->segment_id && f->seq > o->fence_applied) {
+            epochs[n] = f->epoch;
             tokens[n++] = f->token;
             seq = KVS_MAX(seq, f->seq);
         }
     }
-    int rc = n ? kvs__data_server_fence(o->data, o->segment_id, tokens, n) : KVS_OK;
+    int rc = n ? kvs__data_server_fence(o->data, o->segment_id, tokens, epochs, n) : KVS_OK;
+    /* After the fences: a fence of an old epoch is applied (it may matter to a write in
+     * progress) before the epoch says it can go. */
+    if (rc == KVS_OK && o->segment_id != 0)
+        kvs__data_server_epoch(o->data, o->segment_id, hr->epoch);
     kvs__free(tokens);
     if (rc == KVS_OK && n > 0) {
         kvs_debug("segment %llu: %zu put(s) fenced, up to fence %llu",

@@ -54,18 +54,24 @@ uint16_t kvs__data_server_port(const kvs__data_server_t *srv);
  * (the segment's sealed memfd, borrowed) is handed to same-host readers; -1: tcp only.
  * `write_key` (copied) is the key the segment was mounted with: every tcp write must then carry
  * the capability (kvs__write_cap) of a range the master allocated, and lie inside it. NULL
- * (tests of the data path alone, with no master) accepts writes without one. */
+ * (tests of the data path alone, with no master) accepts writes without one. `epoch` is the
+ * master's capability epoch (from the MOUNT reply). */
 int kvs__data_server_add(kvs__data_server_t *srv, uint64_t segment_id, void *base, uint64_t size,
-                         int fd, const uint8_t *write_key);
+                         int fd, const uint8_t *write_key, uint64_t epoch);
 /* Stops serving a segment. Waits for the requests' memory steps in progress (one non-blocking
  * send or receive each), never for a peer: once it returns no request touches the memory,
  * and a read it cut short ends with its connection closed. */
 int kvs__data_server_remove(kvs__data_server_t *srv, uint64_t segment_id);
 /* Fences puts of a served segment: every write carrying one of `tokens` from now on is refused
  * (INVALID_WRITE), including the rest of a write in progress; only its memory step in progress
- * is waited for, never the peer. SEGMENT_NOT_FOUND when not served. */
+ * is waited for, never the peer. `epochs` (NULL: the segment's current one) are the puts'
+ * capability epochs, which say when each fence may be forgotten. SEGMENT_NOT_FOUND when not
+ * served. */
 int kvs__data_server_fence(kvs__data_server_t *srv, uint64_t segment_id, const uint64_t *tokens,
-                           size_t n);
+                           const uint64_t *epochs, size_t n);
+/* The master's capability epoch now (from a HEARTBEAT reply): capabilities older than the
+ * previous epoch are refused from now on, and their fences forgotten. Never goes back. */
+int kvs__data_server_epoch(kvs__data_server_t *srv, uint64_t segment_id, uint64_t epoch);
 /* Requests served and refused so far. */
 uint64_t kvs__data_server_refused(const kvs__data_server_t *srv);
 /* Closes every connection, waits for every thread, removes its same-host socket, frees. NULL

@@ -450,10 +450,8 @@ static int rpc_exchange(rpc_conn_t *cn, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint
         conn_drop(cn);
         return rc == KVS_TIMED_OUT ? KVS_TIMED_OUT : KVS_RPC_FAIL;
     }
-    if (conn_error) { /* the master closes such a connection */
-        close(cn->fd);
-        cn->fd = -1;
-    }
+    if (conn_error) /* the master closes such a connection */
+        conn_drop(cn);
     if (h.type == (KVS_MSG_ERROR | KVS_RSP_FLAG)) {
         kvs__error_rsp_t e;
         if (kvs__error_rsp_decode(rsp->data, rsp->len, rsp->version, NULL, &e) == KVS_OK) {

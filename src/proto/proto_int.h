@@ -279,7 +279,7 @@ KVS_SCHEMA_RECORDS(KVS_GEN_DECLARE)
 
 /* The fixed part of a data request, and the largest data chunk of one frame (transports split
  * longer transfers). */
-#define KVS_DATA_REQ_LEN    56u
+#define KVS_DATA_REQ_LEN    64u
 #define KVS_DATA_STATUS_LEN 4u
 #define KVS_DATA_MAX_CHUNK  (16u << 20)
 

@@ -61,8 +61,9 @@
     X(R, U64, size, 2, 0, 0)                                                                       \
     X(R, U64, lease_ms, 2, 0, 0) /* lookups: lease time left; puts: 0 */                           \
     X(R, ARR, reps, 2, replica, KVS_MAX_REPLICAS)                                                  \
-    X(R, U64, token, 2, 0, 0)    /* PUT_START: the put's token, carried by its writes */           \
-    X(R, U64, lease_id, 2, 0, 0) /* LOOKUP: this read's lease, named by its release */             \
+    X(R, U64, token, 2, 0, 0)     /* PUT_START: the put's token, carried by its writes */          \
+    X(R, U64, lease_id, 2, 0, 0)  /* LOOKUP: this read's lease, named by its release */            \
+    X(R, U64, cap_epoch, 3, 0, 0) /* PUT_START: the epoch its capabilities were made in */         \
     X(R, U32, next_probe, KVS_PROTO_V_NEXT_, 0, 0)
 
 #define KVS_FIELDS_put_item(X, R)                                                                  \
@@ -123,16 +124,21 @@
  * names one generation of one segment (a re-mount gets a new one). */
 #define KVS_FIELDS_mount_rsp(X, R)                                                                 \
     X(R, I32, status, 2, 0, 0)                                                                     \
-    X(R, U64, segment_id, 2, 0, 0)
+    X(R, U64, segment_id, 2, 0, 0)                                                                 \
+    X(R, U64, epoch, 3, 0, 0) /* the master's capability epoch now (see heartbeat_rsp) */
 
-/* Fencing: the master lists the puts whose space it wants back (revoked, discarded, removed
- * while pending) in HEARTBEAT replies, numbered per segment; the owner refuses every later
- * write with those tokens and acknowledges the highest number it has applied in its next
- * HEARTBEAT. Only then does the space return to the allocator. */
+/* Fencing: the master lists in HEARTBEAT replies, numbered per segment, every put that is over
+ * (ended, revoked, discarded, removed while pending); the owner refuses every later write with
+ * those tokens and acknowledges the highest number it has applied in its next HEARTBEAT. Only
+ * then does the space of a put ended early, or of an object removed, return to the allocator.
+ * Capabilities are made in epochs (one per put discard time, counted by the master, told in
+ * MOUNT and HEARTBEAT replies): an owner refuses capabilities older than the previous epoch,
+ * so it forgets a fence once its put's epoch is that old. */
 #define KVS_FIELDS_fence(X, R)                                                                     \
     X(R, U64, segment_id, 2, 0, 0)                                                                 \
     X(R, U64, token, 2, 0, 0)                                                                      \
-    X(R, U64, seq, 2, 0, 0)
+    X(R, U64, seq, 2, 0, 0)                                                                        \
+    X(R, U64, epoch, 3, 0, 0) /* the put's capability epoch: the fence may go after it */
 
 #define KVS_FIELDS_fence_ack(X, R)                                                                 \
     X(R, U64, segment_id, 2, 0, 0)                                                                 \
@@ -143,7 +149,8 @@
 
 #define KVS_FIELDS_heartbeat_rsp(X, R)                                                             \
     X(R, I32, status, 2, 0, 0)                                                                     \
-    X(R, ARR, fences, 2, fence, KVS_MAX_FENCES)
+    X(R, ARR, fences, 2, fence, KVS_MAX_FENCES)                                                    \
+    X(R, U64, epoch, 3, 0, 0) /* the master's capability epoch now */
 
 /* UNMOUNT: a segment of the connection's client. */
 #define KVS_FIELDS_ids_req(X, R) X(R, U64, segment_id, 2, 0, 0)
@@ -216,7 +223,8 @@
     X(R, U64, token, 2, 0, 0)        /* writes: the put's token (never 0); reads: 0 */             \
     X(R, U64, alloc_offset, 3, 0, 0) /* writes: the replica's allocated range; reads: 0 */         \
     X(R, U64, alloc_size, 3, 0, 0)                                                                 \
-    X(R, U64, cap, 3, 0, 0) /* writes: kvs__write_cap of that range; reads: 0 */
+    X(R, U64, cap, 3, 0, 0)       /* writes: kvs__write_cap of that range; reads: 0 */             \
+    X(R, U64, cap_epoch, 3, 0, 0) /* writes: the epoch the capability was made in */
 
 #define KVS_FIELDS_data_status(X, R) X(R, I32, status, 2, 0, 0)
 

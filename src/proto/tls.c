@@ -35,12 +35,15 @@ static int bio_write(BIO *b, const char *buf, size_t len, size_t *written)
 {
     int fd = (int)(intptr_t)BIO_get_data(b);
     BIO_clear_retry_flags(b);
-    ssize_t n = send(fd, buf, len, MSG_NOSIGNAL);
+    ssize_t n;
+    do /* a signal is no reason to give up (a retry would look like a time-out) */
+        n = send(fd, buf, len, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
     if (n >= 0) {
         *written = (size_t)n;
         return 1;
     }
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
         BIO_set_retry_write(b);
     return 0;
 }
@@ -49,12 +52,15 @@ static int bio_read(BIO *b, char *buf, size_t len, size_t *got)
 {
     int fd = (int)(intptr_t)BIO_get_data(b);
     BIO_clear_retry_flags(b);
-    ssize_t n = recv(fd, buf, len, 0);
+    ssize_t n;
+    do
+        n = recv(fd, buf, len, 0);
+    while (n < 0 && errno == EINTR);
     if (n > 0) {
         *got = (size_t)n;
         return 1;
     }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
         BIO_set_retry_read(b);
     return 0;
 }
@@ -150,10 +156,14 @@ int kvs__tls_create(const kvs__auth_t *auth, bool server, kvs__tls_t **tls_p, ch
     SSL_CTX_set_options(ctx, SSL_OP_NO_TICKET);
     SSL_CTX_set_num_tickets(ctx, 0);
     SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-    if (server)
+    if (server) {
         SSL_CTX_set_psk_find_session_callback(ctx, psk_find);
-    else
+    } else {
         SSL_CTX_set_psk_use_session_callback(ctx, psk_use);
+        /* Verify a certificate against no trust store: a server that answers with one instead
+         * of the PSK (anyone can make one) fails the handshake. */
+        SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+    }
     *tls_p = t;
     return KVS_OK;
 }
@@ -341,6 +351,12 @@ int kvs__tls_handshake(kvs__tls_t *tls, int fd, uint64_t deadline_ns, kvs__io_t 
     for (;;) {
         ERR_clear_error();
         int ret = SSL_do_handshake(ssl);
+        if (ret == 1 && !SSL_session_reused(ssl)) {
+            /* Only the PSK proves the peer: a handshake that did not use it proves nothing. */
+            kvs_debug("TLS handshake without the pre-shared key: refused");
+            SSL_free(ssl);
+            return KVS_AUTH_FAILED;
+        }
         if (ret == 1) {
             *io_p = io;
             return KVS_OK;

@@ -392,7 +392,12 @@ static void fmt_field(fmt_t *f, const kvs__field_desc_t *fd, const void *m, unsi
         fmt_add(f, "%u", *(const uint32_t *)base);
         break;
     case KVS__KIND_U64:
-        fmt_add(f, "%llu", (unsigned long long)*(const uint64_t *)base);
+        /* Credentials (a client's id, a put's token, a write capability) stay out of logs. */
+        if (strcmp(fd->name, "client_id") == 0 || strcmp(fd->name, "token") == 0 ||
+            strcmp(fd->name, "cap") == 0)
+            fmt_add(f, "%s", *(const uint64_t *)base ? "(set)" : "0");
+        else
+            fmt_add(f, "%llu", (unsigned long long)*(const uint64_t *)base);
         break;
     case KVS__KIND_I32:
         fmt_add(f, "%d", *(const int32_t *)base);
@@ -406,10 +411,9 @@ static void fmt_field(fmt_t *f, const kvs__field_desc_t *fd, const void *m, unsi
         break;
     }
     case KVS__KIND_BLOB: {
+        /* Blobs are nonces, proofs and keys: their length only, never their bytes in a log. */
         const kvs__blob_t *b = (const kvs__blob_t *)base;
-        fmt_add(f, "%u:", b->len);
-        for (uint32_t i = 0; i < KVS_MIN(b->len, 16u); i++)
-            fmt_add(f, "%02x", b->ptr[i]);
+        fmt_add(f, "%u bytes", b->len);
         break;
     }
     case KVS__KIND_STRS: {

@@ -45,10 +45,11 @@ typedef struct {
     uint64_t length;
     const struct iovec *iov;
     uint32_t iovcnt;
-    int status;     /* out: OK, TIMED_OUT, TRANSFER_FAIL, or the owner's refusal */
-    uint32_t gpu;   /* 0: the fragments are host memory; d + 1: memory of CUDA device d */
-    uint64_t token; /* writes: the put's token (owners refuse fenced ones and 0); reads: 0 */
-    uint64_t cap;   /* writes: the replica's capability for [offset, offset + length) */
+    int status;         /* out: OK, TIMED_OUT, TRANSFER_FAIL, or the owner's refusal */
+    uint32_t gpu;       /* 0: the fragments are host memory; d + 1: memory of CUDA device d */
+    uint64_t token;     /* writes: the put's token (owners refuse fenced ones and 0); reads: 0 */
+    uint64_t cap;       /* writes: the replica's capability for [offset, offset + length) */
+    uint64_t cap_epoch; /* writes: the epoch the capability was made in */
 } kvs_xfer_req_t;
 
 typedef struct kvs_batch kvs_batch_t;

@@ -469,12 +469,13 @@ static int send_request(tcp_conn_t *c, chunk_t *ch, uint32_t req_id)
                           (uint32_t)(KVS_DATA_REQ_LEN + (write ? ch->len : 0))};
     kvs__frame_hdr_encode(&h, buf);
     kvs__wbuf_t w = kvs__wbuf_over(buf + KVS_FRAME_HDR_LEN, KVS_DATA_REQ_LEN, c->version);
-    kvs__data_req_t d = {r->segment_id, r->offset + ch->off, ch->len, 0, 0, 0, 0};
+    kvs__data_req_t d = {r->segment_id, r->offset + ch->off, ch->len, 0, 0, 0, 0, 0};
     if (write) { /* the chunk lies in the replica's range, which its capability names */
         d.token = r->token;
         d.alloc_offset = r->offset;
         d.alloc_size = r->length;
         d.cap = r->cap;
+        d.cap_epoch = r->cap_epoch;
     }
     kvs__data_req_encode(&w, &d);
     if (w.failed || w.len != KVS_DATA_REQ_LEN)
