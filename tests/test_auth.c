@@ -76,6 +76,16 @@ static void test_token_file_rules(void)
     CHECK(strstr(why, "longer than") != NULL);
     CHECK_STATUS(kvs__auth_load("/tmp", &a, why, sizeof(why)), KVS_INVALID_PARAMS);
     CHECK(!a.on);
+    /* A FIFO is refused at once (opening one blocked until a writer came). */
+    char fifo[96];
+    snprintf(fifo, sizeof(fifo), "/tmp/kvs-test-fifo-%d", (int)getpid());
+    unlink(fifo);
+    CHECK_EQ_INT(mkfifo(fifo, 0600), 0);
+    uint64_t t0 = kvs__now_ns();
+    CHECK_STATUS(kvs__auth_load(fifo, &a, why, sizeof(why)), KVS_INVALID_PARAMS);
+    CHECK(kvs__now_ns() - t0 < KVS_NS_PER_S);
+    CHECK(strstr(why, "not a regular file") != NULL);
+    unlink(fifo);
     /* A trailing newline is not part of the secret; a 0400 file is fine. */
     CHECK_STATUS(kvs__auth_load(token_file(0, TOKEN_A "\n", 0400), &a, why, sizeof(why)), KVS_OK);
     CHECK_STATUS(kvs__auth_load(token_file(1, TOKEN_A, 0600), &b, why, sizeof(why)), KVS_OK);
@@ -735,6 +745,53 @@ static void test_tls_store(void)
     CHECK(strstr(err, "--tls needs") != NULL);
 }
 
+/* The TLS client trusts only the PSK: a TLS server with a certificate (anyone can make one) and
+ * no token fails the handshake. Needs the openssl command line. */
+static void test_tls_refuses_certificate_server(void)
+{
+    if (system("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
+               "-keyout /tmp/kvs-test-tls-key.pem -out /tmp/kvs-test-tls-cert.pem -days 1 "
+               "-subj /CN=x >/dev/null 2>&1") != 0)
+        kvs_test_skip("no openssl command line to make a certificate server");
+    int lfd = kvs__tcp_listen("127.0.0.1", 0, 4);
+    CHECK(lfd >= 0);
+    uint16_t port = kvs__sock_port(lfd);
+    close(lfd); /* s_server binds it next: a free port */
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd),
+             "exec openssl s_server -quiet -tls1_3 -accept %u -cert /tmp/kvs-test-tls-cert.pem "
+             "-key /tmp/kvs-test-tls-key.pem -naccept 1 </dev/null >/dev/null 2>&1",
+             (unsigned)port);
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    int fd = -1;
+    for (uint64_t until = kvs__now_ns() + 5 * KVS_NS_PER_S; fd < 0 && kvs__now_ns() < until;) {
+        fd = kvs__tcp_connect("127.0.0.1", port, kvs__now_ns() + KVS_NS_PER_S);
+        if (fd < 0)
+            usleep(20000);
+    }
+    CHECK(fd >= 0);
+    kvs__auth_t a = auth_of(TOKEN_A);
+    kvs__tls_t *tls;
+    char why[256];
+    CHECK_STATUS(kvs__tls_create(&a, false, &tls, why, sizeof(why)), KVS_OK);
+    kvs__io_t io = {-1, NULL};
+    int rc = kvs__tls_handshake(tls, fd, kvs__now_ns() + 3 * KVS_NS_PER_S, &io);
+    CHECK(rc != KVS_OK);
+    close(fd);
+    kvs__tls_destroy(tls);
+    kill(pid, SIGKILL);
+    int st;
+    waitpid(pid, &st, 0);
+    unlink("/tmp/kvs-test-tls-key.pem");
+    unlink("/tmp/kvs-test-tls-cert.pem");
+}
+
 /* A put's writes end with it: after PUT_END the owner fences its token (at its next heartbeat),
  * so its writer's capability no longer works there, neither over its own committed object nor
  * over another put's object in the same space later. */
@@ -854,6 +911,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_store_with_token),
         KVS_TEST_CASE(test_tls_store),
         KVS_TEST_CASE(test_writes_end_with_the_put),
+        KVS_TEST_CASE(test_tls_refuses_certificate_server),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
 }
