@@ -17,9 +17,11 @@
 #include <kvstash/kvstash.h>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <poll.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -108,16 +110,21 @@ static void test_proofs_bind_everything(void)
     kvs__auth_nonce(cn);
     kvs__auth_nonce(sn);
     CHECK(memcmp(cn, sn, 32) != 0);
-    kvs__auth_proof(&a, KVS_AUTH_MASTER, KVS_AUTH_BY_CLIENT, cn, sn, p);
-    CHECK(kvs__auth_check(&a, KVS_AUTH_MASTER, KVS_AUTH_BY_CLIENT, cn, sn, p, 32));
-    CHECK(!kvs__auth_check(&b, KVS_AUTH_MASTER, KVS_AUTH_BY_CLIENT, cn, sn, p, 32));
-    CHECK(!kvs__auth_check(&a, KVS_AUTH_DATA, KVS_AUTH_BY_CLIENT, cn, sn, p, 32));
-    CHECK(!kvs__auth_check(&a, KVS_AUTH_MASTER, KVS_AUTH_BY_SERVER, cn, sn, p, 32));
-    CHECK(!kvs__auth_check(&a, KVS_AUTH_MASTER, KVS_AUTH_BY_CLIENT, sn, cn, p, 32));
-    CHECK(!kvs__auth_check(&a, KVS_AUTH_MASTER, KVS_AUTH_BY_CLIENT, cn, sn, p, 31));
+    kvs__auth_proof(&a, KVS_AUTH_MASTER, NULL, KVS_AUTH_BY_CLIENT, cn, sn, p);
+    CHECK(kvs__auth_check(&a, KVS_AUTH_MASTER, NULL, KVS_AUTH_BY_CLIENT, cn, sn, p, 32));
+    CHECK(!kvs__auth_check(&b, KVS_AUTH_MASTER, NULL, KVS_AUTH_BY_CLIENT, cn, sn, p, 32));
+    CHECK(!kvs__auth_check(&a, KVS_AUTH_DATA, NULL, KVS_AUTH_BY_CLIENT, cn, sn, p, 32));
+    CHECK(!kvs__auth_check(&a, KVS_AUTH_MASTER, NULL, KVS_AUTH_BY_SERVER, cn, sn, p, 32));
+    CHECK(!kvs__auth_check(&a, KVS_AUTH_MASTER, NULL, KVS_AUTH_BY_CLIENT, sn, cn, p, 32));
+    CHECK(!kvs__auth_check(&a, KVS_AUTH_MASTER, NULL, KVS_AUTH_BY_CLIENT, cn, sn, p, 31));
+    /* The server's name is part of the proof: a relay on another endpoint cannot reuse it. */
+    kvs__auth_proof(&a, KVS_AUTH_DATA, "10.0.0.1:7000", KVS_AUTH_BY_SERVER, cn, sn, q);
+    CHECK(kvs__auth_check(&a, KVS_AUTH_DATA, "10.0.0.1:7000", KVS_AUTH_BY_SERVER, cn, sn, q, 32));
+    CHECK(!kvs__auth_check(&a, KVS_AUTH_DATA, "10.0.0.1:7001", KVS_AUTH_BY_SERVER, cn, sn, q, 32));
+    CHECK(!kvs__auth_check(&a, KVS_AUTH_DATA, NULL, KVS_AUTH_BY_SERVER, cn, sn, q, 32));
     memcpy(q, p, 32);
     q[31] ^= 1;
-    CHECK(!kvs__auth_check(&a, KVS_AUTH_MASTER, KVS_AUTH_BY_CLIENT, cn, sn, q, 32));
+    CHECK(!kvs__auth_check(&a, KVS_AUTH_MASTER, NULL, KVS_AUTH_BY_CLIENT, cn, sn, q, 32));
     /* Capabilities name the segment, the range and the token. */
     uint8_t k[KVS_WRITE_KEY_LEN];
     kvs__write_key_new(k);
@@ -287,7 +294,7 @@ static void test_master_handshake(void)
     /* A wrong proof: refused and closed. */
     fd = raw_connect(m.port);
     raw_hello(fd, cn, 0, sn, NULL);
-    kvs__auth_proof(&b, KVS_AUTH_MASTER, KVS_AUTH_BY_CLIENT, cn, sn, proof);
+    kvs__auth_proof(&b, KVS_AUTH_MASTER, NULL, KVS_AUTH_BY_CLIENT, cn, sn, proof);
     CHECK_EQ_INT(raw_auth(fd, proof, &rsp), KVS_MSG_ERROR | KVS_RSP_FLAG);
     CHECK_STATUS(error_status(&rsp), KVS_AUTH_FAILED);
     CHECK(closed_by_peer(fd));
@@ -295,7 +302,7 @@ static void test_master_handshake(void)
     /* A right proof on a raw socket: then MOUNT is served. Recorded for the replay below. */
     fd = raw_connect(m.port);
     raw_hello(fd, cn, 0, sn, NULL);
-    kvs__auth_proof(&a, KVS_AUTH_MASTER, KVS_AUTH_BY_CLIENT, cn, sn, proof);
+    kvs__auth_proof(&a, KVS_AUTH_MASTER, NULL, KVS_AUTH_BY_CLIENT, cn, sn, proof);
     CHECK_EQ_INT(raw_auth(fd, proof, &rsp), KVS_MSG_AUTH | KVS_RSP_FLAG);
     kvs__auth_rsp_t ar;
     CHECK_STATUS(kvs__auth_rsp_decode(rsp.data, rsp.len, rsp.version, NULL, &ar), KVS_OK);
@@ -792,6 +799,68 @@ static void test_tls_refuses_certificate_server(void)
     unlink("/tmp/kvs-test-tls-cert.pem");
 }
 
+/* A relay without the token, listening on another endpoint, forwards a client's HELLO to a real
+ * owner and the owner's reply back: the owner's proof names the owner's own endpoint, so the
+ * client refuses it and never sends its AUTH (before, the relay got an authenticated session to
+ * the owner and could answer the client's reads with its own bytes). */
+typedef struct {
+    int listen_fd;
+    uint16_t upstream;
+    bool saw_auth;
+} relay_t;
+
+static void *relay_thread(void *arg)
+{
+    relay_t *r = arg;
+    int c = accept4(r->listen_fd, NULL, NULL, SOCK_NONBLOCK);
+    int u = kvs__tcp_connect("127.0.0.1", r->upstream, kvs__now_ns() + 2 * KVS_NS_PER_S);
+    uint8_t hb[KVS_FRAME_HDR_LEN], pb[4096];
+    kvs__frame_hdr_t h;
+    for (int i = 0; c >= 0 && u >= 0 && i < 3; i++) {
+        int from = i == 1 ? u : c, to = i == 1 ? c : u;
+        uint64_t d = kvs__now_ns() + 2 * KVS_NS_PER_S;
+        if (kvs__recv_all(from, hb, sizeof(hb), d) != KVS_OK ||
+            kvs__frame_hdr_decode(hb, sizeof(hb), sizeof(pb), &h) != KVS_OK ||
+            kvs__recv_all(from, pb, h.len, d) != KVS_OK)
+            break;
+        if (h.type == KVS_MSG_AUTH)
+            r->saw_auth = true;
+        if (kvs__send_all(to, hb, sizeof(hb), d) != KVS_OK ||
+            kvs__send_all(to, pb, h.len, d) != KVS_OK)
+            break;
+    }
+    if (c >= 0)
+        close(c);
+    if (u >= 0)
+        close(u);
+    return NULL;
+}
+
+static void test_relay_refused(void)
+{
+    kvs__auth_t a = auth_of(TOKEN_A);
+    owner_t o;
+    owner_start(&o, &a);
+    relay_t r = {kvs__tcp_listen("127.0.0.1", 0, 4), kvs__data_server_port(o.srv), false};
+    CHECK(r.listen_fd >= 0);
+    kvs__set_nonblock(r.listen_fd, false);
+    pthread_t th;
+    CHECK_EQ_INT(pthread_create(&th, NULL, relay_thread, &r), 0);
+    owner_t via = o; /* the same owner, dialled at the relay's endpoint */
+    snprintf(via.ep, sizeof(via.ep), "127.0.0.1:%u", (unsigned)kvs__sock_port(r.listen_fd));
+    char buf[64];
+    memset(buf, 0, sizeof(buf));
+    CHECK(tcp_xfer(&via, &a, KVS_XFER_READ, 0, sizeof(buf), buf, 0, 0) != KVS_OK);
+    pthread_join(th, NULL);
+    CHECK(!r.saw_auth);
+    CHECK_EQ_INT(buf[0], 0);
+    close(r.listen_fd);
+    /* Dialled at its own endpoint, the owner is trusted. */
+    CHECK_STATUS(tcp_xfer(&o, &a, KVS_XFER_READ, 0, sizeof(buf), buf, 0, 0), KVS_OK);
+    CHECK_EQ_INT((unsigned char)buf[0], 0x5a);
+    owner_stop(&o);
+}
+
 /* A put's writes end with it: after PUT_END the owner fences its token (at its next heartbeat),
  * so its writer's capability no longer works there, neither over its own committed object nor
  * over another put's object in the same space later. */
@@ -912,6 +981,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_tls_store),
         KVS_TEST_CASE(test_writes_end_with_the_put),
         KVS_TEST_CASE(test_tls_refuses_certificate_server),
+        KVS_TEST_CASE(test_relay_refused),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
 }

@@ -143,34 +143,41 @@ static void hmac(const uint8_t key[32], const void *msg, size_t len, uint8_t out
         memset(out, 0, 32); /* cannot happen with SHA-256; a zero proof never matches */
 }
 
-/* What a proof covers: a label, the endpoint, the side, then both nonces. */
-#define PROOF_LABEL     "kvstash-auth-1"
-#define PROOF_INPUT_LEN (sizeof(PROOF_LABEL) + 2 + 2 * KVS_AUTH_NONCE_LEN)
+/* What a proof covers: a label, the endpoint, the side, the server's name (u16 length, then
+ * its bytes), then both nonces. */
+#define PROOF_LABEL    "kvstash-auth-1"
+#define PROOF_NAME_MAX 1024u
 
-void kvs__auth_proof(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint, kvs__auth_side_t side,
-                     const uint8_t client_nonce[KVS_AUTH_NONCE_LEN],
+void kvs__auth_proof(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint, const char *name,
+                     kvs__auth_side_t side, const uint8_t client_nonce[KVS_AUTH_NONCE_LEN],
                      const uint8_t server_nonce[KVS_AUTH_NONCE_LEN],
                      uint8_t proof[KVS_AUTH_PROOF_LEN])
 {
-    uint8_t in[PROOF_INPUT_LEN], *p = in;
+    uint8_t in[sizeof(PROOF_LABEL) + 4 + PROOF_NAME_MAX + 2 * KVS_AUTH_NONCE_LEN], *p = in;
+    size_t nlen = name != NULL ? strnlen(name, PROOF_NAME_MAX) : 0;
     memcpy(p, PROOF_LABEL, sizeof(PROOF_LABEL)); /* with its NUL */
     p += sizeof(PROOF_LABEL);
     *p++ = (uint8_t)endpoint;
     *p++ = (uint8_t)side;
+    *p++ = (uint8_t)nlen;
+    *p++ = (uint8_t)(nlen >> 8);
+    memcpy(p, name != NULL ? name : "", nlen);
+    p += nlen;
     memcpy(p, client_nonce, KVS_AUTH_NONCE_LEN);
     p += KVS_AUTH_NONCE_LEN;
     memcpy(p, server_nonce, KVS_AUTH_NONCE_LEN);
-    hmac(auth->key, in, sizeof(in), proof);
+    p += KVS_AUTH_NONCE_LEN;
+    hmac(auth->key, in, (size_t)(p - in), proof);
 }
 
-bool kvs__auth_check(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint, kvs__auth_side_t side,
-                     const uint8_t client_nonce[KVS_AUTH_NONCE_LEN],
+bool kvs__auth_check(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint, const char *name,
+                     kvs__auth_side_t side, const uint8_t client_nonce[KVS_AUTH_NONCE_LEN],
                      const uint8_t server_nonce[KVS_AUTH_NONCE_LEN], const void *proof, size_t len)
 {
     if (auth == NULL || !auth->on || proof == NULL || len != KVS_AUTH_PROOF_LEN)
         return false;
     uint8_t want[KVS_AUTH_PROOF_LEN];
-    kvs__auth_proof(auth, endpoint, side, client_nonce, server_nonce, want);
+    kvs__auth_proof(auth, endpoint, name, side, client_nonce, server_nonce, want);
     return CRYPTO_memcmp(want, proof, KVS_AUTH_PROOF_LEN) == 0;
 }
 

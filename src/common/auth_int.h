@@ -47,15 +47,17 @@ int kvs__auth_configure(const char *path, kvs__auth_t *auth_p, char *err, size_t
 /* Fills a fresh nonce (getrandom). */
 void kvs__auth_nonce(uint8_t nonce[KVS_AUTH_NONCE_LEN]);
 
-/* The proof `side` gives on `endpoint` for the client's and the server's nonces. */
-void kvs__auth_proof(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint, kvs__auth_side_t side,
-                     const uint8_t client_nonce[KVS_AUTH_NONCE_LEN],
+/* The proof `side` gives on `endpoint` for the client's and the server's nonces, naming the
+ * server by `name` (the endpoint its clients dial, "host:port"; NULL or "" for none), so that a
+ * relay listening elsewhere cannot pass a server's proof off as its own. */
+void kvs__auth_proof(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint, const char *name,
+                     kvs__auth_side_t side, const uint8_t client_nonce[KVS_AUTH_NONCE_LEN],
                      const uint8_t server_nonce[KVS_AUTH_NONCE_LEN],
                      uint8_t proof[KVS_AUTH_PROOF_LEN]);
 
 /* Whether `proof` (of `len` bytes, as received) is the one expected; constant time. */
-bool kvs__auth_check(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint, kvs__auth_side_t side,
-                     const uint8_t client_nonce[KVS_AUTH_NONCE_LEN],
+bool kvs__auth_check(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint, const char *name,
+                     kvs__auth_side_t side, const uint8_t client_nonce[KVS_AUTH_NONCE_LEN],
                      const uint8_t server_nonce[KVS_AUTH_NONCE_LEN], const void *proof, size_t len);
 
 /* ---- write capabilities ------------------------------------------------------------------

@@ -629,7 +629,8 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
                                 .lease_ms = s->cfg.master.lease_ms,
                                 .heartbeat_timeout_ms = s->cfg.master.heartbeat_timeout_ms,
                                 .next_probe = req.next_probe};
-        if (kvs__auth_server_hello(&s->cfg.auth, KVS_AUTH_MASTER, &req, &c->auth, &rsp) != KVS_OK) {
+        if (kvs__auth_server_hello(&s->cfg.auth, KVS_AUTH_MASTER, NULL, &req, &c->auth, &rsp) !=
+            KVS_OK) {
             send_error(s, c, c->h.req_id, KVS_AUTH_FAILED, "HELLO carries no nonce", true);
             goto out;
         }
@@ -645,7 +646,7 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     case KVS_MSG_AUTH: {
         kvs__auth_req_t req;
         if ((rc = kvs__auth_req_decode(p, len, ver, &arena, &req)) != KVS_OK ||
-            !kvs__auth_server_verify(&s->cfg.auth, KVS_AUTH_MASTER, &c->auth, &req)) {
+            !kvs__auth_server_verify(&s->cfg.auth, KVS_AUTH_MASTER, NULL, &c->auth, &req)) {
             kvs_warn("refused a peer from %s: wrong proof (another token?)",
                      c->peer[0] ? c->peer : "an unknown address");
             send_error(s, c, c->h.req_id, KVS_AUTH_FAILED,

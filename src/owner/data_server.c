@@ -139,8 +139,9 @@ struct kvs__data_server {
     uint16_t port;
     pthread_t accept_thread;
     bool accept_started;
-    kvs__tls_t *tls; /* server side, when cfg.tls */
-    int unix_fd;     /* the shm socket, or -1 */
+    kvs__tls_t *tls;                 /* server side, when cfg.tls */
+    char name[KVS_MAX_NAME_LEN + 8]; /* "advertise_host:port", set before any thread starts */
+    int unix_fd;                     /* the shm socket, or -1 */
     char unix_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     pthread_t unix_thread;
     bool unix_started;
@@ -409,7 +410,7 @@ static int expect_auth(kvs__data_server_t *s, const kvs__io_t *io, unsigned v,
     if ((rc = kvs__io_recv_all(io, pb, h.len, deadline)) != KVS_OK)
         return rc;
     if (kvs__auth_req_decode(pb, h.len, h.version, NULL, &req) != KVS_OK ||
-        !kvs__auth_server_verify(&s->cfg.auth, KVS_AUTH_DATA, st, &req)) {
+        !kvs__auth_server_verify(&s->cfg.auth, KVS_AUTH_DATA, s->name, st, &req)) {
         kvs_warn("data server: refused a peer with a wrong proof");
         send_error(io, v, h.req_id, KVS_AUTH_FAILED, "wrong proof: this owner has another token",
                    deadline);
@@ -440,7 +441,7 @@ static int answer_hello(kvs__data_server_t *s, const kvs__io_t *io, const kvs__f
     }
     kvs__hello_rsp_t rsp = {.status = KVS_OK, .version = v, .next_probe = req.next_probe};
     kvs__auth_pending_t st;
-    if (kvs__auth_server_hello(&s->cfg.auth, KVS_AUTH_DATA, &req, &st, &rsp) != KVS_OK) {
+    if (kvs__auth_server_hello(&s->cfg.auth, KVS_AUTH_DATA, s->name, &req, &st, &rsp) != KVS_OK) {
         send_error(io, v, h->req_id, KVS_AUTH_FAILED, "HELLO carries no nonce", deadline);
         return KVS_AUTH_FAILED;
     }
@@ -773,14 +774,15 @@ static void shm_answer(kvs__data_server_t *s, int c)
         return;
     uint8_t proof[KVS_AUTH_PROOF_LEN] = {0};
     if (s->cfg.auth.on) {
-        if (!kvs__auth_check(&s->cfg.auth, KVS_AUTH_SHM, KVS_AUTH_BY_CLIENT, sr.nonce.ptr, sn,
-                             sr.proof.ptr, sr.proof.len)) {
+        if (!kvs__auth_check(&s->cfg.auth, KVS_AUTH_SHM, s->name, KVS_AUTH_BY_CLIENT, sr.nonce.ptr,
+                             sn, sr.proof.ptr, sr.proof.len)) {
             atomic_fetch_add(&s->refused, 1);
             kvs_warn("shm: refused a reader (pid %d) with a wrong proof", (int)cred.pid);
             shm_reply(c, KVS_AUTH_FAILED, 0, proof, -1);
             return;
         }
-        kvs__auth_proof(&s->cfg.auth, KVS_AUTH_SHM, KVS_AUTH_BY_SERVER, sr.nonce.ptr, sn, proof);
+        kvs__auth_proof(&s->cfg.auth, KVS_AUTH_SHM, s->name, KVS_AUTH_BY_SERVER, sr.nonce.ptr, sn,
+                        proof);
     }
     uint64_t id = sr.segment_id;
     /* The descriptor is duplicated under the lock and sent after it: a segment's memfd is
@@ -1066,6 +1068,11 @@ int kvs__data_server_create(const kvs__data_server_config_t *cfg, kvs__data_serv
         return rc;
     }
     s->port = kvs__sock_port(s->listen_fd);
+    const char *adv = cfg->advertise_host ? cfg->advertise_host
+                      : cfg->bind_host    ? cfg->bind_host
+                                          : "127.0.0.1";
+    snprintf(s->name, sizeof(s->name), "%s:%u", adv, (unsigned)s->port);
+    s->cfg.advertise_host = NULL;          /* borrowed: not kept */
     kvs__set_nonblock(s->listen_fd, true); /* accept after poll: shedding must never block */
     if (pthread_create(&s->accept_thread, NULL, accept_thread, s) != 0) {
         kvs__data_server_destroy(s);
@@ -1080,6 +1087,11 @@ int kvs__data_server_create(const kvs__data_server_config_t *cfg, kvs__data_serv
 uint16_t kvs__data_server_port(const kvs__data_server_t *s)
 {
     return s->port;
+}
+
+const char *kvs__data_server_name(const kvs__data_server_t *s)
+{
+    return s->name;
 }
 
 uint64_t kvs__data_server_refused(const kvs__data_server_t *s)

@@ -247,7 +247,9 @@ int kvs__owner_create(const kvs__owner_config_t *cfg, kvs__owner_t **owner_p)
     int rc = kvs__segment_mem_create("kvstash-segment", cfg->segment_size, &o->mem);
     if (rc != KVS_OK)
         goto err;
-    rc = kvs__data_server_create(&cfg->data, &o->data);
+    kvs__data_server_config_t dcfg = cfg->data;
+    dcfg.advertise_host = cfg->advertise_host ? cfg->advertise_host : cfg->data.advertise_host;
+    rc = kvs__data_server_create(&dcfg, &o->data);
     if (rc != KVS_OK)
         goto err;
     kvs__rpc_config_t rcfg = {.host = cfg->master_host,
@@ -258,11 +260,8 @@ int kvs__owner_create(const kvs__owner_config_t *cfg, kvs__owner_t **owner_p)
     rc = kvs__rpc_open(&rcfg, &o->rpc);
     if (rc != KVS_OK)
         goto err;
-    const char *adv = cfg->advertise_host   ? cfg->advertise_host
-                      : cfg->data.bind_host ? cfg->data.bind_host
-                                            : "127.0.0.1";
-    snprintf(o->endpoint, sizeof(o->endpoint), "%s:%u", adv,
-             (unsigned)kvs__data_server_port(o->data));
+    /* The name the data server proves itself under: readers dial exactly this. */
+    snprintf(o->endpoint, sizeof(o->endpoint), "%s", kvs__data_server_name(o->data));
     if (cfg->segment_name != NULL)
         snprintf(o->name, sizeof(o->name), "%s", cfg->segment_name);
     else

@@ -34,6 +34,8 @@ typedef struct {
     uint64_t idle_timeout_ms;      /* a tcp connection with no request this long is closed; the
                                     * tcp transport replaces it before its next transfer
                                     * (default 60000; 0: never) */
+    const char *advertise_host;    /* the host readers reach us at (NULL: bind_host); with the port
+                                    * it is the name our handshakes prove (kvs__data_server_name) */
     kvs__auth_t auth; /* peers of the tcp port and the shm socket must prove it, if on */
     bool tls;         /* TLS on the tcp port (needs auth); the owner's master calls too */
 #ifdef KVS_TEST_HOOKS
@@ -50,6 +52,9 @@ typedef struct kvs__data_server kvs__data_server_t;
  * Removes the same-host sockets of owners that are gone from the shm directory first. */
 int kvs__data_server_create(const kvs__data_server_config_t *cfg, kvs__data_server_t **srv_p);
 uint16_t kvs__data_server_port(const kvs__data_server_t *srv);
+/* "advertise_host:port": the endpoint readers dial, which every handshake of this server
+ * proves (so a relay on another endpoint cannot pass for it). */
+const char *kvs__data_server_name(const kvs__data_server_t *srv);
 /* Serves [base, base + size) as segment `segment_id`. Every request is checked against it. `fd`
  * (the segment's sealed memfd, borrowed) is handed to same-host readers; -1: tcp only.
  * `write_key` (copied) is the key the segment was mounted with: every tcp write must then carry

@@ -9,7 +9,7 @@
 
 /* ---- server side --------------------------------------------------------------------------- */
 
-int kvs__auth_server_hello(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint,
+int kvs__auth_server_hello(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint, const char *name,
                            const kvs__hello_req_t *req, kvs__auth_pending_t *st,
                            kvs__hello_rsp_t *rsp)
 {
@@ -24,7 +24,7 @@ int kvs__auth_server_hello(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoin
     st->required = true;
     memcpy(st->client_nonce, req->auth_nonce.ptr, KVS_AUTH_NONCE_LEN);
     kvs__auth_nonce(st->server_nonce);
-    kvs__auth_proof(auth, endpoint, KVS_AUTH_BY_SERVER, st->client_nonce, st->server_nonce,
+    kvs__auth_proof(auth, endpoint, name, KVS_AUTH_BY_SERVER, st->client_nonce, st->server_nonce,
                     st->server_proof);
     rsp->auth = KVS_HELLO_AUTH_HMAC;
     rsp->auth_nonce = (kvs__blob_t){st->server_nonce, KVS_AUTH_NONCE_LEN};
@@ -33,10 +33,12 @@ int kvs__auth_server_hello(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoin
 }
 
 bool kvs__auth_server_verify(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint,
-                             const kvs__auth_pending_t *st, const kvs__auth_req_t *req)
+                             const char *name, const kvs__auth_pending_t *st,
+                             const kvs__auth_req_t *req)
 {
-    return st->required && kvs__auth_check(auth, endpoint, KVS_AUTH_BY_CLIENT, st->client_nonce,
-                                           st->server_nonce, req->proof.ptr, req->proof.len);
+    return st->required &&
+           kvs__auth_check(auth, endpoint, name, KVS_AUTH_BY_CLIENT, st->client_nonce,
+                           st->server_nonce, req->proof.ptr, req->proof.len);
 }
 
 /* ---- client side --------------------------------------------------------------------------- */
@@ -91,14 +93,14 @@ static int client_auth(const kvs__io_t *io, const kvs__handshake_t *hs, const kv
         return KVS_AUTH_FAILED;
     }
     if (hr->auth_nonce.len != KVS_AUTH_NONCE_LEN ||
-        !kvs__auth_check(hs->auth, hs->endpoint, KVS_AUTH_BY_SERVER, cn, hr->auth_nonce.ptr,
-                         hr->auth_proof.ptr, hr->auth_proof.len)) {
+        !kvs__auth_check(hs->auth, hs->endpoint, hs->server_name, KVS_AUTH_BY_SERVER, cn,
+                         hr->auth_nonce.ptr, hr->auth_proof.ptr, hr->auth_proof.len)) {
         snprintf(why, whylen, "it could not prove it knows the token (a different token?)");
         return KVS_AUTH_FAILED;
     }
     uint8_t sn[KVS_AUTH_NONCE_LEN], proof[KVS_AUTH_PROOF_LEN];
     memcpy(sn, hr->auth_nonce.ptr, sizeof(sn)); /* hr points into rsp, reused below */
-    kvs__auth_proof(hs->auth, hs->endpoint, KVS_AUTH_BY_CLIENT, cn, sn, proof);
+    kvs__auth_proof(hs->auth, hs->endpoint, hs->server_name, KVS_AUTH_BY_CLIENT, cn, sn, proof);
     kvs__frame_begin(w, KVS_MSG_AUTH, 0, hr->version);
     kvs__auth_req_t ar = {{proof, sizeof(proof)}};
     kvs__auth_req_encode(w, &ar);

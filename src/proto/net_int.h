@@ -71,27 +71,30 @@ typedef struct {
     uint8_t server_proof[KVS_AUTH_PROOF_LEN];
 } kvs__auth_pending_t;
 
-/* Server: fills the auth fields of the HELLO reply `rsp` (they point into `st`, which must
+/* Server: fills the auth fields of the HELLO reply `rsp` (proving `name`, the endpoint clients
+ * dial it at; NULL: none, for the master) (they point into `st`, which must
  * outlive the encoding) from the request's nonce. AUTH_FAILED: the server has a secret and the
  * HELLO carries no nonce of the right length. */
-int kvs__auth_server_hello(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint,
+int kvs__auth_server_hello(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint, const char *name,
                            const kvs__hello_req_t *req, kvs__auth_pending_t *st,
                            kvs__hello_rsp_t *rsp);
 /* Server: whether the client's AUTH proves the secret for this connection's nonces. */
 bool kvs__auth_server_verify(const kvs__auth_t *auth, kvs__auth_endpoint_t endpoint,
-                             const kvs__auth_pending_t *st, const kvs__auth_req_t *req);
+                             const char *name, const kvs__auth_pending_t *st,
+                             const kvs__auth_req_t *req);
 
 typedef struct {
     const kvs__auth_t *auth; /* this process's secret (NULL or off: none) */
     kvs__auth_endpoint_t endpoint;
-    const char *node;   /* this client's host, for same-node placement */
-    uint64_t client_id; /* 0 on first contact, else the id the master gave before */
-    const char *peer;   /* "the master at HOST:PORT", for messages */
+    const char *server_name; /* the endpoint dialled, which the server must prove (NULL: none) */
+    const char *node;        /* this client's host, for same-node placement */
+    uint64_t client_id;      /* 0 on first contact, else the id the master gave before */
+    const char *peer;        /* "the master at HOST:PORT", for messages */
 } kvs__handshake_t;
 
-/* Client: says HELLO on a connected non-blocking connection (plain or TLS) and, when the server asks for it,
- * proves the secret (AUTH), all before the deadline. The server must prove it first; a client
- * with a secret refuses a server without one. *rsp_p gets the HELLO reply (its client_id the
+/* Client: says HELLO on a connected non-blocking connection (plain or TLS) and, when the server
+ * asks for it, proves the secret (AUTH), all before the deadline. The server must prove it first; a
+ * client with a secret refuses a server without one. *rsp_p gets the HELLO reply (its client_id the
  * one AUTH bound, and its nonce and proof cleared). AUTH_FAILED, INVALID_VERSION, the server's
  * refusal, or a transport error (IO_ERROR, TIMED_OUT); failures other than transport ones are
  * logged with the reason. */

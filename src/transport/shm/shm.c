@@ -296,7 +296,7 @@ static int handshake(const shm_transport_t *t, const kvs_endpoint_t *ep, uint64_
     uint8_t proof[KVS_AUTH_PROOF_LEN] = {0};
     kvs__auth_nonce(cn);
     if (t->cfg.auth.on)
-        kvs__auth_proof(&t->cfg.auth, KVS_AUTH_SHM, KVS_AUTH_BY_CLIENT, cn, sn, proof);
+        kvs__auth_proof(&t->cfg.auth, KVS_AUTH_SHM, ep->name, KVS_AUTH_BY_CLIENT, cn, sn, proof);
     rc = KVS_UNSUPPORTED;
     uint8_t req[KVS_SHM_REQ_LEN];
     kvs__wbuf_t w = kvs__wbuf_over(req, sizeof(req), KVS_PROTO_VERSION_MIN);
@@ -336,8 +336,8 @@ static int handshake(const shm_transport_t *t, const kvs_endpoint_t *ep, uint64_
         goto out;
     }
     /* The owner proves the secret too before its memory is trusted with our reads. */
-    if (t->cfg.auth.on && !kvs__auth_check(&t->cfg.auth, KVS_AUTH_SHM, KVS_AUTH_BY_SERVER, cn, sn,
-                                           ans.proof.ptr, ans.proof.len)) {
+    if (t->cfg.auth.on && !kvs__auth_check(&t->cfg.auth, KVS_AUTH_SHM, ep->name, KVS_AUTH_BY_SERVER,
+                                           cn, sn, ans.proof.ptr, ans.proof.len)) {
         kvs_error("shm: the owner behind %s gave a wrong proof; not used", ep->path);
         rc = KVS_AUTH_FAILED;
         goto out;

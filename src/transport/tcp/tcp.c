@@ -306,6 +306,7 @@ static int conn_open(tcp_conn_t *c, chunk_t *const *win, uint32_t n)
     snprintf(peer, sizeof(peer), "the owner at %s", c->ep->name);
     kvs__handshake_t hs = {.auth = &t->cfg.auth,
                            .endpoint = KVS_AUTH_DATA,
+                           .server_name = c->ep->name,
                            .node = "tcp",
                            .client_id = 0,
                            .peer = peer};
