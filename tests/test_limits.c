@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include "kvs_test.h"
 #include "client_fixture.h"
+#include "proc_helpers.h"
 #include "server_fixture.h"
 #include "proto/net_int.h"
 
@@ -25,39 +26,6 @@
 #include <unistd.h>
 
 /* ---- processes, as /proc shows them -------------------------------------------------------- */
-
-/* A "Name:   value kB" line of /proc/PID/status, in kB. */
-static uint64_t proc_status_kb(pid_t pid, const char *name)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    CHECK(f != NULL);
-    uint64_t v = UINT64_MAX;
-    size_t n = strlen(name);
-    while (fgets(line, sizeof(line), f) != NULL) {
-        if (strncmp(line, name, n) == 0 && line[n] == ':')
-            v = strtoull(line + n + 1, NULL, 10);
-    }
-    fclose(f);
-    CHECK(v != UINT64_MAX);
-    return v;
-}
-
-/* Entries of /proc/PID/<dir> ("fd": descriptors, "task": threads). */
-static unsigned proc_count(pid_t pid, const char *dir)
-{
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, dir);
-    DIR *d = opendir(path);
-    CHECK(d != NULL);
-    unsigned n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
 
 /* CPU time the process has used (user + system), in clock ticks. */
 static uint64_t proc_cpu_ticks(pid_t pid)

@@ -397,7 +397,9 @@ static int expect_auth(kvs__data_server_t *s, const kvs__io_t *io, unsigned v,
                        const kvs__auth_pending_t *st, uint64_t deadline)
 {
     uint8_t hb[KVS_FRAME_HDR_LEN], pb[256];
-    kvs__frame_hdr_t h;
+    /* Zeroed: a header that does not decode (a frame too large for an AUTH, say) is refused
+     * about the connection (request id 0), not with whatever the stack held. */
+    kvs__frame_hdr_t h = {0};
     kvs__auth_req_t req;
     int rc = kvs__io_recv_all(io, hb, sizeof(hb), deadline);
     if (rc != KVS_OK)
