@@ -109,6 +109,17 @@ typedef struct {
     kvs__rpc_t *rpc;         /* an authenticated client of the master, for views */
 } store_t;
 
+/* The name a server's proofs bind (docs/protocol.md): the owner's endpoint as clients dial it
+ * ("127.0.0.1:PORT"), none for the master. */
+static const char *server_name(const store_t *st, kvs__auth_endpoint_t ep)
+{
+    static __thread char name[32];
+    if (ep == KVS_AUTH_MASTER)
+        return NULL;
+    snprintf(name, sizeof(name), "127.0.0.1:%u", (unsigned)st->owner.port);
+    return name;
+}
+
 static void token_write(const char *path, const char *text)
 {
     unlink(path);
@@ -487,7 +498,7 @@ static void peer_login(peer_t *p, const store_t *st, kvs__auth_endpoint_t ep, ui
     uint8_t cn[KVS_AUTH_NONCE_LEN], sn[KVS_AUTH_NONCE_LEN], proof[KVS_AUTH_PROOF_LEN];
     kvs__auth_nonce(cn);
     peer_hello(p, cn, sn);
-    kvs__auth_proof(&st->auth, ep, KVS_AUTH_BY_CLIENT, cn, sn, proof);
+    kvs__auth_proof(&st->auth, ep, server_name(st, ep), KVS_AUTH_BY_CLIENT, cn, sn, proof);
     kvs__wbuf_t w, rsp;
     kvs__wbuf_init(&w);
     kvs__wbuf_init(&rsp);
@@ -534,14 +545,14 @@ static void segment_read(const store_t *st, uint64_t off, uint64_t len, void *ou
     peer_t p;
     peer_open(&p, st, st->owner.port);
     peer_login(&p, st, KVS_AUTH_DATA, NULL);
-    kvs__data_req_t r = {st->seg_id, off, len, 0, 0, 0, 0};
+    kvs__data_req_t r = {st->seg_id, off, len, 0, 0, 0, 0, 0};
     CHECK_STATUS(peer_data(&p, KVS_MSG_DATA_READ, &r, 0, out), KVS_OK);
     peer_close(&p);
 }
 
 /* A replica of a put (or of an object): where it lies, and the put's token and capability. */
 typedef struct {
-    uint64_t segment_id, offset, size, token, cap;
+    uint64_t segment_id, offset, size, token, cap, cap_epoch;
 } alloc_t;
 
 /* Writes pattern `seed` into a put's whole allocation, as its writer does. */
@@ -550,7 +561,8 @@ static int32_t alloc_write(const store_t *st, const alloc_t *a, unsigned seed)
     peer_t p;
     peer_open(&p, st, st->owner.port);
     peer_login(&p, st, KVS_AUTH_DATA, NULL);
-    kvs__data_req_t r = {a->segment_id, a->offset, a->size, a->token, a->offset, a->size, a->cap};
+    kvs__data_req_t r = {a->segment_id, a->offset, a->size, a->token,
+                         a->offset,     a->size,   a->cap,  a->cap_epoch};
     int32_t rc = peer_data(&p, KVS_MSG_DATA_WRITE, &r, seed, NULL);
     peer_close(&p);
     return rc;
@@ -638,8 +650,12 @@ static int32_t rpc_place(kvs__rpc_t *rpc, uint16_t type, const char *key, uint64
     int32_t st = pr.objs[0].status;
     if (st == KVS_OK) {
         CHECK(pr.objs[0].nreps >= 1);
-        *a = (alloc_t){pr.objs[0].reps[0].segment_id, pr.objs[0].reps[0].offset, pr.objs[0].size,
-                       pr.objs[0].token, pr.objs[0].reps[0].cap};
+        *a = (alloc_t){pr.objs[0].reps[0].segment_id,
+                       pr.objs[0].reps[0].offset,
+                       pr.objs[0].size,
+                       pr.objs[0].token,
+                       pr.objs[0].reps[0].cap,
+                       pr.objs[0].cap_epoch};
     }
     kvs__arena_free(&ar);
     kvs__wbuf_free(&req);
@@ -767,7 +783,7 @@ static void attack(const store_t *st, uint16_t port, kvs__auth_endpoint_t ep, at
         peer_hello(&p, cn, sn);
     }
     if (how == ATTACK_WRONG_PROOF) {
-        kvs__auth_proof(&st->wrong, ep, KVS_AUTH_BY_CLIENT, cn, sn, proof);
+        kvs__auth_proof(&st->wrong, ep, server_name(st, ep), KVS_AUTH_BY_CLIENT, cn, sn, proof);
         frame_auth(&w, proof);
         kvs__wbuf_put_bytes(&out, w.data, w.len);
     }
@@ -883,7 +899,8 @@ static void shm_attack(const store_t *st, const kvs__auth_t *key)
     shm_greeting(fd, sn);
     kvs__auth_nonce(cn);
     if (key != NULL)
-        kvs__auth_proof(key, KVS_AUTH_SHM, KVS_AUTH_BY_CLIENT, cn, sn, proof);
+        kvs__auth_proof(key, KVS_AUTH_SHM, server_name(st, KVS_AUTH_SHM), KVS_AUTH_BY_CLIENT, cn,
+                        sn, proof);
     shm_request(req, st->seg_id, cn, proof);
     int memfd;
     CHECK_STATUS(shm_ask(fd, req, &memfd), KVS_AUTH_FAILED);
@@ -987,10 +1004,11 @@ static void unauthenticated_refused(bool tls)
     for (int i = 0; i < 3; i++)
         kvs__wbuf_init(&d[i]);
     const alloc_t *a = &t.pending;
-    kvs__data_req_t big = {a->segment_id, a->offset, a->size, a->token, a->offset, a->size, a->cap};
-    kvs__data_req_t small = {a->segment_id, a->offset + 64, 64,    a->token,
-                             a->offset,     a->size,        a->cap};
-    kvs__data_req_t rd = {st.seg_id, t.victim.offset, 4096, 0, 0, 0, 0};
+    kvs__data_req_t big = {a->segment_id, a->offset, a->size, a->token,
+                           a->offset,     a->size,   a->cap,  a->cap_epoch};
+    kvs__data_req_t small = {a->segment_id, a->offset + 64, 64,     a->token,
+                             a->offset,     a->size,        a->cap, a->cap_epoch};
+    kvs__data_req_t rd = {st.seg_id, t.victim.offset, 4096, 0, 0, 0, 0, 0};
     frame_data(&d[0], KVS_MSG_DATA_WRITE, &big, 99);
     frame_data(&d[1], KVS_MSG_DATA_WRITE, &small, 99);
     frame_data(&d[2], KVS_MSG_DATA_READ, &rd, 0);
@@ -1007,7 +1025,8 @@ static void unauthenticated_refused(bool tls)
     uint8_t req[KVS_SHM_REQ_LEN];
     shm_greeting(fd, sn);
     kvs__auth_nonce(cn);
-    kvs__auth_proof(&st.auth, KVS_AUTH_SHM, KVS_AUTH_BY_CLIENT, cn, sn, proof);
+    kvs__auth_proof(&st.auth, KVS_AUTH_SHM, server_name(&st, KVS_AUTH_SHM), KVS_AUTH_BY_CLIENT, cn,
+                    sn, proof);
     shm_request(req, st.seg_id, cn, proof);
     int memfd;
     CHECK_STATUS(shm_ask(fd, req, &memfd), KVS_OK);
@@ -1093,7 +1112,8 @@ static void test_replayed_sessions(void)
     p.rec = &rec;
     uint8_t data_sn[KVS_AUTH_NONCE_LEN];
     peer_login(&p, &st, KVS_AUTH_DATA, data_sn);
-    kvs__data_req_t r = {a.segment_id, a.offset, a.size, a.token, a.offset, a.size, a.cap};
+    kvs__data_req_t r = {a.segment_id, a.offset, a.size, a.token,
+                         a.offset,     a.size,   a.cap,  a.cap_epoch};
     CHECK_STATUS(peer_data(&p, KVS_MSG_DATA_WRITE, &r, 10, NULL), KVS_OK);
     peer_close(&p);
     /* The writer writes pattern 11 over it, and ends the put. */
@@ -1123,7 +1143,8 @@ static void test_replayed_sessions(void)
     uint8_t proof[KVS_AUTH_PROOF_LEN], req[KVS_SHM_REQ_LEN];
     shm_greeting(fd, sn);
     kvs__auth_nonce(cn);
-    kvs__auth_proof(&st.auth, KVS_AUTH_SHM, KVS_AUTH_BY_CLIENT, cn, sn, proof);
+    kvs__auth_proof(&st.auth, KVS_AUTH_SHM, server_name(&st, KVS_AUTH_SHM), KVS_AUTH_BY_CLIENT, cn,
+                    sn, proof);
     shm_request(req, st.seg_id, cn, proof);
     int memfd;
     CHECK_STATUS(shm_ask(fd, req, &memfd), KVS_OK);
@@ -1315,18 +1336,18 @@ static void test_writes_only_inside_own_allocation(void)
     peer_t p;
     peer_open(&p, &st, st.owner.port);
     peer_login(&p, &st, KVS_AUTH_DATA, NULL);
-    uint64_t s = ao.segment_id, t = ao.token, c = ao.cap;
+    uint64_t s = ao.segment_id, t = ao.token, c = ao.cap, e = ao.cap_epoch;
     const kvs__data_req_t bad[] = {
-        {s, bo.offset, 4096, t, ao.offset, ao.size, c},              /* B's bytes, A's range */
-        {s, bo.offset, 4096, t, bo.offset, bo.size, c},              /* B's range, A's cap */
-        {s, ao.offset + ao.size - 16, 32, t, ao.offset, ao.size, c}, /* past A's end */
-        {s, ao.offset - 16, 32, t, ao.offset, ao.size, c},           /* before A's start */
-        {s, ao.offset, ao.size + 4096, t, ao.offset, ao.size, c},    /* longer than A's */
-        {s, bo.offset, 4096, 0, 0, 0, 0},                            /* no put at all */
+        {s, bo.offset, 4096, t, ao.offset, ao.size, c, e},              /* B's bytes, A's range */
+        {s, bo.offset, 4096, t, bo.offset, bo.size, c, e},              /* B's range, A's cap */
+        {s, ao.offset + ao.size - 16, 32, t, ao.offset, ao.size, c, e}, /* past A's end */
+        {s, ao.offset - 16, 32, t, ao.offset, ao.size, c, e},           /* before A's start */
+        {s, ao.offset, ao.size + 4096, t, ao.offset, ao.size, c, e},    /* longer than A's */
+        {s, bo.offset, 4096, 0, 0, 0, 0, 0},                            /* no put at all */
     };
     for (size_t i = 0; i < KVS_ARRAY_SIZE(bad); i++)
         CHECK_STATUS(peer_data(&p, KVS_MSG_DATA_WRITE, &bad[i], 42, NULL), KVS_INVALID_WRITE);
-    kvs__data_req_t good = {s, ao.offset, ao.size, t, ao.offset, ao.size, c};
+    kvs__data_req_t good = {s, ao.offset, ao.size, t, ao.offset, ao.size, c, e};
     CHECK_STATUS(peer_data(&p, KVS_MSG_DATA_WRITE, &good, 43, NULL), KVS_OK);
     peer_close(&p);
 
@@ -1771,8 +1792,8 @@ static void second_user_attacks(uid_t uid, gid_t gid, int msg_fd)
     frame_mount(&r[3], "rogue", "127.0.0.1:9");
     const char *mnames[] = {"REMOVE", "UNMOUNT", "PUT_START", "MOUNT"};
     attack_all(&st, m.master_port, KVS_AUTH_MASTER, r, mnames, 4);
-    kvs__data_req_t w = {m.segment_id, m.offset, 64, 1, m.offset, m.size, 1};
-    kvs__data_req_t rd = {m.segment_id, m.offset, 64, 0, 0, 0, 0};
+    kvs__data_req_t w = {m.segment_id, m.offset, 64, 1, m.offset, m.size, 1, 0};
+    kvs__data_req_t rd = {m.segment_id, m.offset, 64, 0, 0, 0, 0, 0};
     frame_data(&r[4], KVS_MSG_DATA_WRITE, &w, 51);
     frame_data(&r[5], KVS_MSG_DATA_READ, &rd, 0);
     const char *dnames[] = {"DATA_WRITE", "DATA_READ"};
