@@ -16,7 +16,7 @@
 #   store          `kvstash bench store` (the store benchmark); $STORE_ARGS adds its options
 #   contract       the correctness-contract tests on this machine's cores: test_stress and the
 #                  restart, fencing, tombstone and lease cases of test_client
-#   auth           test_auth, then `bench transport` and the store benchmark's tcp rows
+#   auth           test_auth and test_hostile, then `bench transport` and the store benchmark's tcp rows
 #                  without a token, with one, and with one and TLS, in turn, twice: what
 #                  authentication and TLS cost
 # $SCATTER_ARGS adds options to `kvstash bench scatter`.
@@ -121,6 +121,7 @@ for suite in "$@"; do
         ;;
     auth)
         step auth_test build-gpu/tests/test_auth
+        step hostile_test build-gpu/tests/test_hostile
         token=$(mktemp)
         od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >"$token"
         chmod 600 "$token"
