@@ -230,6 +230,7 @@ void kvs_client_close(kvs_client_t *c)
     pthread_mutex_destroy(&c->owners_lock);
     kvs__free(c->node);
     kvs__free(c->master_host);
+    kvs__auth_wipe(&c->auth);
     kvs__free(c);
 }
 

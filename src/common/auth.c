@@ -120,6 +120,18 @@ static void random_bytes(void *buf, size_t len)
     }
 }
 
+void kvs__secret_wipe(void *p, size_t len)
+{
+    if (p != NULL)
+        OPENSSL_cleanse(p, len);
+}
+
+void kvs__auth_wipe(kvs__auth_t *auth)
+{
+    if (auth != NULL)
+        OPENSSL_cleanse(auth, sizeof(*auth));
+}
+
 void kvs__auth_nonce(uint8_t nonce[KVS_AUTH_NONCE_LEN])
 {
     random_bytes(nonce, KVS_AUTH_NONCE_LEN);

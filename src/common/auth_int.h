@@ -44,7 +44,12 @@ int kvs__auth_load(const char *path, kvs__auth_t *auth_p, char *err, size_t errl
  * neither (or an empty one) gives auth_p->on = false and OK. Errors as kvs__auth_load. */
 int kvs__auth_configure(const char *path, kvs__auth_t *auth_p, char *err, size_t errlen);
 
-/* Fills a fresh nonce (getrandom). */
+/* Wipes a secret from memory (a copy going away). NULL is a no-op. */
+void kvs__auth_wipe(kvs__auth_t *auth);
+/* The same for any key bytes. */
+void kvs__secret_wipe(void *p, size_t len);
+
+/* Fills a fresh nonce (OpenSSL's CSPRNG). */
 void kvs__auth_nonce(uint8_t nonce[KVS_AUTH_NONCE_LEN]);
 
 /* The proof `side` gives on `endpoint` for the client's and the server's nonces, naming the

@@ -1130,6 +1130,7 @@ void kvs__master_server_destroy(kvs__master_server_t *s)
     kvs__spare_fd_close(&s->spare);
     kvs__wbuf_free(&s->scratch);
     kvs__tls_destroy(s->tls);
+    kvs__auth_wipe(&s->cfg.auth);
     kvs__master_destroy(s->master);
     kvs__free(s);
 }

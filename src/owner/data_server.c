@@ -1135,6 +1135,7 @@ int kvs__data_server_remove(kvs__data_server_t *s, uint64_t segment_id)
     for (uint32_t i = 0; i < s->nseg; i++) {
         if (s->segs[i].id == segment_id) {
             kvs__free(s->segs[i].fenced.slots);
+            kvs__secret_wipe(s->segs[i].write_key, sizeof(s->segs[i].write_key));
             s->segs[i] = s->segs[--s->nseg];
             rc = KVS_OK;
             break;
@@ -1218,9 +1219,12 @@ void kvs__data_server_destroy(kvs__data_server_t *s)
     pthread_mutex_destroy(&s->conn_lock);
     pthread_cond_destroy(&s->shm_idle);
     pthread_mutex_destroy(&s->shm_lock);
-    for (uint32_t i = 0; i < s->nseg; i++)
+    for (uint32_t i = 0; i < s->nseg; i++) {
         kvs__free(s->segs[i].fenced.slots);
+        kvs__secret_wipe(s->segs[i].write_key, sizeof(s->segs[i].write_key));
+    }
     kvs__free(s->segs);
     kvs__tls_destroy(s->tls);
+    kvs__auth_wipe(&s->cfg.auth);
     kvs__free(s);
 }

@@ -83,6 +83,8 @@ static int owner_mount(kvs__owner_t *o)
             o->fence_applied = 0; /* a new segment id: its fences start afresh */
         }
     }
+    kvs__secret_wipe(req.data, req.len); /* the MOUNT carried the write key */
+    kvs__secret_wipe(key, sizeof(key));
     kvs__wbuf_free(&req);
     kvs__wbuf_free(&rsp);
     if (fresh.fd >= 0)

@@ -607,6 +607,7 @@ void kvs__rpc_close(kvs__rpc_t *rpc)
     for (uint32_t i = 0; i < KVS_RPC_MAX_CONNS; i++)
         conn_drop(&rpc->conns[i]);
     kvs__tls_destroy(rpc->tls);
+    kvs__auth_wipe(&rpc->auth);
     pthread_mutex_destroy(&rpc->lock);
     pthread_cond_destroy(&rpc->cond);
     kvs__free(rpc->host);
