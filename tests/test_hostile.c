@@ -1869,7 +1869,8 @@ static int user_cmd(bool add, const char *user)
     if (strlen(user) > 64) /* names made here are short; nothing longer is run */
         return -1;
     if (add)
-        snprintf(cmd, sizeof(cmd), "useradd -M -N -s /usr/sbin/nologin %.64s >/dev/null 2>&1", user);
+        snprintf(cmd, sizeof(cmd), "useradd -M -N -s /usr/sbin/nologin %.64s >/dev/null 2>&1",
+                 user);
     else
         snprintf(cmd, sizeof(cmd), "userdel -f -r %.64s >/dev/null 2>&1", user);
     int rc = system(cmd);
