@@ -19,13 +19,16 @@
 /* Protocol versions this build speaks. HELLO carries each side's range; peers use the highest
  * version both speak. KVS_PROTO_NEXT builds (tests only) speak one more version, with the test
  * fields below, to check that mixed-version peers interoperate. */
-/* Version 3 added authentication, which version 2 peers cannot do: they are refused. */
+/* Version 3 added authentication, which version 2 peers cannot do: they are refused. Version 4
+ * added tenants, upserts, pins, groups and the bulk removals (Mooncake's API); a version 3 peer
+ * still works for everything else, and a request it cannot carry is refused by the client with
+ * UNSUPPORTED. */
 #define KVS_PROTO_VERSION_MIN 3u
 #ifdef KVS_PROTO_NEXT
-#define KVS_PROTO_VERSION_MAX 4u
-#define KVS_PROTO_V_NEXT_     4
+#define KVS_PROTO_VERSION_MAX 5u
+#define KVS_PROTO_V_NEXT_     5
 #else
-#define KVS_PROTO_VERSION_MAX 3u
+#define KVS_PROTO_VERSION_MAX 4u
 #define KVS_PROTO_V_NEXT_     1000 /* no such version: fields "since" it are never on the wire */
 #endif
 
