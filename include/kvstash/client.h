@@ -69,6 +69,14 @@ void kvs_client_close(kvs_client_t *client);
 int kvs_client_mount_segment(kvs_client_t *client, uint64_t size, const char *name,
                              const char *advertise_host);
 
+/* The name of the client's `index`-th mounted segment (0 for the first), or NULL when there is
+ * no such segment. Borrowed: valid until the client closes. */
+const char *kvs_client_segment_name(kvs_client_t *client, size_t index);
+
+/* One round trip to the master within rpc_timeout_ms: KVS_OK when it answers, else the
+ * failure (RPC_FAIL, TIMED_OUT, ...). */
+int kvs_client_ping(kvs_client_t *client);
+
 /* Registers [addr, addr + len) for zero-copy calls. Its memory type is decided here, once.
  * Registrations may not overlap (KVS_INVALID_PARAMS). Device memory is accepted by CUDA
  * builds (reads into it and writes from it go through the copy engine); builds without CUDA

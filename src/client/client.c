@@ -248,6 +248,9 @@ int kvs_client_mount_segment(kvs_client_t *c, uint64_t size, const char *name,
         .segment_name = name,
         .segment_size = size,
         .advertise_host = advertise_host,
+        /* The client's own name for its host, so that same-node placement and the segment's
+         * default name agree with the client's local_hostname. */
+        .node = c->node,
         .rpc_timeout_ms = 5000,
     };
     kvs__data_server_config_init(&oc.data);
@@ -948,6 +951,33 @@ void kvs__client_sweep(kvs_client_t *c, uint64_t deadline_ns)
     kvs__arena_free(&arena);
     kvs__wbuf_free(&req);
     kvs__wbuf_free(&rsp);
+}
+
+const char *kvs_client_segment_name(kvs_client_t *c, size_t index)
+{
+    if (c == NULL)
+        return NULL;
+    pthread_mutex_lock(&c->owners_lock);
+    const char *name = index < c->nowners ? kvs__owner_name(c->owners[index]) : NULL;
+    pthread_mutex_unlock(&c->owners_lock);
+    return name;
+}
+
+int kvs_client_ping(kvs_client_t *c)
+{
+    if (c == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS, "ping: client is NULL");
+    kvs__wbuf_t req, rsp;
+    kvs__wbuf_init(&req);
+    kvs__wbuf_init(&rsp);
+    kvs__client_enter(c);
+    kvs__rpc_begin(c->rpc, &req, KVS_MSG_STAT);
+    int rc = kvs__client_call(c, &req, &rsp, kvs__client_rpc_deadline(c));
+    kvs__client_leave(c);
+    kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
+    return rc == KVS_OK ? KVS_OK
+                        : kvs__fail(rc, "ping: the master did not answer: %s", kvs_status_str(rc));
 }
 
 kvs__staging_t *kvs__client_staging(kvs_client_t *c)

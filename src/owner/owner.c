@@ -256,6 +256,7 @@ int kvs__owner_create(const kvs__owner_config_t *cfg, kvs__owner_t **owner_p)
         goto err;
     kvs__rpc_config_t rcfg = {.host = cfg->master_host,
                               .port = cfg->master_port,
+                              .node = cfg->node,
                               .timeout_ms = cfg->rpc_timeout_ms,
                               .auth = cfg->data.auth,
                               .tls = cfg->data.tls};
@@ -287,6 +288,11 @@ err:
 uint64_t kvs__owner_segment_id(const kvs__owner_t *o)
 {
     return o->segment_id;
+}
+
+const char *kvs__owner_name(const kvs__owner_t *o)
+{
+    return o->name;
 }
 
 uint16_t kvs__owner_data_port(const kvs__owner_t *o)

@@ -88,7 +88,8 @@ void kvs__data_server_destroy(kvs__data_server_t *srv);
 typedef struct {
     const char *master_host;
     uint16_t master_port;
-    const char *segment_name; /* default "<hostname>:<data port>" */
+    const char *segment_name; /* default "<node>:<data port>" */
+    const char *node;         /* this host's name for same-node placement; NULL: gethostname() */
     uint64_t segment_size;
     const char *advertise_host; /* host readers use to reach the data port (default bind) */
     uint64_t rpc_timeout_ms;
@@ -111,6 +112,8 @@ typedef struct kvs__owner kvs__owner_t;
  * retry_min_ms that doubles up to the period). */
 int kvs__owner_create(const kvs__owner_config_t *cfg, kvs__owner_t **owner_p);
 uint64_t kvs__owner_segment_id(const kvs__owner_t *o);
+/* The name the segment is mounted under (valid until the owner is destroyed). */
+const char *kvs__owner_name(const kvs__owner_t *o);
 uint16_t kvs__owner_data_port(const kvs__owner_t *o);
 /* Unmounts, stops the threads, unmaps. NULL is a no-op. */
 void kvs__owner_destroy(kvs__owner_t *o);

@@ -88,13 +88,19 @@ class StoreTest(unittest.TestCase):
         cfg = {"local_hostname": "localhost", "metadata_server": "P2PHANDSHAKE",
                "global_segment_size": "8MB", "local_buffer_size": "1GiB", "protocol": "rdma",
                "device_name": "mlx5_0", "master_server_address": self.server.master}
-        with self.assertRaises(ValueError):
-            s.setup(dict(cfg, global_segment_size="10%"))
-        with self.assertRaises(TypeError):
-            s.setup(dict(cfg, protocol=5))
+        # Bad values are codes, as Mooncake's (dict values go through str()).
+        self.assertEqual(s.setup(dict(cfg, global_segment_size="10%")), -600)
+        self.assertEqual(s.setup(dict(cfg, protocol=5)), -600)
+        for required in ("local_hostname", "metadata_server"):
+            self.assertEqual(s.setup({k: v for k, v in cfg.items() if k != required}), -600)
+        self.assertEqual(s.health_check(), 1)
         self.assertEqual(s.setup(cfg), 0)  # rdma means auto (one warning line on stderr)
+        self.assertEqual(s.health_check(), 0)
         self.assertEqual(s.setup(cfg), -600)  # twice
-        self.assertEqual(s.get_hostname(), "localhost")
+        # The segment's name: local_hostname with this process's data port.
+        host, port = s.get_hostname().rsplit(":", 1)
+        self.assertEqual(host, "localhost")
+        self.assertTrue(port.isdigit() and int(port) > 0, port)
         # global_segment_size > 0: this process serves a segment and objects can live there.
         self.assertEqual(s.put(self.k("on-me"), b"abc"), 0)
         self.assertEqual(s.get(self.k("on-me")), b"abc")
@@ -111,7 +117,9 @@ class StoreTest(unittest.TestCase):
         s, key = self.store, self.k("a")
         data = pattern(key, 100000)
         self.assertEqual(s.put(key, data), 0)
-        self.assertEqual(s.put(key, data), -705)  # immutable
+        # Mooncake's convention: a put of an existing key succeeds and keeps the first value.
+        self.assertEqual(s.put(key, b"other"), 0)
+        self.assertEqual(s.get(key), data)
         self.assertEqual(s.get(key), data)
         self.assertEqual(s.get_size(key), len(data))
         self.assertEqual(s.is_exist(key), 1)

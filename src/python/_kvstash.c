@@ -1,7 +1,9 @@
-/* The `kvstash` Python module: MooncakeDistributedStore with Mooncake's method names, argument
- * order, defaults and return conventions, over the public C client API. Every blocking call
- * releases the GIL; a store may be shared by many Python threads (calls in flight hold the
- * store open, and close waits for them). */
+/* `kvstash._kvstash`, the native half of the `kvstash` package: the store's data paths with
+ * Mooncake's method names, argument order, defaults and return conventions, over the public C
+ * client API, and BufferHandle. kvstash/__init__.py subclasses the store with the conventions
+ * that are plain Python (setup's argument rules, descriptor types). Every blocking call releases
+ * the GIL; a store may be shared by many Python threads (calls in flight hold the store open,
+ * and close waits for them). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
@@ -14,99 +16,254 @@
 #include <unistd.h>
 
 #include "common/common_int.h"
+#include "proto/schema.h"
+
+#include <limits.h>
+
+/* The tenant field of the client configuration (issue: Mooncake drop-in). */
+#define KVS_TENANT_CONFIG_(cfg, t) ((void)(t))
 
 /* Mooncake's default master address and setup sizes. */
 #define DEFAULT_MASTER "127.0.0.1:50051"
 
 /* ---- ReplicateConfig ------------------------------------------------------------------------- */
 
+/* kvstash.ReplicateConfig (a Python class, registered by the package at import): its fields are
+ * read by name, so subclasses work. */
+static PyObject *config_class;
+
+/* A put's placement converted for C: the strings it points to live here. */
 typedef struct {
-    PyObject_HEAD int replica_num;
-    PyObject *preferred_segment; /* str */
-    char prefer_alloc_in_same_node;
-} replicate_config_t;
+    kvs_replicate_config_t rc;
+    char seg[KVS_MAX_NAME_LEN + 1];
+} rc_holder_t;
 
-static int rc_init(replicate_config_t *self, PyObject *args, PyObject *kw)
+/* Reads one int field; -1 with an exception on a wrong type. */
+static int rc_int(PyObject *obj, const char *name, long long lo, long long hi, long long *out)
 {
-    static char *names[] = {"replica_num", "preferred_segment", "prefer_alloc_in_same_node", NULL};
-    int replica = 1, same = 0;
-    PyObject *pref = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|iUp", names, &replica, &pref, &same))
+    PyObject *v = PyObject_GetAttrString(obj, name);
+    if (v == NULL)
         return -1;
-    self->replica_num = replica;
-    self->prefer_alloc_in_same_node = (char)same;
-    Py_XSETREF(self->preferred_segment, pref ? Py_NewRef(pref) : PyUnicode_FromString(""));
-    return self->preferred_segment ? 0 : -1;
+    if (!PyLong_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "ReplicateConfig.%s must be an int", name);
+        Py_DECREF(v);
+        return -1;
+    }
+    long long x = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    *out = x < lo || x > hi ? LLONG_MIN : x;
+    return 0;
 }
 
-static void rc_dealloc(replicate_config_t *self)
+/* Converts an optional ReplicateConfig (None: defaults). Returns 0, -1 with an exception set (a
+ * wrong type), or KVS_INVALID_PARAMS for a value kvstash refuses (logged). */
+static int rc_convert(PyObject *obj, rc_holder_t *h)
 {
-    Py_XDECREF(self->preferred_segment);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyObject *rc_repr(replicate_config_t *self)
-{
-    return PyUnicode_FromFormat(
-        "ReplicateConfig(replica_num=%d, preferred_segment=%R, prefer_alloc_in_same_node=%s)",
-        self->replica_num, self->preferred_segment,
-        self->prefer_alloc_in_same_node ? "True" : "False");
-}
-
-static PyMemberDef rc_members[] = {
-    {"replica_num", T_INT, offsetof(replicate_config_t, replica_num), 0,
-     "copies on distinct segments (default 1)"},
-    {"preferred_segment", T_OBJECT_EX, offsetof(replicate_config_t, preferred_segment), 0,
-     "segment name for the first copy ('' for none)"},
-    {"prefer_alloc_in_same_node", T_BOOL, offsetof(replicate_config_t, prefer_alloc_in_same_node),
-     0, "place a batch's objects together on one segment"},
-    {NULL, 0, 0, 0, NULL},
-};
-
-static PyTypeObject replicate_config_type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvstash.ReplicateConfig",
-    .tp_basicsize = sizeof(replicate_config_t),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "ReplicateConfig(replica_num=1, preferred_segment='', "
-              "prefer_alloc_in_same_node=False): placement of a put.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)rc_init,
-    .tp_dealloc = (destructor)rc_dealloc,
-    .tp_repr = (reprfunc)rc_repr,
-    .tp_members = rc_members,
-};
-
-/* Converts an optional ReplicateConfig (None: defaults). The preferred segment string is
- * copied into `seg` (len bytes). Returns -1 with an exception set on a wrong type. */
-static int rc_convert(PyObject *obj, kvs_replicate_config_t *rc, char *seg, size_t len)
-{
+    kvs_replicate_config_t *rc = &h->rc;
     kvs_replicate_config_init(rc);
     if (obj == NULL || obj == Py_None)
         return 0;
-    if (!PyObject_TypeCheck(obj, &replicate_config_type)) {
-        PyErr_SetString(PyExc_TypeError, "config must be a kvstash.ReplicateConfig or None");
+    if (config_class == NULL || PyObject_IsInstance(obj, config_class) != 1) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "config must be a kvstash.ReplicateConfig or None");
         return -1;
     }
-    replicate_config_t *c = (replicate_config_t *)obj;
-    rc->replica_num = c->replica_num < 0 ? 0 : (uint32_t)c->replica_num;
-    rc->prefer_alloc_in_same_node = c->prefer_alloc_in_same_node != 0;
-    if (c->preferred_segment != NULL && PyUnicode_Check(c->preferred_segment)) {
-        Py_ssize_t n;
-        const char *s = PyUnicode_AsUTF8AndSize(c->preferred_segment, &n);
-        if (s == NULL)
-            return -1;
-        if (n > 0) {
-            if ((size_t)n >= len) {
-                PyErr_SetString(PyExc_ValueError, "preferred_segment is too long");
-                return -1;
-            }
-            memcpy(seg, s, (size_t)n);
-            seg[n] = '\0';
-            rc->preferred_segment = seg;
-        }
+    long long replicas, nof, dfs;
+    if (rc_int(obj, "replica_num", 0, INT_MAX, &replicas) != 0 ||
+        rc_int(obj, "nof_replica_num", 0, INT_MAX, &nof) != 0 ||
+        rc_int(obj, "dfs_replica_num", 0, INT_MAX, &dfs) != 0)
+        return -1;
+    if (replicas == LLONG_MIN || nof != 0 || dfs != 0) {
+        kvs_warn("ReplicateConfig: replica_num must be 1..%u, nof_replica_num and "
+                 "dfs_replica_num 0 (kvstash keeps memory replicas only)",
+                 KVS_MAX_REPLICAS);
+        return KVS_INVALID_PARAMS;
+    }
+    rc->replica_num = (uint32_t)replicas;
+    PyObject *same = PyObject_GetAttrString(obj, "prefer_alloc_in_same_node");
+    if (same == NULL)
+        return -1;
+    int on = PyObject_IsTrue(same);
+    Py_DECREF(same);
+    if (on < 0)
+        return -1;
+    rc->prefer_alloc_in_same_node = on != 0;
+    PyObject *pref = PyObject_GetAttrString(obj, "preferred_segment");
+    if (pref == NULL)
+        return -1;
+    if (!PyUnicode_Check(pref)) {
+        Py_DECREF(pref);
+        PyErr_SetString(PyExc_TypeError, "ReplicateConfig.preferred_segment must be a str");
+        return -1;
+    }
+    Py_ssize_t n;
+    const char *t = PyUnicode_AsUTF8AndSize(pref, &n);
+    if (t != NULL && n > 0 && (size_t)n < sizeof(h->seg)) {
+        memcpy(h->seg, t, (size_t)n);
+        h->seg[n] = '\0';
+        rc->preferred_segment = h->seg;
+    }
+    Py_DECREF(pref);
+    if (t == NULL)
+        return -1;
+    if ((size_t)n >= sizeof(h->seg)) {
+        kvs_warn("ReplicateConfig: preferred_segment is longer than %u bytes", KVS_MAX_NAME_LEN);
+        return KVS_INVALID_PARAMS;
     }
     return 0;
 }
+
+/* Registers the package's ReplicateConfig class. */
+static PyObject *mod_register_config(PyObject *m, PyObject *cls)
+{
+    (void)m;
+    if (!PyType_Check(cls)) {
+        PyErr_SetString(PyExc_TypeError, "_register_config takes a class");
+        return NULL;
+    }
+    Py_XSETREF(config_class, Py_NewRef(cls));
+    Py_RETURN_NONE;
+}
+
+/* A size string ("16MB", "4GiB") as an int; -1 when it is not one. */
+static PyObject *mod_parse_size(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    const char *t = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+    if (t == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "_parse_size takes a str");
+        return NULL;
+    }
+    uint64_t v;
+    if (kvs__parse_size(t, &v) != KVS_OK || v > (uint64_t)LLONG_MAX)
+        return PyLong_FromLong(-1);
+    return PyLong_FromUnsignedLongLong(v);
+}
+
+/* ---- BufferHandle ---------------------------------------------------------------------------- */
+
+/* An object read into memory of its own (get_buffer): valid until release() or garbage
+ * collection, whatever happens to the key meanwhile. Exposes the buffer protocol (1-D bytes,
+ * writable, format 'b' as Mooncake's). */
+typedef struct {
+    PyObject_HEAD void *data;
+    Py_ssize_t size;
+    Py_ssize_t exports; /* buffer views alive: the memory cannot go before them */
+} buffer_handle_t;
+
+static PyTypeObject buffer_handle_type;
+
+static PyObject *handle_new(void *data, size_t size)
+{
+    buffer_handle_t *h = PyObject_New(buffer_handle_t, &buffer_handle_type);
+    if (h == NULL) {
+        kvs_free(data);
+        return NULL;
+    }
+    h->data = data;
+    h->size = (Py_ssize_t)size;
+    h->exports = 0;
+    return (PyObject *)h;
+}
+
+static void handle_dealloc(buffer_handle_t *h)
+{
+    kvs_free(h->data);
+    Py_TYPE(h)->tp_free((PyObject *)h);
+}
+
+static int handle_getbuffer(buffer_handle_t *h, Py_buffer *view, int flags)
+{
+    if (h->data == NULL && h->size > 0) {
+        PyErr_SetString(PyExc_BufferError, "BufferHandle was released");
+        return -1;
+    }
+    if (PyBuffer_FillInfo(view, (PyObject *)h, h->data, h->size, 0, flags) != 0)
+        return -1;
+    if ((flags & PyBUF_FORMAT) == PyBUF_FORMAT)
+        view->format = "b";
+    h->exports++;
+    return 0;
+}
+
+static void handle_releasebuffer(buffer_handle_t *h, Py_buffer *view)
+{
+    (void)view;
+    h->exports--;
+}
+
+static PyObject *handle_ptr(buffer_handle_t *h, PyObject *unused)
+{
+    (void)unused;
+    return PyLong_FromVoidPtr(h->data);
+}
+
+static PyObject *handle_size(buffer_handle_t *h, PyObject *unused)
+{
+    (void)unused;
+    return PyLong_FromSsize_t(h->size);
+}
+
+static Py_ssize_t handle_len(buffer_handle_t *h)
+{
+    return h->size;
+}
+
+static PyObject *handle_release(buffer_handle_t *h, PyObject *unused)
+{
+    (void)unused;
+    if (h->exports > 0) {
+        PyErr_SetString(PyExc_BufferError,
+                        "BufferHandle.release: memoryviews of it are still alive");
+        return NULL;
+    }
+    kvs_free(h->data);
+    h->data = NULL;
+    h->size = 0;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef handle_methods[] = {
+    {"ptr", (PyCFunction)handle_ptr, METH_NOARGS, "ptr() -> int: the address of the bytes."},
+    {"size", (PyCFunction)handle_size, METH_NOARGS, "size() -> int: the object's size."},
+    {"release", (PyCFunction)handle_release, METH_NOARGS,
+     "release(): frees the memory now (BufferError while memoryviews of it are alive); the "
+     "handle is then empty. Garbage collection frees it otherwise."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyBufferProcs handle_as_buffer = {
+    .bf_getbuffer = (getbufferproc)handle_getbuffer,
+    .bf_releasebuffer = (releasebufferproc)handle_releasebuffer,
+};
+
+static PySequenceMethods handle_as_sequence = {.sq_length = (lenfunc)handle_len};
+
+static PyObject *handle_no_new(PyTypeObject *t, PyObject *a, PyObject *k)
+{
+    (void)t;
+    (void)a;
+    (void)k;
+    PyErr_SetString(PyExc_TypeError, "BufferHandle has no constructor: get_buffer() makes one");
+    return NULL;
+}
+
+static PyTypeObject buffer_handle_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvstash.BufferHandle",
+    .tp_basicsize = sizeof(buffer_handle_t),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An object read into memory of its own by get_buffer()/batch_get_buffer(): "
+              "ptr(), size(), len() and the buffer protocol. Valid until release() or garbage "
+              "collection, whatever happens to the key.",
+    .tp_new = handle_no_new,
+    .tp_dealloc = (destructor)handle_dealloc,
+    .tp_methods = handle_methods,
+    .tp_as_buffer = &handle_as_buffer,
+    .tp_as_sequence = &handle_as_sequence,
+};
 
 /* ---- the store ------------------------------------------------------------------------------- */
 
@@ -115,8 +272,9 @@ typedef struct {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     int inflight;
-    bool opening; /* a setup() is connecting (with the GIL released) */
-    char hostname[256];
+    bool opening;                        /* a setup() is connecting (with the GIL released) */
+    bool dummy;                          /* set up by setup_dummy() */
+    char hostname[KVS_MAX_NAME_LEN + 1]; /* get_hostname(): the segment's name */
 } store_t;
 
 /* Holds the store open for one call; NULL (and a message) when it is not set up. */
@@ -170,173 +328,80 @@ static void store_dealloc(store_t *s)
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
-/* A size argument: an int, or a string such as "16MB" / "4GiB" (no percentages). */
-static int parse_size_obj(PyObject *o, const char *what, uint64_t *out)
-{
-    if (PyLong_Check(o)) {
-        long long v = PyLong_AsLongLong(o);
-        if (v == -1 && PyErr_Occurred())
-            return -1;
-        if (v < 0) {
-            PyErr_Format(PyExc_ValueError, "%s must not be negative", what);
-            return -1;
-        }
-        *out = (uint64_t)v;
-        return 0;
-    }
-    if (PyUnicode_Check(o)) {
-        const char *t = PyUnicode_AsUTF8(o);
-        if (t == NULL)
-            return -1;
-        if (kvs__parse_size(t, out) != KVS_OK) {
-            PyErr_Format(PyExc_ValueError,
-                         "%s '%s' is not a size such as 4096, '16MB' or '4GiB' (no percentages)",
-                         what, t);
-            return -1;
-        }
-        return 0;
-    }
-    PyErr_Format(PyExc_TypeError, "%s must be an int or a size string", what);
-    return -1;
-}
+PyDoc_STRVAR(open_doc,
+             "_open(master, protocol, node, segment_size, segment_name, tenant, token_file, tls, "
+             "dummy) -> int: connects (and mounts a segment when segment_size > 0, named "
+             "segment_name or node:data-port). The package's setup() and setup_dummy() check "
+             "their arguments and call it. token_file None: $KVS_AUTH_TOKEN_FILE; tls -1: "
+             "$KVS_TLS. 0, or a negative code; a second open is -600.");
 
-static const char *dict_str(PyObject *d, const char *key, const char *dflt)
+static PyObject *store_open(store_t *self, PyObject *args)
 {
-    PyObject *v = PyDict_GetItemString(d, key);
-    if (v == NULL || v == Py_None)
-        return dflt;
-    if (!PyUnicode_Check(v)) {
-        PyErr_Format(PyExc_TypeError, "setup: '%s' must be a str", key);
+    const char *master, *proto, *node, *name, *tenant, *token_file;
+    unsigned long long seg_size;
+    int tls, dummy;
+    if (!PyArg_ParseTuple(args, "sssKzzzip", &master, &proto, &node, &seg_size, &name, &tenant,
+                          &token_file, &tls, &dummy))
         return NULL;
-    }
-    return PyUnicode_AsUTF8(v);
-}
-
-PyDoc_STRVAR(
-    setup_doc,
-    "setup(local_hostname, metadata_server, global_segment_size=16MB, "
-    "local_buffer_size=16MB, protocol='tcp', rdma_devices='', "
-    "master_server_addr='127.0.0.1:50051') -> int\n"
-    "setup(config: dict) -> int\n\n"
-    "Connects to the master. global_segment_size > 0 also mounts a segment of that many "
-    "bytes that this process serves (it is an owner too). Sizes are ints or strings "
-    "such as '16MB' or '4GiB'. kvstash needs no metadata server or local buffer and no "
-    "RDMA devices: those arguments are accepted and ignored. protocol: 'tcp', 'auto', "
-    "or 'rdma' (means 'auto', with a warning). Dict keys: local_hostname, "
-    "metadata_server, global_segment_size, local_buffer_size, protocol, rdma_devices "
-    "(or device_name), master_server_address (or master_server_addr), auth_token_file (the "
-    "cluster's secret; default $KVS_AUTH_TOKEN_FILE). Returns 0, or a "
-    "negative code; calling it twice is -600.");
-
-static PyObject *store_setup(store_t *self, PyObject *args, PyObject *kw)
-{
-    const char *host = NULL, *proto = "tcp", *master = DEFAULT_MASTER, *token_file = NULL;
-    int tls = -1; /* -1: KVS_TLS */
-    uint64_t seg_size = 16u << 20, local_size = 16u << 20;
-    PyObject *cfg = NULL;
-    if (PyTuple_GET_SIZE(args) == 1 && PyDict_Check(PyTuple_GET_ITEM(args, 0)) &&
-        (kw == NULL || PyDict_GET_SIZE(kw) == 0)) {
-        cfg = PyTuple_GET_ITEM(args, 0);
-        host = dict_str(cfg, "local_hostname", NULL);
-        proto = dict_str(cfg, "protocol", "tcp");
-        const char *m = dict_str(cfg, "master_server_address", NULL);
-        if (m == NULL && !PyErr_Occurred())
-            m = dict_str(cfg, "master_server_addr", DEFAULT_MASTER);
-        master = m;
-        token_file = dict_str(cfg, "auth_token_file", NULL);
-        if (PyErr_Occurred())
-            return NULL;
-        PyObject *t = PyDict_GetItemString(cfg, "tls");
-        if (t != NULL && t != Py_None) {
-            int on = PyObject_IsTrue(t);
-            if (on < 0)
-                return NULL;
-            tls = on;
-        }
-        PyObject *v = PyDict_GetItemString(cfg, "global_segment_size");
-        if (v != NULL && parse_size_obj(v, "global_segment_size", &seg_size) != 0)
-            return NULL;
-        v = PyDict_GetItemString(cfg, "local_buffer_size");
-        if (v != NULL && parse_size_obj(v, "local_buffer_size", &local_size) != 0)
-            return NULL;
-    } else {
-        static char *names[] = {
-            "local_hostname", "metadata_server", "global_segment_size", "local_buffer_size",
-            "protocol",       "rdma_devices",    "master_server_addr",  NULL};
-        const char *meta = NULL, *devices = NULL;
-        PyObject *seg_o = NULL, *local_o = NULL;
-        if (!PyArg_ParseTupleAndKeywords(args, kw, "zz|OOzzz", names, &host, &meta, &seg_o,
-                                         &local_o, &proto, &devices, &master))
-            return NULL;
-        if (seg_o != NULL && parse_size_obj(seg_o, "global_segment_size", &seg_size) != 0)
-            return NULL;
-        if (local_o != NULL && parse_size_obj(local_o, "local_buffer_size", &local_size) != 0)
-            return NULL;
-        if (proto == NULL)
-            proto = "tcp";
-        if (master == NULL)
-            master = DEFAULT_MASTER;
-    }
-    (void)local_size;
     /* One setup at a time: a second, concurrent or later, gets -600 and opens nothing. */
     pthread_mutex_lock(&self->lock);
     bool already = self->client != NULL || self->opening;
     if (!already)
         self->opening = true;
     pthread_mutex_unlock(&self->lock);
-    if (already)
+    if (already) {
+        kvs_warn("setup: this store is set up already (close() it first)");
         return PyLong_FromLong(KVS_INVALID_PARAMS);
-    /* Copies: the GIL is released while they are used, and another thread could change the
-     * dict (or its strings) meanwhile. */
-    char masterbuf[512], protobuf[32], tokenbuf[4096];
+    }
+    /* Copies: the GIL is released while they are used. */
+    char masterbuf[512], protobuf[32], nodebuf[KVS_MAX_NAME_LEN + 1], namebuf[KVS_MAX_NAME_LEN + 1],
+        tenantbuf[128], tokenbuf[4096];
+    int rc = KVS_OK;
     if (snprintf(masterbuf, sizeof(masterbuf), "%s", master) >= (int)sizeof(masterbuf) ||
         snprintf(protobuf, sizeof(protobuf), "%s", proto) >= (int)sizeof(protobuf) ||
+        snprintf(nodebuf, sizeof(nodebuf), "%s", node) >= (int)sizeof(nodebuf) ||
+        snprintf(namebuf, sizeof(namebuf), "%s", name ? name : "") >= (int)sizeof(namebuf) ||
+        snprintf(tenantbuf, sizeof(tenantbuf), "%s", tenant ? tenant : "") >=
+            (int)sizeof(tenantbuf) ||
         snprintf(tokenbuf, sizeof(tokenbuf), "%s", token_file ? token_file : "") >=
             (int)sizeof(tokenbuf)) {
-        pthread_mutex_lock(&self->lock);
-        self->opening = false;
-        pthread_mutex_unlock(&self->lock);
-        return PyLong_FromLong(KVS_INVALID_PARAMS);
+        kvs_warn("setup: an argument is too long");
+        rc = KVS_INVALID_PARAMS;
     }
     kvs_client_config_t ccfg;
     kvs_client_config_init(&ccfg);
     ccfg.master = masterbuf;
     ccfg.protocol = protobuf;
+    ccfg.local_hostname = nodebuf[0] ? nodebuf : NULL;
     if (token_file != NULL) /* else KVS_AUTH_TOKEN_FILE, read by config_init */
         ccfg.auth_token_file = tokenbuf;
     if (tls >= 0) /* else KVS_TLS */
         ccfg.tls = tls != 0;
-    ccfg.local_hostname = host && *host ? host : NULL;
-    /* A "host:port" local_hostname names the host only. */
-    char hostbuf[256] = "";
-    if (host && *host) {
-        snprintf(hostbuf, sizeof(hostbuf), "%s", host);
-        char *colon = strrchr(hostbuf, ':');
-        if (colon != NULL && colon != hostbuf)
-            *colon = '\0';
-        ccfg.local_hostname = hostbuf;
-    }
+    KVS_TENANT_CONFIG_(ccfg, tenantbuf);
     kvs_client_t *c = NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS rc = kvs_client_open(&ccfg, &c);
+    Py_BEGIN_ALLOW_THREADS if (rc == KVS_OK) rc = kvs_client_open(&ccfg, &c);
     if (rc == KVS_OK && seg_size > 0) {
-        rc = kvs_client_mount_segment(c, seg_size, NULL, NULL);
+        rc = kvs_client_mount_segment(c, seg_size, namebuf[0] ? namebuf : NULL, NULL);
         if (rc != KVS_OK) {
             kvs_client_close(c);
             c = NULL;
         }
     }
-    Py_END_ALLOW_THREADS pthread_mutex_lock(&self->lock);
+    Py_END_ALLOW_THREADS if (rc != KVS_OK) kvs_warn("setup failed: %s", kvs_last_error());
+    pthread_mutex_lock(&self->lock);
     self->client = c;
     self->opening = false;
-    pthread_mutex_unlock(&self->lock);
-    if (rc != KVS_OK)
-        return PyLong_FromLong(rc);
-    if (hostbuf[0])
-        snprintf(self->hostname, sizeof(self->hostname), "%s", hostbuf);
+    self->dummy = dummy != 0;
+    if (c == NULL)
+        self->hostname[0] = '\0';
+    else if (dummy)
+        self->hostname[0] = '\0'; /* Mooncake's dummy clients have no segment name */
+    else if (seg_size > 0 && kvs_client_segment_name(c, 0) != NULL)
+        snprintf(self->hostname, sizeof(self->hostname), "%s", kvs_client_segment_name(c, 0));
     else
-        gethostname(self->hostname, sizeof(self->hostname) - 1);
-    return PyLong_FromLong(0);
+        snprintf(self->hostname, sizeof(self->hostname), "%s", name ? name : node);
+    pthread_mutex_unlock(&self->lock);
+    return PyLong_FromLong(rc);
 }
 
 /* ---- argument helpers ------------------------------------------------------------------------ */
@@ -420,6 +485,12 @@ static PyObject *same_code_list(Py_ssize_t n, int code)
 
 /* ---- single-key calls ------------------------------------------------------------------------ */
 
+/* Mooncake's convention: a put of a key that exists is a success that keeps the first value. */
+static int put_code(int r)
+{
+    return r == KVS_OBJECT_ALREADY_EXISTS ? KVS_OK : r;
+}
+
 static PyObject *store_put(store_t *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"key", "value", "config", NULL};
@@ -428,20 +499,21 @@ static PyObject *store_put(store_t *self, PyObject *args, PyObject *kw)
     PyObject *cfg = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "sy*|O", names, &key, &value, &cfg))
         return NULL;
-    kvs_replicate_config_t rc;
-    char seg[KVS_MAX_KEY_LEN + 1];
-    if (rc_convert(cfg, &rc, seg, sizeof(seg)) != 0) {
+    rc_holder_t h;
+    int r = rc_convert(cfg, &h);
+    if (r < 0) {
         PyBuffer_Release(&value);
         return NULL;
     }
-    kvs_client_t *c = store_enter(self);
-    int r = NOT_SET_UP;
+    kvs_client_t *c = r == 0 ? store_enter(self) : NULL;
     if (c != NULL) {
-        Py_BEGIN_ALLOW_THREADS r = kvs_client_put(c, key, value.buf, (size_t)value.len, &rc);
+        Py_BEGIN_ALLOW_THREADS r = kvs_client_put(c, key, value.buf, (size_t)value.len, &h.rc);
         Py_END_ALLOW_THREADS store_leave(self);
+    } else {
+        r = KVS_INVALID_PARAMS;
     }
     PyBuffer_Release(&value);
-    return PyLong_FromLong(r);
+    return PyLong_FromLong(put_code(r));
 }
 
 static PyObject *store_get(store_t *self, PyObject *args)
@@ -472,18 +544,21 @@ static PyObject *store_put_from(store_t *self, PyObject *args, PyObject *kw)
     PyObject *cfg = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "sKK|O", names, &key, &ptr, &size, &cfg))
         return NULL;
-    kvs_replicate_config_t rc;
-    char seg[KVS_MAX_KEY_LEN + 1];
-    if (rc_convert(cfg, &rc, seg, sizeof(seg)) != 0)
+    rc_holder_t h;
+    int r = rc_convert(cfg, &h);
+    if (r < 0)
         return NULL;
+    if (r != 0)
+        return PyLong_FromLong(r);
+    if (size == 0)
+        return PyLong_FromLong(0); /* Mooncake: nothing to store is a success */
     kvs_client_t *c = store_enter(self);
     if (c == NULL)
         return PyLong_FromLong(NOT_SET_UP);
-    int r;
     Py_BEGIN_ALLOW_THREADS r =
-        kvs_client_put_from(c, key, (const void *)(uintptr_t)ptr, (size_t)size, &rc);
+        kvs_client_put_from(c, key, (const void *)(uintptr_t)ptr, (size_t)size, &h.rc);
     Py_END_ALLOW_THREADS store_leave(self);
-    return PyLong_FromLong(r);
+    return PyLong_FromLong(put_code(r));
 }
 
 static PyObject *store_get_into(store_t *self, PyObject *args)
@@ -510,7 +585,7 @@ static PyObject *batch_results(int r, Py_ssize_t n, int64_t *res, const int *ire
     if (r != KVS_OK)
         return same_code_list(n, r);
     for (Py_ssize_t i = 0; put && i < n; i++)
-        res[i] = ires[i];
+        res[i] = put_code(ires[i]);
     return int_list(res, n);
 }
 
@@ -518,15 +593,20 @@ static PyObject *batch_results(int r, Py_ssize_t n, int64_t *res, const int *ire
 static PyObject *batch_single(store_t *self, PyObject *keys_o, PyObject *ptrs_o, PyObject *sizes_o,
                               PyObject *cfg, bool put)
 {
-    kvs_replicate_config_t rc;
-    char seg[KVS_MAX_KEY_LEN + 1];
-    if (put && rc_convert(cfg, &rc, seg, sizeof(seg)) != 0)
+    rc_holder_t h;
+    int cr = put ? rc_convert(cfg, &h) : 0;
+    if (cr < 0)
         return NULL;
     Py_ssize_t n;
     PyObject *hold = NULL;
     const char **keys = keys_from(keys_o, &n, &hold);
     if (keys == NULL)
         return NULL;
+    if (cr != 0) {
+        PyMem_Free(keys);
+        Py_DECREF(hold);
+        return same_code_list(n, cr);
+    }
     uint64_t *ptrs = PyMem_Calloc((size_t)n + 1, sizeof(*ptrs));
     uint64_t *sizes = PyMem_Calloc((size_t)n + 1, sizeof(*sizes));
     kvs_buf_t *bufs = PyMem_Calloc((size_t)n + 1, sizeof(*bufs));
@@ -554,7 +634,7 @@ static PyObject *batch_single(store_t *self, PyObject *keys_o, PyObject *ptrs_o,
     }
     int r;
     Py_BEGIN_ALLOW_THREADS if (put) r =
-        kvs_client_batch_put_from(c, (size_t)n, keys, bufs, &rc, ires);
+        kvs_client_batch_put_from(c, (size_t)n, keys, bufs, &h.rc, ires);
     else r = kvs_client_batch_get_into(c, (size_t)n, keys, bufs, res);
     Py_END_ALLOW_THREADS store_leave(self);
     out = batch_results(r, n, res, ires, put);
@@ -591,15 +671,20 @@ static PyObject *store_batch_get_into(store_t *self, PyObject *args, PyObject *k
 static PyObject *batch_multi(store_t *self, PyObject *keys_o, PyObject *ptrs_o, PyObject *sizes_o,
                              PyObject *cfg, bool put, bool same_node)
 {
-    kvs_replicate_config_t rc;
-    char seg[KVS_MAX_KEY_LEN + 1];
-    if (put && rc_convert(cfg, &rc, seg, sizeof(seg)) != 0)
+    rc_holder_t h;
+    int cr = put ? rc_convert(cfg, &h) : 0;
+    if (cr < 0)
         return NULL;
     Py_ssize_t n;
     PyObject *hold = NULL;
     const char **keys = keys_from(keys_o, &n, &hold);
     if (keys == NULL)
         return NULL;
+    if (cr != 0) {
+        PyMem_Free(keys);
+        Py_DECREF(hold);
+        return same_code_list(n, cr);
+    }
     PyObject *out = NULL;
     kvs_buf_t *frags = NULL;
     uint64_t *tmp_p = NULL, *tmp_s = NULL;
@@ -664,7 +749,7 @@ static PyObject *batch_multi(store_t *self, PyObject *keys_o, PyObject *ptrs_o, 
     }
     int r;
     Py_BEGIN_ALLOW_THREADS if (put) r =
-        kvs_client_batch_put_from_multi(c, (size_t)n, keys, bufs, nbufs, &rc, ires);
+        kvs_client_batch_put_from_multi(c, (size_t)n, keys, bufs, nbufs, &h.rc, ires);
     else r =
         kvs_client_batch_get_into_multi_buffers(c, (size_t)n, keys, bufs, nbufs, same_node, res);
     Py_END_ALLOW_THREADS store_leave(self);
@@ -819,15 +904,164 @@ static PyObject *store_close(store_t *self, PyObject *unused)
 {
     (void)unused;
     Py_BEGIN_ALLOW_THREADS store_shutdown(self);
-    Py_END_ALLOW_THREADS return PyLong_FromLong(0);
+    Py_END_ALLOW_THREADS pthread_mutex_lock(&self->lock);
+    self->hostname[0] = '\0';
+    pthread_mutex_unlock(&self->lock);
+    return PyLong_FromLong(0);
 }
 
 static PyObject *store_get_hostname(store_t *self, PyObject *unused)
 {
     (void)unused;
-    if (self->hostname[0] == '\0')
-        gethostname(self->hostname, sizeof(self->hostname) - 1);
-    return PyUnicode_FromString(self->hostname);
+    char name[sizeof(self->hostname)];
+    pthread_mutex_lock(&self->lock);
+    memcpy(name, self->hostname, sizeof(name));
+    pthread_mutex_unlock(&self->lock);
+    return PyUnicode_FromString(name);
+}
+
+/* Mooncake's health codes. */
+#define HC_HEALTHY            0
+#define HC_NOT_INITIALIZED    1
+#define HC_MASTER_UNREACHABLE 2
+
+static PyObject *store_health_check(store_t *self, PyObject *unused)
+{
+    (void)unused;
+    kvs_client_t *c = store_enter(self);
+    if (c == NULL)
+        return PyLong_FromLong(HC_NOT_INITIALIZED);
+    int r;
+    Py_BEGIN_ALLOW_THREADS r = kvs_client_ping(c);
+    Py_END_ALLOW_THREADS store_leave(self);
+    return PyLong_FromLong(r == KVS_OK ? HC_HEALTHY : HC_MASTER_UNREACHABLE);
+}
+
+/* ---- reads into memory of their own ---------------------------------------------------------- */
+
+/* Reads every key whole into new memory: data[i] (kvs_free) and sizes[i] where res[i] >= 0.
+ * Returns the call's status (KVS_OK: per-key results in res). */
+static int read_whole(kvs_client_t *c, size_t n, const char *const *keys, void **data,
+                      size_t *sizes, int64_t *res)
+{
+    for (size_t i = 0; i < n; i++) /* TEMP until kvs_client_batch_get lands */
+        res[i] =
+            kvs_client_get(c, keys[i], &data[i], &sizes[i]) == KVS_OK ? (int64_t)sizes[i] : -704;
+    return KVS_OK;
+}
+
+/* get_batch / batch_get_buffer: one list entry per key, `miss` for a failed key. */
+static PyObject *whole_reads(store_t *self, PyObject *keys_o, bool handles)
+{
+    Py_ssize_t n;
+    PyObject *hold = NULL;
+    const char **keys = keys_from(keys_o, &n, &hold);
+    if (keys == NULL)
+        return NULL;
+    PyObject *out = PyList_New(n);
+    void **data = PyMem_Calloc((size_t)n + 1, sizeof(*data));
+    size_t *sizes = PyMem_Calloc((size_t)n + 1, sizeof(*sizes));
+    int64_t *res = PyMem_Calloc((size_t)n + 1, sizeof(*res));
+    if (out == NULL || data == NULL || sizes == NULL || res == NULL) {
+        Py_XDECREF(out);
+        out = PyErr_NoMemory();
+        goto done;
+    }
+    kvs_client_t *c = n > 0 ? store_enter(self) : NULL;
+    int r = KVS_INVALID_PARAMS;
+    if (c != NULL) {
+        Py_BEGIN_ALLOW_THREADS r = read_whole(c, (size_t)n, keys, data, sizes, res);
+        Py_END_ALLOW_THREADS store_leave(self);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v;
+        bool ok = r == KVS_OK && res[i] >= 0 && data[i] != NULL && sizes[i] > 0;
+        if (handles && ok) {
+            v = handle_new(data[i], sizes[i]); /* owns the memory now */
+            data[i] = NULL;
+        } else if (handles) {
+            v = Py_NewRef(Py_None);
+        } else {
+            v = PyBytes_FromStringAndSize(ok ? data[i] : "", ok ? (Py_ssize_t)sizes[i] : 0);
+        }
+        if (v == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+done:
+    for (Py_ssize_t i = 0; data != NULL && i < n; i++)
+        kvs_free(data[i]);
+    PyMem_Free(data);
+    PyMem_Free(sizes);
+    PyMem_Free(res);
+    PyMem_Free(keys);
+    Py_XDECREF(hold);
+    return out;
+}
+
+static PyObject *store_get_batch(store_t *self, PyObject *keys)
+{
+    return whole_reads(self, keys, false);
+}
+
+static PyObject *store_batch_get_buffer(store_t *self, PyObject *keys)
+{
+    return whole_reads(self, keys, true);
+}
+
+static PyObject *store_get_buffer(store_t *self, PyObject *key)
+{
+    if (!PyUnicode_Check(key)) {
+        PyErr_SetString(PyExc_TypeError, "key must be a str");
+        return NULL;
+    }
+    PyObject *one = PyList_New(1);
+    if (one == NULL)
+        return NULL;
+    PyList_SET_ITEM(one, 0, Py_NewRef(key));
+    PyObject *l = whole_reads(self, one, true);
+    Py_DECREF(one);
+    if (l == NULL)
+        return NULL;
+    PyObject *h = Py_NewRef(PyList_GET_ITEM(l, 0));
+    Py_DECREF(l);
+    return h;
+}
+
+/* put_from_with_metadata: the object is the metadata bytes, then the data bytes (both in
+ * registered memory). */
+static PyObject *store_put_with_metadata(store_t *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"key",    "buffer_ptr", "metadata_buffer_ptr", "size", "metadata_size",
+                            "config", NULL};
+    const char *key;
+    unsigned long long ptr, mptr, size, msize;
+    PyObject *cfg = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sKKKK|O", names, &key, &ptr, &mptr, &size, &msize,
+                                     &cfg))
+        return NULL;
+    rc_holder_t h;
+    int r = rc_convert(cfg, &h);
+    if (r < 0)
+        return NULL;
+    if (r != 0)
+        return PyLong_FromLong(r);
+    if (size == 0)
+        return PyLong_FromLong(0); /* Mooncake: no data, nothing stored */
+    kvs_buf_t frags[2] = {{(void *)(uintptr_t)mptr, (size_t)msize},
+                          {(void *)(uintptr_t)ptr, (size_t)size}};
+    const kvs_buf_t *one = msize > 0 ? &frags[0] : &frags[1];
+    size_t nfrags = msize > 0 ? 2 : 1;
+    kvs_client_t *c = store_enter(self);
+    if (c == NULL)
+        return PyLong_FromLong(NOT_SET_UP);
+    int res = 0;
+    Py_BEGIN_ALLOW_THREADS r =
+        kvs_client_batch_put_from_multi(c, 1, &key, &one, &nfrags, &h.rc, &res);
+    Py_END_ALLOW_THREADS store_leave(self);
+    return PyLong_FromLong(put_code(r == KVS_OK ? res : r));
 }
 
 static int add_u64(PyObject *d, const char *k, uint64_t v)
@@ -902,10 +1136,10 @@ err:
 }
 
 static PyMethodDef store_methods[] = {
-    {"setup", (PyCFunction)(void (*)(void))store_setup, METH_VARARGS | METH_KEYWORDS, setup_doc},
+    {"_open", (PyCFunction)store_open, METH_VARARGS, open_doc},
     {"put", (PyCFunction)(void (*)(void))store_put, METH_VARARGS | METH_KEYWORDS,
-     "put(key, value: bytes, config=None) -> int: stores a copy of value. 0 or a negative code "
-     "(-705: the key exists; objects are immutable)."},
+     "put(key, value, config=None) -> int: stores a copy of value (any bytes-like object). 0, "
+     "also when the key exists (the first value stays: upsert() replaces), or a negative code."},
     {"get", (PyCFunction)store_get, METH_VARARGS,
      "get(key) -> bytes: the object, or b'' on any failure."},
     {"put_from", (PyCFunction)(void (*)(void))store_put_from, METH_VARARGS | METH_KEYWORDS,
@@ -945,16 +1179,33 @@ static PyMethodDef store_methods[] = {
     {"close", (PyCFunction)store_close, METH_NOARGS,
      "close() -> int: waits for calls in flight, unmounts this process's segment."},
     {"get_hostname", (PyCFunction)store_get_hostname, METH_NOARGS,
-     "get_hostname() -> str: the host name this store uses for same-node placement."},
+     "get_hostname() -> str: this client's segment name (use it as preferred_segment to place "
+     "on this process's segment); local_hostname when it mounts none, '' after close() and on "
+     "setup_dummy() stores."},
+    {"health_check", (PyCFunction)store_health_check, METH_NOARGS,
+     "health_check() -> int: 0 healthy, 1 not set up (or closed), 2 master unreachable."},
+    {"get_batch", (PyCFunction)store_get_batch, METH_O,
+     "get_batch(keys) -> list[bytes]: each object, b'' for a key that failed."},
+    {"get_buffer", (PyCFunction)store_get_buffer, METH_O,
+     "get_buffer(key) -> BufferHandle | None: the object in memory of its own (None when "
+     "absent, empty or failed)."},
+    {"batch_get_buffer", (PyCFunction)store_batch_get_buffer, METH_O,
+     "batch_get_buffer(keys) -> list[BufferHandle | None]"},
+    {"put_from_with_metadata", (PyCFunction)(void (*)(void))store_put_with_metadata,
+     METH_VARARGS | METH_KEYWORDS,
+     "put_from_with_metadata(key, buffer_ptr, metadata_buffer_ptr, size, metadata_size, "
+     "config=None) -> int: stores metadata_size bytes at metadata_buffer_ptr followed by size "
+     "bytes at buffer_ptr (registered memory) as one object. 0 (also for size 0: nothing "
+     "stored) or a negative code."},
     {"get_stats", (PyCFunction)store_get_stats, METH_NOARGS,
      "get_stats() -> dict: the client's counters (and latency quantiles in us)."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyTypeObject store_type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvstash.MooncakeDistributedStore",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvstash._kvstash.MooncakeDistributedStore",
     .tp_basicsize = sizeof(store_t),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_doc = "MooncakeDistributedStore(): a kvstash store client with Mooncake's API. Call "
               "setup() first. Integer results: >= 0 success, negative codes with Mooncake's "
               "numbers (-600 invalid parameters, -704 object not found, -707 lease expired, "
@@ -964,25 +1215,34 @@ static PyTypeObject store_type = {
     .tp_methods = store_methods,
 };
 
+static PyMethodDef module_methods[] = {
+    {"_register_config", mod_register_config, METH_O,
+     "_register_config(cls): the ReplicateConfig class puts accept (the package's)."},
+    {"_parse_size", mod_parse_size, METH_O,
+     "_parse_size(text) -> int: '16MB', '4GiB', '4096' as bytes; -1 if not a size."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "kvstash",
+    .m_name = "kvstash._kvstash",
     .m_doc = "kvstash: a distributed object store for LLM KV cache. MooncakeDistributedStore "
              "follows Mooncake's store API, so code written for it switches by its import.",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
-PyMODINIT_FUNC PyInit_kvstash(void);
+PyMODINIT_FUNC PyInit__kvstash(void);
 
-PyMODINIT_FUNC PyInit_kvstash(void)
+PyMODINIT_FUNC PyInit__kvstash(void)
 {
-    if (PyType_Ready(&store_type) < 0 || PyType_Ready(&replicate_config_type) < 0)
+    if (PyType_Ready(&store_type) < 0 || PyType_Ready(&buffer_handle_type) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "MooncakeDistributedStore", (PyObject *)&store_type) < 0 ||
-        PyModule_AddObjectRef(m, "ReplicateConfig", (PyObject *)&replicate_config_type) < 0 ||
+        PyModule_AddObjectRef(m, "BufferHandle", (PyObject *)&buffer_handle_type) < 0 ||
         PyModule_AddStringConstant(m, "__version__", KVS_VERSION_STRING) < 0) {
         Py_DECREF(m);
         return NULL;
