@@ -58,7 +58,8 @@ static int rc_int(PyObject *obj, const char *name, long long lo, long long hi, l
 }
 
 /* Converts an optional ReplicateConfig (None: defaults). Returns 0, -1 with an exception set (a
- * wrong type), or KVS_INVALID_PARAMS for a value kvstash refuses (logged). */
+ * wrong type), or RC_REFUSED for a value kvstash refuses (logged; the call answers -600). */
+#define RC_REFUSED 1
 static int rc_convert(PyObject *obj, rc_holder_t *h)
 {
     kvs_replicate_config_t *rc = &h->rc;
@@ -79,7 +80,7 @@ static int rc_convert(PyObject *obj, rc_holder_t *h)
         kvs_warn("ReplicateConfig: replica_num must be 1..%u, nof_replica_num and "
                  "dfs_replica_num 0 (kvstash keeps memory replicas only)",
                  KVS_MAX_REPLICAS);
-        return KVS_INVALID_PARAMS;
+        return RC_REFUSED;
     }
     rc->replica_num = (uint32_t)replicas;
     PyObject *same = PyObject_GetAttrString(obj, "prefer_alloc_in_same_node");
@@ -110,7 +111,7 @@ static int rc_convert(PyObject *obj, rc_holder_t *h)
         return -1;
     if ((size_t)n >= sizeof(h->seg)) {
         kvs_warn("ReplicateConfig: preferred_segment is longer than %u bytes", KVS_MAX_NAME_LEN);
-        return KVS_INVALID_PARAMS;
+        return RC_REFUSED;
     }
     return 0;
 }
@@ -549,7 +550,7 @@ static PyObject *store_put_from(store_t *self, PyObject *args, PyObject *kw)
     if (r < 0)
         return NULL;
     if (r != 0)
-        return PyLong_FromLong(r);
+        return PyLong_FromLong(KVS_INVALID_PARAMS);
     if (size == 0)
         return PyLong_FromLong(0); /* Mooncake: nothing to store is a success */
     kvs_client_t *c = store_enter(self);
@@ -590,9 +591,12 @@ static PyObject *batch_results(int r, Py_ssize_t n, int64_t *res, const int *ire
 }
 
 /* keys + one buffer per key (put: results are statuses, get: sizes). */
+enum { OP_GET, OP_PUT, OP_UPSERT };
+
 static PyObject *batch_single(store_t *self, PyObject *keys_o, PyObject *ptrs_o, PyObject *sizes_o,
-                              PyObject *cfg, bool put)
+                              PyObject *cfg, int op)
 {
+    bool put = op != OP_GET;
     rc_holder_t h;
     int cr = put ? rc_convert(cfg, &h) : 0;
     if (cr < 0)
@@ -605,7 +609,7 @@ static PyObject *batch_single(store_t *self, PyObject *keys_o, PyObject *ptrs_o,
     if (cr != 0) {
         PyMem_Free(keys);
         Py_DECREF(hold);
-        return same_code_list(n, cr);
+        return same_code_list(n, KVS_INVALID_PARAMS);
     }
     uint64_t *ptrs = PyMem_Calloc((size_t)n + 1, sizeof(*ptrs));
     uint64_t *sizes = PyMem_Calloc((size_t)n + 1, sizeof(*sizes));
@@ -633,9 +637,13 @@ static PyObject *batch_single(store_t *self, PyObject *keys_o, PyObject *ptrs_o,
         goto done;
     }
     int r;
-    Py_BEGIN_ALLOW_THREADS if (put) r =
-        kvs_client_batch_put_from(c, (size_t)n, keys, bufs, &h.rc, ires);
-    else r = kvs_client_batch_get_into(c, (size_t)n, keys, bufs, res);
+    Py_BEGIN_ALLOW_THREADS if (op == OP_GET) r =
+        kvs_client_batch_get_into(c, (size_t)n, keys, bufs, res);
+#ifdef KVS_PY_MASTER_OPS
+    else if (op == OP_UPSERT) r =
+        kvs_client_batch_upsert_from(c, (size_t)n, keys, bufs, &h.rc, ires);
+#endif
+    else r = kvs_client_batch_put_from(c, (size_t)n, keys, bufs, &h.rc, ires);
     Py_END_ALLOW_THREADS store_leave(self);
     out = batch_results(r, n, res, ires, put);
 done:
@@ -655,8 +663,19 @@ static PyObject *store_batch_put_from(store_t *self, PyObject *args, PyObject *k
     PyObject *k, *p, *s, *cfg = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O", names, &k, &p, &s, &cfg))
         return NULL;
-    return batch_single(self, k, p, s, cfg, true);
+    return batch_single(self, k, p, s, cfg, OP_PUT);
 }
+
+#ifdef KVS_PY_MASTER_OPS
+static PyObject *store_batch_upsert_from(store_t *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"keys", "buffer_ptrs", "sizes", "config", NULL};
+    PyObject *k, *p, *s, *cfg = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O", names, &k, &p, &s, &cfg))
+        return NULL;
+    return batch_single(self, k, p, s, cfg, OP_UPSERT);
+}
+#endif
 
 static PyObject *store_batch_get_into(store_t *self, PyObject *args, PyObject *kw)
 {
@@ -664,7 +683,7 @@ static PyObject *store_batch_get_into(store_t *self, PyObject *args, PyObject *k
     PyObject *k, *p, *s;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO", names, &k, &p, &s))
         return NULL;
-    return batch_single(self, k, p, s, NULL, false);
+    return batch_single(self, k, p, s, NULL, OP_GET);
 }
 
 /* keys + a list of fragments per key. */
@@ -683,7 +702,7 @@ static PyObject *batch_multi(store_t *self, PyObject *keys_o, PyObject *ptrs_o, 
     if (cr != 0) {
         PyMem_Free(keys);
         Py_DECREF(hold);
-        return same_code_list(n, cr);
+        return same_code_list(n, KVS_INVALID_PARAMS);
     }
     PyObject *out = NULL;
     kvs_buf_t *frags = NULL;
@@ -944,9 +963,10 @@ static PyObject *store_health_check(store_t *self, PyObject *unused)
 static int read_whole(kvs_client_t *c, size_t n, const char *const *keys, void **data,
                       size_t *sizes, int64_t *res)
 {
-    for (size_t i = 0; i < n; i++) /* TEMP until kvs_client_batch_get lands */
-        res[i] =
-            kvs_client_get(c, keys[i], &data[i], &sizes[i]) == KVS_OK ? (int64_t)sizes[i] : -704;
+    for (size_t i = 0; i < n; i++) { /* TEMP until kvs_client_batch_get lands */
+        int r = kvs_client_get(c, keys[i], &data[i], &sizes[i]);
+        res[i] = r == KVS_OK ? (int64_t)sizes[i] : r;
+    }
     return KVS_OK;
 }
 
@@ -1047,7 +1067,7 @@ static PyObject *store_put_with_metadata(store_t *self, PyObject *args, PyObject
     if (r < 0)
         return NULL;
     if (r != 0)
-        return PyLong_FromLong(r);
+        return PyLong_FromLong(KVS_INVALID_PARAMS);
     if (size == 0)
         return PyLong_FromLong(0); /* Mooncake: no data, nothing stored */
     kvs_buf_t frags[2] = {{(void *)(uintptr_t)mptr, (size_t)msize},
@@ -1135,6 +1155,570 @@ err:
     return NULL;
 }
 
+/* ---- Mooncake's conventions over the newer C calls ------------------------------------------- */
+
+#ifdef KVS_PY_MASTER_OPS
+/* upsert(key, value, config=None): replaces the value atomically (readers see the old or the new
+ * bytes, never a mix). */
+static PyObject *store_upsert(store_t *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"key", "value", "config", NULL};
+    const char *key;
+    Py_buffer value;
+    PyObject *cfg = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sy*|O", names, &key, &value, &cfg))
+        return NULL;
+    rc_holder_t h;
+    int r = rc_convert(cfg, &h);
+    if (r < 0) {
+        PyBuffer_Release(&value);
+        return NULL;
+    }
+    kvs_client_t *c = r == 0 ? store_enter(self) : NULL;
+    if (c != NULL) {
+        Py_BEGIN_ALLOW_THREADS r = kvs_client_upsert(c, key, value.buf, (size_t)value.len, &h.rc);
+        Py_END_ALLOW_THREADS store_leave(self);
+    } else {
+        r = KVS_INVALID_PARAMS;
+    }
+    PyBuffer_Release(&value);
+    return PyLong_FromLong(r);
+}
+
+static PyObject *store_upsert_from(store_t *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"key", "buffer_ptr", "size", "config", NULL};
+    const char *key;
+    unsigned long long ptr, size;
+    PyObject *cfg = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sKK|O", names, &key, &ptr, &size, &cfg))
+        return NULL;
+    rc_holder_t h;
+    int r = rc_convert(cfg, &h);
+    if (r < 0)
+        return NULL;
+    if (r != 0)
+        return PyLong_FromLong(KVS_INVALID_PARAMS);
+    if (size == 0)
+        return PyLong_FromLong(0);
+    kvs_client_t *c = store_enter(self);
+    if (c == NULL)
+        return PyLong_FromLong(NOT_SET_UP);
+    Py_BEGIN_ALLOW_THREADS r =
+        kvs_client_upsert_from(c, key, (const void *)(uintptr_t)ptr, (size_t)size, &h.rc);
+    Py_END_ALLOW_THREADS store_leave(self);
+    return PyLong_FromLong(r);
+}
+
+/* put_batch / upsert_batch(keys, values, config=None) -> int: 0, or the first failing key's
+ * code. Values are any bytes-like objects (copied). */
+static PyObject *values_batch(store_t *self, PyObject *args, PyObject *kw, bool upsert)
+{
+    static char *names[] = {"keys", "values", "config", NULL};
+    PyObject *keys_o, *vals_o, *cfg = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O", names, &keys_o, &vals_o, &cfg))
+        return NULL;
+    rc_holder_t h;
+    int r = rc_convert(cfg, &h);
+    if (r < 0)
+        return NULL;
+    if (r != 0)
+        return PyLong_FromLong(KVS_INVALID_PARAMS);
+    Py_ssize_t n;
+    PyObject *hold = NULL;
+    const char **keys = keys_from(keys_o, &n, &hold);
+    if (keys == NULL)
+        return NULL;
+    PyObject *vals = PySequence_Fast(vals_o, "values must be a list of bytes-like objects");
+    Py_buffer *views = vals ? PyMem_Calloc((size_t)n + 1, sizeof(*views)) : NULL;
+    Py_ssize_t got = 0;
+    PyObject *out = NULL;
+    if (vals == NULL || views == NULL) {
+        if (vals != NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    if (PySequence_Fast_GET_SIZE(vals) != n || n == 0) {
+        out = PyLong_FromLong(KVS_INVALID_PARAMS);
+        goto done;
+    }
+    for (; got < n; got++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(vals, got), &views[got], PyBUF_CONTIG_RO) !=
+            0)
+            goto done;
+    }
+    kvs_client_t *c = store_enter(self);
+    if (c == NULL) {
+        out = PyLong_FromLong(NOT_SET_UP);
+        goto done;
+    }
+    int first = KVS_OK;
+    Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < n; i++)
+    {
+        int one =
+            upsert
+                ? kvs_client_upsert(c, keys[i], views[i].buf, (size_t)views[i].len, &h.rc)
+                : put_code(kvs_client_put(c, keys[i], views[i].buf, (size_t)views[i].len, &h.rc));
+        if (first == KVS_OK)
+            first = one;
+    }
+    Py_END_ALLOW_THREADS store_leave(self);
+    out = PyLong_FromLong(first);
+done:
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    Py_XDECREF(vals);
+    PyMem_Free(keys);
+    Py_XDECREF(hold);
+    return out;
+}
+
+static PyObject *store_put_batch(store_t *self, PyObject *args, PyObject *kw)
+{
+    return values_batch(self, args, kw, false);
+}
+
+static PyObject *store_upsert_batch(store_t *self, PyObject *args, PyObject *kw)
+{
+    return values_batch(self, args, kw, true);
+}
+
+/* remove_all(force=False) / remove_by_regex(regex_pattern, force=False) -> int: the number of
+ * objects removed, or a negative code. */
+static PyObject *store_remove_all(store_t *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"force", NULL};
+    int force = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|p", names, &force))
+        return NULL;
+    kvs_client_t *c = store_enter(self);
+    if (c == NULL)
+        return PyLong_FromLong(NOT_SET_UP);
+    int64_t r;
+    Py_BEGIN_ALLOW_THREADS r = kvs_client_remove_all(c, force != 0);
+    Py_END_ALLOW_THREADS store_leave(self);
+    return PyLong_FromLongLong(r);
+}
+
+static PyObject *store_remove_by_regex(store_t *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"regex_pattern", "force", NULL};
+    const char *pattern;
+    int force = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|p", names, &pattern, &force))
+        return NULL;
+    kvs_client_t *c = store_enter(self);
+    if (c == NULL)
+        return PyLong_FromLong(NOT_SET_UP);
+    int64_t r;
+    Py_BEGIN_ALLOW_THREADS r = kvs_client_remove_by_regex(c, pattern, force != 0);
+    Py_END_ALLOW_THREADS store_leave(self);
+    return PyLong_FromLongLong(r);
+}
+
+/* A call over a key list answering one status per key. */
+typedef int (*keys_fn)(kvs_client_t *c, size_t n, const char *const *keys, const void *arg,
+                       int *results);
+
+static PyObject *keys_status_call(store_t *self, PyObject *keys_o, keys_fn fn, const void *arg,
+                                  int not_set_up)
+{
+    Py_ssize_t n;
+    PyObject *hold = NULL;
+    const char **keys = keys_from(keys_o, &n, &hold);
+    if (keys == NULL)
+        return NULL;
+    PyObject *out;
+    int *ires = PyMem_Calloc((size_t)n + 1, sizeof(*ires));
+    int64_t *res = PyMem_Calloc((size_t)n + 1, sizeof(*res));
+    kvs_client_t *c = ires && res && n > 0 ? store_enter(self) : NULL;
+    if (ires == NULL || res == NULL) {
+        out = PyErr_NoMemory();
+    } else if (n == 0) {
+        out = PyList_New(0);
+    } else if (c == NULL) {
+        out = not_set_up ? same_code_list(n, not_set_up) : PyList_New(0);
+    } else {
+        int r;
+        Py_BEGIN_ALLOW_THREADS r = fn(c, (size_t)n, keys, arg, ires);
+        Py_END_ALLOW_THREADS store_leave(self);
+        for (Py_ssize_t i = 0; i < n; i++)
+            res[i] = r == KVS_OK ? ires[i] : r;
+        out = int_list(res, n);
+    }
+    PyMem_Free(keys);
+    Py_XDECREF(hold);
+    PyMem_Free(ires);
+    PyMem_Free(res);
+    return out;
+}
+
+static int batch_remove_fn(kvs_client_t *c, size_t n, const char *const *keys, const void *arg,
+                           int *results)
+{
+    return kvs_client_batch_remove(c, n, keys, *(const int *)arg != 0, results);
+}
+
+static PyObject *store_batch_remove(store_t *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"keys", "force", NULL};
+    PyObject *keys;
+    int force = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p", names, &keys, &force))
+        return NULL;
+    return keys_status_call(self, keys, batch_remove_fn, &force, NOT_SET_UP);
+}
+
+static int replica_clear_fn(kvs_client_t *c, size_t n, const char *const *keys, const void *arg,
+                            int *results)
+{
+    return kvs_client_batch_replica_clear(c, n, keys, (const char *)arg, results);
+}
+
+/* batch_replica_clear(keys, segment_name="") -> list[str]: the keys cleared. */
+static PyObject *store_batch_replica_clear(store_t *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"keys", "segment_name", NULL};
+    PyObject *keys;
+    const char *seg = "";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|s", names, &keys, &seg))
+        return NULL;
+    PyObject *codes = keys_status_call(self, keys, replica_clear_fn, seg, 0);
+    if (codes == NULL)
+        return NULL;
+    PyObject *out = PyList_New(0);
+    Py_ssize_t n = PyList_GET_SIZE(codes);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        if (PyLong_AsLong(PyList_GET_ITEM(codes, i)) == 0 &&
+            PyList_Append(out, PySequence_Fast_GET_ITEM(keys, i)) != 0)
+            Py_CLEAR(out);
+    }
+    Py_DECREF(codes);
+    return out;
+}
+#endif /* KVS_PY_MASTER_OPS */
+
+#ifdef KVS_PY_SESSIONS
+/* Per-key lists of (address, size, offset) fragments: all_buffer_ptrs, all_sizes and one of
+ * all_src_offsets / all_dst_offsets. A key whose three lists differ in length gets -600 in
+ * bad[i] and no fragments. Returns 0, or -1 with an exception (wrong types, no memory). */
+typedef struct {
+    kvs_range_t *frags;
+    const kvs_range_t **per_key;
+    size_t *counts;
+    int64_t *bad;
+} ranges_t;
+
+static void ranges_free(ranges_t *r)
+{
+    PyMem_Free(r->frags);
+    PyMem_Free(r->per_key);
+    PyMem_Free(r->counts);
+    PyMem_Free(r->bad);
+}
+
+static int ranges_from(Py_ssize_t n, PyObject *ptrs_o, PyObject *sizes_o, PyObject *offs_o,
+                       ranges_t *r)
+{
+    memset(r, 0, sizeof(*r));
+    PyObject *lists[3] = {ptrs_o, sizes_o, offs_o};
+    for (int l = 0; l < 3; l++) {
+        if (!PyList_Check(lists[l]) && !PyTuple_Check(lists[l])) {
+            PyErr_SetString(PyExc_TypeError, "buffer pointers, sizes and offsets must be lists "
+                                             "of lists of int");
+            return -1;
+        }
+        if (PySequence_Fast_GET_SIZE(lists[l]) != n)
+            return 1; /* an outer length mismatch: -600 for every key */
+    }
+    size_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        for (int l = 0; l < 3; l++) {
+            PyObject *in = PySequence_Fast_GET_ITEM(lists[l], i);
+            if (!PyList_Check(in) && !PyTuple_Check(in)) {
+                PyErr_SetString(PyExc_TypeError, "buffer pointers, sizes and offsets must be "
+                                                 "lists of lists of int");
+                return -1;
+            }
+        }
+        total += (size_t)PySequence_Fast_GET_SIZE(PySequence_Fast_GET_ITEM(ptrs_o, i));
+    }
+    r->frags = PyMem_Calloc(total + 1, sizeof(*r->frags));
+    r->per_key = PyMem_Calloc((size_t)n + 1, sizeof(*r->per_key));
+    r->counts = PyMem_Calloc((size_t)n + 1, sizeof(*r->counts));
+    r->bad = PyMem_Calloc((size_t)n + 1, sizeof(*r->bad));
+    uint64_t *tmp = PyMem_Calloc(3 * (total + 1), sizeof(*tmp));
+    if (!r->frags || !r->per_key || !r->counts || !r->bad || !tmp) {
+        PyMem_Free(tmp);
+        ranges_free(r);
+        PyErr_NoMemory();
+        return -1;
+    }
+    size_t f = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t m = PySequence_Fast_GET_SIZE(PySequence_Fast_GET_ITEM(ptrs_o, i));
+        int st = 0;
+        for (int l = 0; l < 3 && st == 0; l++)
+            st = ints_from(PySequence_Fast_GET_ITEM(lists[l], i), m, "fragment lists",
+                           tmp + (size_t)l * (total + 1) + f);
+        if (st < 0) {
+            PyMem_Free(tmp);
+            ranges_free(r);
+            return -1;
+        }
+        r->per_key[i] = &r->frags[f];
+        if (st > 0 || m == 0) {
+            r->bad[i] = KVS_INVALID_PARAMS;
+            continue;
+        }
+        for (Py_ssize_t j = 0; j < m; j++)
+            r->frags[f + (size_t)j] = (kvs_range_t){
+                .ptr = (void *)(uintptr_t)tmp[f + (size_t)j],
+                .len = (size_t)tmp[(total + 1) + f + (size_t)j],
+                .offset = tmp[2 * (total + 1) + f + (size_t)j],
+            };
+        r->counts[i] = (size_t)m;
+        f += (size_t)m;
+    }
+    PyMem_Free(tmp);
+    return 0;
+}
+
+typedef int (*ranges_fn)(kvs_client_t *c, size_t n, const char *const *keys,
+                         const kvs_range_t *const *ranges, const size_t *counts, int64_t *res);
+
+static int get_ranges_fn(kvs_client_t *c, size_t n, const char *const *keys,
+                         const kvs_range_t *const *ranges, const size_t *counts, int64_t *res)
+{
+    return kvs_client_batch_get_ranges(c, n, keys, ranges, counts, res);
+}
+
+static int put_ranges_fn(kvs_client_t *c, size_t n, const char *const *keys,
+                         const kvs_range_t *const *ranges, const size_t *counts, int64_t *res)
+{
+    int *ires = kvs__malloc(n * sizeof(*ires));
+    if (ires == NULL)
+        return KVS_NO_MEMORY;
+    int r = kvs_client_put_session_write(c, n, keys, ranges, counts, ires);
+    for (size_t i = 0; r == KVS_OK && i < n; i++) {
+        uint64_t bytes = 0;
+        for (size_t j = 0; j < counts[i]; j++)
+            bytes += ranges[i][j].len;
+        res[i] = ires[i] == KVS_OK ? (int64_t)bytes : ires[i];
+    }
+    kvs__free(ires);
+    return r;
+}
+
+/* keys + per-key fragment lists with offsets: bytes per key or a negative code. */
+static PyObject *ranges_call(store_t *self, PyObject *args, PyObject *kw, const char *off_name,
+                             ranges_fn fn)
+{
+    char *names[] = {"keys", "all_buffer_ptrs", "all_sizes", (char *)off_name, NULL};
+    PyObject *keys_o, *p, *s, *o;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO", names, &keys_o, &p, &s, &o))
+        return NULL;
+    Py_ssize_t n;
+    PyObject *hold = NULL;
+    const char **keys = keys_from(keys_o, &n, &hold);
+    if (keys == NULL)
+        return NULL;
+    ranges_t r;
+    PyObject *out = NULL;
+    int st = ranges_from(n, p, s, o, &r);
+    if (st != 0) {
+        out = st > 0 ? same_code_list(n, KVS_INVALID_PARAMS) : NULL;
+        PyMem_Free(keys);
+        Py_XDECREF(hold);
+        return out;
+    }
+    int64_t *res = PyMem_Calloc((size_t)n + 1, sizeof(*res));
+    kvs_client_t *c = res && n > 0 ? store_enter(self) : NULL;
+    if (res == NULL) {
+        out = PyErr_NoMemory();
+    } else if (n == 0 || c == NULL) {
+        out = PyList_New(0); /* Mooncake: [] before setup */
+    } else {
+        int rc;
+        Py_BEGIN_ALLOW_THREADS rc = fn(c, (size_t)n, keys, r.per_key, r.counts, res);
+        Py_END_ALLOW_THREADS store_leave(self);
+        for (Py_ssize_t i = 0; i < n; i++)
+            res[i] = r.bad[i] ? r.bad[i] : rc == KVS_OK ? res[i] : rc;
+        out = int_list(res, n);
+    }
+    PyMem_Free(res);
+    ranges_free(&r);
+    PyMem_Free(keys);
+    Py_XDECREF(hold);
+    return out;
+}
+
+static PyObject *store_get_ranges(store_t *self, PyObject *args, PyObject *kw)
+{
+    return ranges_call(self, args, kw, "all_src_offsets", get_ranges_fn);
+}
+
+static PyObject *store_put_ranges(store_t *self, PyObject *args, PyObject *kw)
+{
+    return ranges_call(self, args, kw, "all_dst_offsets", put_ranges_fn);
+}
+
+static int session_start_fn(kvs_client_t *c, size_t n, const char *const *keys, const void *arg,
+                            int *results)
+{
+    (void)arg;
+    int r = kvs_client_read_session_start(c, n, keys, results);
+    for (size_t i = 0; r == KVS_OK && i < n; i++)
+        results[i] = results[i] >= 0 ? 0 : results[i]; /* Mooncake: 0, not the size */
+    return r;
+}
+
+static PyObject *store_get_session_start(store_t *self, PyObject *keys)
+{
+    return keys_status_call(self, keys, session_start_fn, NULL, 0);
+}
+
+static PyObject *store_get_session_end(store_t *self, PyObject *keys_o)
+{
+    Py_ssize_t n;
+    PyObject *hold = NULL;
+    const char **keys = keys_from(keys_o, &n, &hold);
+    if (keys == NULL)
+        return NULL;
+    kvs_client_t *c = store_enter(self);
+    int r = -1; /* Mooncake: -1 before setup */
+    if (c != NULL) {
+        r = 0;
+        if (n > 0) {
+            Py_BEGIN_ALLOW_THREADS kvs_client_read_session_end(c, (size_t)n, keys);
+            Py_END_ALLOW_THREADS
+        }
+        store_leave(self);
+    }
+    PyMem_Free(keys);
+    Py_XDECREF(hold);
+    return PyLong_FromLong(r);
+}
+
+typedef struct {
+    const uint64_t *sizes;
+    const kvs_replicate_config_t *rc;
+} put_start_arg_t;
+
+static int put_session_start_fn(kvs_client_t *c, size_t n, const char *const *keys, const void *arg,
+                                int *results)
+{
+    const put_start_arg_t *a = arg;
+    return kvs_client_put_session_start(c, n, keys, a->sizes, a->rc, results);
+}
+
+static PyObject *store_put_session_start(store_t *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"keys", "sizes", "config", NULL};
+    PyObject *keys, *sizes_o, *cfg = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O", names, &keys, &sizes_o, &cfg))
+        return NULL;
+    rc_holder_t h;
+    int cr = rc_convert(cfg, &h);
+    if (cr < 0)
+        return NULL;
+    Py_ssize_t n = PySequence_Size(keys);
+    if (n < 0)
+        return NULL;
+    uint64_t *sizes = PyMem_Calloc((size_t)n + 1, sizeof(*sizes));
+    if (sizes == NULL)
+        return PyErr_NoMemory();
+    int st = ints_from(sizes_o, n, "sizes", sizes);
+    PyObject *out;
+    if (st < 0)
+        out = NULL;
+    else if (st > 0 || cr != 0)
+        out = same_code_list(n, KVS_INVALID_PARAMS);
+    else {
+        put_start_arg_t a = {sizes, &h.rc};
+        out = keys_status_call(self, keys, put_session_start_fn, &a, 0);
+    }
+    PyMem_Free(sizes);
+    return out;
+}
+
+static int put_session_end_fn(kvs_client_t *c, size_t n, const char *const *keys, const void *arg,
+                              int *results)
+{
+    (void)arg;
+    return kvs_client_put_session_end(c, n, keys, results);
+}
+
+static int put_session_revoke_fn(kvs_client_t *c, size_t n, const char *const *keys,
+                                 const void *arg, int *results)
+{
+    (void)arg;
+    return kvs_client_put_session_revoke(c, n, keys, results);
+}
+
+static PyObject *store_put_session_end(store_t *self, PyObject *keys)
+{
+    return keys_status_call(self, keys, put_session_end_fn, NULL, 0);
+}
+
+static PyObject *store_put_session_revoke(store_t *self, PyObject *keys)
+{
+    return keys_status_call(self, keys, put_session_revoke_fn, NULL, 0);
+}
+
+/* _replica_desc(keys) -> list of (list of (segment_name, endpoint, node, offset, size)), empty
+ * for a key not found complete. */
+static PyObject *store_replica_desc(store_t *self, PyObject *keys_o)
+{
+    Py_ssize_t n;
+    PyObject *hold = NULL;
+    const char **keys = keys_from(keys_o, &n, &hold);
+    if (keys == NULL)
+        return NULL;
+    kvs_replica_desc_t *d = PyMem_Calloc((size_t)n * KVS_MAX_REPLICA_DESCS + 1, sizeof(*d));
+    uint32_t *nreps = PyMem_Calloc((size_t)n + 1, sizeof(*nreps));
+    int *res = PyMem_Calloc((size_t)n + 1, sizeof(*res));
+    PyObject *out = NULL;
+    if (d == NULL || nreps == NULL || res == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    kvs_client_t *c = n > 0 ? store_enter(self) : NULL;
+    int r = KVS_INVALID_PARAMS;
+    if (c != NULL) {
+        Py_BEGIN_ALLOW_THREADS r =
+            kvs_client_batch_get_replica_desc(c, (size_t)n, keys, d, nreps, res);
+        Py_END_ALLOW_THREADS store_leave(self);
+    }
+    out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        uint32_t m = r == KVS_OK && res[i] == KVS_OK ? nreps[i] : 0;
+        PyObject *l = PyList_New(m);
+        for (uint32_t q = 0; l != NULL && q < m; q++) {
+            const kvs_replica_desc_t *x = &d[(size_t)i * KVS_MAX_REPLICA_DESCS + q];
+            PyObject *t = Py_BuildValue("(sssKK)", x->segment_name, x->endpoint, x->node,
+                                        (unsigned long long)x->offset, (unsigned long long)x->size);
+            if (t == NULL)
+                Py_CLEAR(l);
+            else
+                PyList_SET_ITEM(l, q, t);
+        }
+        if (l == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, l);
+    }
+done:
+    PyMem_Free(d);
+    PyMem_Free(nreps);
+    PyMem_Free(res);
+    PyMem_Free(keys);
+    Py_XDECREF(hold);
+    return out;
+}
+#endif /* KVS_PY_SESSIONS */
+
 static PyMethodDef store_methods[] = {
     {"_open", (PyCFunction)store_open, METH_VARARGS, open_doc},
     {"put", (PyCFunction)(void (*)(void))store_put, METH_VARARGS | METH_KEYWORDS,
@@ -1199,6 +1783,62 @@ static PyMethodDef store_methods[] = {
      "stored) or a negative code."},
     {"get_stats", (PyCFunction)store_get_stats, METH_NOARGS,
      "get_stats() -> dict: the client's counters (and latency quantiles in us)."},
+#ifdef KVS_PY_MASTER_OPS
+    {"upsert", (PyCFunction)(void (*)(void))store_upsert, METH_VARARGS | METH_KEYWORDS,
+     "upsert(key, value, config=None) -> int: stores value, replacing an existing one "
+     "atomically: readers see the old or the new bytes, never a mix (readers inside their lease "
+     "keep the old bytes). 0 or a negative code."},
+    {"upsert_from", (PyCFunction)(void (*)(void))store_upsert_from, METH_VARARGS | METH_KEYWORDS,
+     "upsert_from(key, buffer_ptr, size, config=None) -> int: upsert from registered memory."},
+    {"batch_upsert_from", (PyCFunction)(void (*)(void))store_batch_upsert_from,
+     METH_VARARGS | METH_KEYWORDS,
+     "batch_upsert_from(keys, buffer_ptrs, sizes, config=None) -> list[int]"},
+    {"put_batch", (PyCFunction)(void (*)(void))store_put_batch, METH_VARARGS | METH_KEYWORDS,
+     "put_batch(keys, values, config=None) -> int: 0 (existing keys too), or the first failing "
+     "key's code."},
+    {"upsert_batch", (PyCFunction)(void (*)(void))store_upsert_batch, METH_VARARGS | METH_KEYWORDS,
+     "upsert_batch(keys, values, config=None) -> int: 0, or the first failing key's code."},
+    {"remove_all", (PyCFunction)(void (*)(void))store_remove_all, METH_VARARGS | METH_KEYWORDS,
+     "remove_all(force=False) -> int: objects removed (this tenant's); leased objects are "
+     "skipped unless force, pending puts always."},
+    {"remove_by_regex", (PyCFunction)(void (*)(void))store_remove_by_regex,
+     METH_VARARGS | METH_KEYWORDS,
+     "remove_by_regex(regex_pattern, force=False) -> int: objects whose key matches the POSIX "
+     "extended regular expression (anywhere in the key unless anchored) removed, or -600 for "
+     "a bad pattern."},
+    {"batch_remove", (PyCFunction)(void (*)(void))store_batch_remove, METH_VARARGS | METH_KEYWORDS,
+     "batch_remove(keys, force=False) -> list[int]: 0 or a negative code per key."},
+    {"batch_replica_clear", (PyCFunction)(void (*)(void))store_batch_replica_clear,
+     METH_VARARGS | METH_KEYWORDS,
+     "batch_replica_clear(keys, segment_name='') -> list[str]: the keys cleared."},
+#endif
+#ifdef KVS_PY_SESSIONS
+    {"batch_get_session_start", (PyCFunction)store_get_session_start, METH_O,
+     "batch_get_session_start(keys) -> list[int]: one lookup and read lease for the keys; "
+     "ranged reads of them then need no lookup until the session ends. 0 or a negative code."},
+    {"batch_get_into_multi_buffer_ranges", (PyCFunction)(void (*)(void))store_get_ranges,
+     METH_VARARGS | METH_KEYWORDS,
+     "batch_get_into_multi_buffer_ranges(keys, all_buffer_ptrs, all_sizes, all_src_offsets) -> "
+     "list[int]: fragment j of key i gets all_sizes[i][j] bytes of the object from "
+     "all_src_offsets[i][j] (registered memory). Bytes per key, or a negative code."},
+    {"batch_get_session_end", (PyCFunction)store_get_session_end, METH_O,
+     "batch_get_session_end(keys) -> int: 0; the session's leases end."},
+    {"batch_put_session_start", (PyCFunction)(void (*)(void))store_put_session_start,
+     METH_VARARGS | METH_KEYWORDS,
+     "batch_put_session_start(keys, sizes, config=None) -> list[int]: places the objects; "
+     "their bytes follow in batch_put_from_multi_buffer_ranges calls. 0 or a negative code."},
+    {"batch_put_from_multi_buffer_ranges", (PyCFunction)(void (*)(void))store_put_ranges,
+     METH_VARARGS | METH_KEYWORDS,
+     "batch_put_from_multi_buffer_ranges(keys, all_buffer_ptrs, all_sizes, all_dst_offsets) "
+     "-> list[int]: bytes written per key, or a negative code."},
+    {"batch_put_session_end", (PyCFunction)store_put_session_end, METH_O,
+     "batch_put_session_end(keys) -> list[int]: makes each object readable once every byte "
+     "was written (else -700, and the put is revoked)."},
+    {"batch_put_session_revoke", (PyCFunction)store_put_session_revoke, METH_O,
+     "batch_put_session_revoke(keys) -> list[int]"},
+    {"_replica_desc", (PyCFunction)store_replica_desc, METH_O,
+     "_replica_desc(keys) -> per key, a list of (segment, endpoint, node, offset, size)."},
+#endif
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,60 +1,13 @@
 """The kvstash Python module against a real kvstash-server (standard library unittest only)."""
-import ctypes
 import os
-import subprocess
 import tempfile
 import threading
-import time
 import unittest
 import warnings
 
 import kvstash
 
-SERVER = os.environ.get("KVS_SERVER_PATH", "kvstash-server")
-GUARD = 0x5A
-
-
-def pattern(key: str, size: int) -> bytes:
-    seed = sum(key.encode()) % 251
-    return bytes((seed + i * 7) % 256 for i in range(size))
-
-
-class Server:
-    """kvstash-server (owner + embedded master) on a free port."""
-
-    def __init__(self, segment="64MiB", extra=()):
-        self.dir = tempfile.TemporaryDirectory()
-        port_file = os.path.join(self.dir.name, "port")
-        self.proc = subprocess.Popen(
-            [SERVER, "--port", "0", "--port-file", port_file, "--segment-size", segment,
-             "--log-level", "error", *extra], stdout=subprocess.DEVNULL)
-        for _ in range(500):
-            if os.path.exists(port_file) and open(port_file).read().strip():
-                break
-            if self.proc.poll() is not None:
-                raise RuntimeError("kvstash-server exited")
-            time.sleep(0.01)
-        self.master = "127.0.0.1:" + open(port_file).read().strip()
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(10)
-        self.dir.cleanup()
-
-
-class Buffer:
-    """Plain memory with its address, filled with guard bytes."""
-
-    def __init__(self, size):
-        self.mem = ctypes.create_string_buffer(bytes([GUARD]) * size, size)
-        self.ptr = ctypes.addressof(self.mem)
-        self.size = size
-
-    def bytes(self, off, n):
-        return ctypes.string_at(self.ptr + off, n)
-
-    def write(self, off, data):
-        ctypes.memmove(self.ptr + off, data, len(data))
+from kvs_harness import GUARD, Buffer, Server, pattern
 
 
 class StoreTest(unittest.TestCase):
