@@ -13,6 +13,7 @@
 #   gpu-staging    staging with the CUDA backend (tests, and the same under memcheck)
 #   torch          a PyTorch paged KV cache through the Python module, all four read modes
 #   gpu-tests      the GPU scatter, path and staging tests only (no memcheck, no benchmark)
+#   mooncake       the Python module's Mooncake API and engine replay tests on this build
 #   store          `kvstash bench store` (the store benchmark); $STORE_ARGS adds its options
 #   contract       the correctness-contract tests on this machine's cores: test_stress and the
 #                  restart, fencing, tombstone and lease cases of test_client
@@ -25,7 +26,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-build-gpu/out}
 mkdir -p "$out"
-(($#)) || { sed -n '2,24p' "$0"; exit 2; }
+(($#)) || { sed -n '2,25p' "$0"; exit 2; }
 {
     date -u +"%Y-%m-%dT%H:%M:%SZ"
     # (no commit line: the device machine's copy of .git may lag behind the tree it runs)
@@ -106,6 +107,11 @@ for suite in "$@"; do
             step torch_test bash -c 'cd tests/python && python3 -m unittest -v test_torch_paged_kv'
         PYTHONPATH=$PWD/build-gpu/python step torch_example bash -c \
             'time python3 examples/paged_kv_cache.py --server build-gpu/kvstash-server'
+        ;;
+    mooncake)
+        PYTHONPATH=$PWD/build-gpu/python KVS_SERVER_PATH=$PWD/build-gpu/kvstash-server \
+            step mooncake_test bash -c \
+            'cd tests/python && python3 -m unittest -v test_mooncake_api test_engines'
         ;;
     store)
         # shellcheck disable=SC2086 # STORE_ARGS is a list of options

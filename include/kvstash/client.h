@@ -171,6 +171,25 @@ int kvs_client_batch_exists(kvs_client_t *client, size_t n, const char *const ke
 /* The object's size, or a negative status. Takes a read lease like any lookup. */
 int64_t kvs_client_get_size(kvs_client_t *client, const char *key);
 
+/* ---- bulk removal (Mooncake's remove_all, remove_by_regex, batch_remove) -------------------- */
+
+/* Removes each key as kvs_client_remove does; results[i] is 0 or its failure
+ * (KVS_OBJECT_NOT_FOUND, KVS_OBJECT_HAS_LEASE, KVS_REPLICA_IS_NOT_READY). */
+int kvs_client_batch_remove(kvs_client_t *client, size_t n, const char *const keys[], bool force,
+                            int results[]);
+
+/* Removes every complete object the master lists (objects of puts in progress are never
+ * removed in bulk; leased ones only with `force`, and then tombstoned until their leases end).
+ * Returns how many were removed, or a negative status when the listing failed. Not atomic:
+ * objects stored while it runs may stay. */
+int64_t kvs_client_remove_all(kvs_client_t *client, bool force);
+
+/* As kvs_client_remove_all, for keys that match `pattern`, a POSIX extended regular expression
+ * (at most 1024 bytes; matched anywhere in the key unless anchored). Mooncake uses ECMAScript
+ * std::regex: the common forms (^prefix, .*, [a-z]+, alternation) mean the same. A bad pattern
+ * is KVS_INVALID_PARAMS with the reason. */
+int64_t kvs_client_remove_by_regex(kvs_client_t *client, const char *pattern, bool force);
+
 /* ---- statistics ----------------------------------------------------------------------------- */
 
 /* Latency histogram: bucket 0 counts calls under 1 µs, bucket i (i >= 1) calls of

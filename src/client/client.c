@@ -749,9 +749,8 @@ int kvs__client_put_start(kvs_client_t *c, const kvs__put_start_req_t *ps, kvs__
     return batch_call(c, &b, arena, NULL, pr, deadline_ns);
 }
 
-/* A keys call whose answer is one status per key: results[i] for keys[i]. */
-static int status_list_call(kvs_client_t *c, uint16_t type, uint32_t flags, size_t n,
-                            const char *const keys[], int results[])
+int kvs__client_status_list_call(kvs_client_t *c, uint16_t type, uint32_t flags, size_t n,
+                                 const char *const keys[], int results[])
 {
     if (n == 0 || n > KVS_MAX_BATCH || keys == NULL || results == NULL)
         return kvs__fail(KVS_INVALID_PARAMS, "%s: 1..%u keys and a results array are required",
@@ -790,7 +789,8 @@ int kvs_client_remove(kvs_client_t *c, const char *key, bool force)
     kvs__client_enter(c);
     atomic_fetch_add(&c->st.remove_calls, 1);
     int result = 0;
-    int rc = status_list_call(c, KVS_MSG_REMOVE, force ? KVS_KEYS_FLAG_FORCE : 0, 1, &key, &result);
+    int rc = kvs__client_status_list_call(c, KVS_MSG_REMOVE, force ? KVS_KEYS_FLAG_FORCE : 0, 1,
+                                          &key, &result);
     kvs__client_leave(c);
     if (rc == KVS_OK && result != KVS_OK)
         rc = kvs__fail(result, "remove '%s': %s", key, kvs_status_str(result));
@@ -803,7 +803,7 @@ int kvs_client_batch_exists(kvs_client_t *c, size_t n, const char *const keys[],
         return kvs__fail(KVS_INVALID_PARAMS, "batch_exists: client is NULL");
     kvs__client_enter(c);
     atomic_fetch_add(&c->st.exists_calls, 1);
-    int rc = status_list_call(c, KVS_MSG_EXISTS, 0, n, keys, results);
+    int rc = kvs__client_status_list_call(c, KVS_MSG_EXISTS, 0, n, keys, results);
     kvs__client_leave(c);
     return rc;
 }

@@ -128,6 +128,9 @@ int64_t kvs__client_get_size_until(kvs_client_t *c, const char *key, uint64_t de
  * list (the sweep), so endpoints live across calls. */
 int kvs__client_endpoint(kvs_client_t *c, kvs_transport_t *t, const char *name,
                          uint64_t deadline_ns, kvs_endpoint_t **ep_p);
+/* A keys call whose answer is one status per key (REMOVE, EXISTS): results[i] for keys[i]. */
+int kvs__client_status_list_call(kvs_client_t *c, uint16_t type, uint32_t flags, size_t n,
+                                 const char *const keys[], int results[]);
 /* The deadline of a metadata call starting now (rpc_timeout_ms). */
 uint64_t kvs__client_rpc_deadline(const kvs_client_t *c);
 /* Master calls over a batch, split into as many frames as the frame limit needs and joined

@@ -1284,6 +1284,8 @@ static PyObject *store_upsert_batch(store_t *self, PyObject *args, PyObject *kw)
     return values_batch(self, args, kw, true);
 }
 
+#endif /* KVS_PY_MASTER_OPS */
+
 /* remove_all(force=False) / remove_by_regex(regex_pattern, force=False) -> int: the number of
  * objects removed, or a negative code. */
 static PyObject *store_remove_all(store_t *self, PyObject *args, PyObject *kw)
@@ -1370,6 +1372,7 @@ static PyObject *store_batch_remove(store_t *self, PyObject *args, PyObject *kw)
     return keys_status_call(self, keys, batch_remove_fn, &force, NOT_SET_UP);
 }
 
+#ifdef KVS_PY_MASTER_OPS
 static int replica_clear_fn(kvs_client_t *c, size_t n, const char *const *keys, const void *arg,
                             int *results)
 {
@@ -1798,6 +1801,7 @@ static PyMethodDef store_methods[] = {
      "key's code."},
     {"upsert_batch", (PyCFunction)(void (*)(void))store_upsert_batch, METH_VARARGS | METH_KEYWORDS,
      "upsert_batch(keys, values, config=None) -> int: 0, or the first failing key's code."},
+#endif
     {"remove_all", (PyCFunction)(void (*)(void))store_remove_all, METH_VARARGS | METH_KEYWORDS,
      "remove_all(force=False) -> int: objects removed (this tenant's); leased objects are "
      "skipped unless force, pending puts always."},
@@ -1808,6 +1812,7 @@ static PyMethodDef store_methods[] = {
      "a bad pattern."},
     {"batch_remove", (PyCFunction)(void (*)(void))store_batch_remove, METH_VARARGS | METH_KEYWORDS,
      "batch_remove(keys, force=False) -> list[int]: 0 or a negative code per key."},
+#ifdef KVS_PY_MASTER_OPS
     {"batch_replica_clear", (PyCFunction)(void (*)(void))store_batch_replica_clear,
      METH_VARARGS | METH_KEYWORDS,
      "batch_replica_clear(keys, segment_name='') -> list[str]: the keys cleared."},
