@@ -136,12 +136,14 @@ int kvs_client_batch_get_into(kvs_client_t *client, size_t n, const char *const 
                               const kvs_buf_t bufs[], int64_t results[]);
 
 /* Reads object i into the `nbufs[i]` registered fragments `bufs[i]`, in order; the fragments
- * must add up to the object's size exactly (else KVS_INVALID_PARAMS for that key before any
- * I/O, its fragments untouched). A key may appear more than once (into different fragments).
- * Fragments that overlap get unspecified bytes. results[i] is the object size or a negative status:
- * KVS_OBJECT_NOT_FOUND, KVS_REPLICA_IS_NOT_READY, KVS_LEASE_EXPIRED (the transfer finished
- * after the read lease from the lookup ran out: the bytes cannot be trusted), KVS_TIMED_OUT,
- * KVS_TRANSFER_FAIL. A failed key's fragments may hold partial data.
+ * must hold at least the object's size (else KVS_INVALID_PARAMS for that key before any I/O,
+ * its fragments untouched). Fragments beyond the object's end are left as they were (as in
+ * Mooncake); a call with such a key is not staged (fallback_not_exact). A key may appear more than
+ * once (into different fragments). Fragments that overlap get unspecified bytes. results[i] is the
+ * object size or a negative status: KVS_OBJECT_NOT_FOUND, KVS_REPLICA_IS_NOT_READY,
+ * KVS_LEASE_EXPIRED (the transfer finished after the read lease from the lookup ran out: the bytes
+ * cannot be trusted), KVS_TIMED_OUT, KVS_TRANSFER_FAIL. A failed key's fragments may hold partial
+ * data.
  *
  * `prefer_alloc_in_same_node` selects grouped reads: a replica on this host is preferred and all
  * keys read from one owner go in one submission. Otherwise each key is its own submission, all
@@ -150,6 +152,55 @@ int kvs_client_batch_get_into_multi_buffers(kvs_client_t *client, size_t n,
                                             const char *const keys[], const kvs_buf_t *const bufs[],
                                             const size_t nbufs[], bool prefer_alloc_in_same_node,
                                             int64_t results[]);
+
+/* ---- ranged reads, sessions and inspection --------------------------------------------------- */
+
+/* A fragment of registered memory and where it lies in the object. */
+typedef struct {
+    void *ptr;
+    size_t len;
+    uint64_t offset; /* in the object */
+} kvs_range_t;
+
+/* Range j of key i reads object bytes [offset, offset + len) into registered memory at ptr.
+ * results[i] is the bytes read for key i, or a negative status; a range outside the object is
+ * KVS_INVALID_PARAMS for its key before any I/O (its destinations untouched). A key's ranges
+ * whose offsets follow each other are one transfer (and, with staging on, one staged read). */
+int kvs_client_batch_get_ranges(kvs_client_t *client, size_t n, const char *const keys[],
+                                const kvs_range_t *const ranges[], const size_t nranges[],
+                                int64_t results[]);
+
+/* Read sessions: one LOOKUP and read lease for keys that are read many times (per layer). While
+ * a key's session lease has more than a tenth of its time (at least 100 ms) left, reads whose
+ * keys all have one need no lookup; otherwise a read looks its keys up as usual. results[i] is
+ * the object size or a negative status. Starting a key again refreshes its lease and counts;
+ * each start is ended by one end, which releases the lease. At most 2^20 keys are in sessions
+ * (KVS_NO_RESOURCE beyond). Sessions end with the client. */
+int kvs_client_read_session_start(kvs_client_t *client, size_t n, const char *const keys[],
+                                  int results[]);
+/* Ends a session start of each key (unknown keys are ignored). */
+int kvs_client_read_session_end(kvs_client_t *client, size_t n, const char *const keys[]);
+
+/* Reads whole objects into new memory: data[i] (caller frees with kvs_free) and sizes[i] where
+ * results[i] (the size, or a negative status) is not negative; data[i] is NULL otherwise. */
+int kvs_client_batch_get(kvs_client_t *client, size_t n, const char *const keys[], void *data[],
+                         size_t sizes[], int64_t results[]);
+
+/* Where each complete object's replicas are (one LOOKUP, its leases released at once). */
+#define KVS_REPLICA_NAME_MAX  257
+#define KVS_MAX_REPLICA_DESCS 16
+typedef struct {
+    uint64_t segment_id;
+    char segment_name[KVS_REPLICA_NAME_MAX];
+    char endpoint[KVS_REPLICA_NAME_MAX]; /* the owner's data endpoint "host:port" */
+    char node[KVS_REPLICA_NAME_MAX];
+    uint64_t offset; /* in the segment */
+    uint64_t size;
+} kvs_replica_desc_t;
+/* descs has n * KVS_MAX_REPLICA_DESCS entries: key i's replicas are descs[i * 16 ..
+ * i * 16 + nreps[i]). results[i]: 0, KVS_OBJECT_NOT_FOUND or KVS_REPLICA_IS_NOT_READY. */
+int kvs_client_batch_get_replica_desc(kvs_client_t *client, size_t n, const char *const keys[],
+                                      kvs_replica_desc_t descs[], uint32_t nreps[], int results[]);
 
 /* Reads a whole object into new memory: *data_p (caller frees with kvs_free) and *size_p. */
 int kvs_client_get(kvs_client_t *client, const char *key, void **data_p, size_t *size_p);
@@ -238,6 +289,9 @@ typedef struct {
     uint64_t fallback_alloc_failed; /* the buffer could not be allocated (staging now off) */
     kvs_histogram_t put_latency;    /* per put call, end to end */
     kvs_histogram_t get_latency;    /* per read call, end to end */
+    /* Read calls that went direct because a key's fragments hold more than the object
+     * (kvs_client_batch_get_into_multi_buffers accepts them; staging needs an exact cover). */
+    uint64_t fallback_not_exact;
 } kvs_client_stats_t;
 
 /* Copies a snapshot of the counters into *stats_p. */

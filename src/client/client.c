@@ -107,6 +107,8 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
     kvs__staging_config_t scfg;
     kvs__staging_config_init(&scfg);
     rc = kvs__staging_create(&scfg, &c->staging);
+    if (rc == KVS_OK)
+        rc = kvs__sessions_create(&c->sessions);
     if (rc != KVS_OK) {
         rc = kvs__fail(rc, "kvs_client_open: out of memory");
         goto err_free;
@@ -171,6 +173,7 @@ err_tcp:
     if (c->shm != NULL)
         c->shm->ops->destroy(c->shm);
 err_free:
+    kvs__sessions_destroy(c->sessions);
     kvs__staging_destroy(c->staging);
     kvs__free(c->master_host);
     kvs__free(c);
@@ -203,7 +206,8 @@ void kvs_client_close(kvs_client_t *c)
     while (atomic_load(&c->calls) > 0)
         pthread_cond_wait(&c->wait_cond, &c->wait_lock);
     pthread_mutex_unlock(&c->wait_lock);
-    releases_flush(c); /* so that the keys this client read can be removed at once */
+    kvs__sessions_release_all(c); /* sessions left open end here */
+    releases_flush(c);            /* so that the keys this client read can be removed at once */
     releases_free(c->rel, c->nrel);
     pthread_mutex_destroy(&c->rel_lock);
     for (size_t i = 0; i < c->nowners; i++)
@@ -220,6 +224,7 @@ void kvs_client_close(kvs_client_t *c)
     if (c->shm != NULL)
         c->shm->ops->destroy(c->shm);
     kvs__rpc_close(c->rpc);
+    kvs__sessions_destroy(c->sessions);
     kvs__staging_destroy(c->staging);
     for (size_t i = 0; i < c->nregs; i++)
         kvs__free(c->regs[i]);
@@ -1063,6 +1068,7 @@ int kvs_client_get_stats(kvs_client_t *c, kvs_client_stats_t *s)
     LOAD_(shm_transfers);
     s->plan_ns_total = atomic_load(&t->plan_ns);
     s->planned_fragments = atomic_load(&t->plan_fragments);
+    s->fallback_not_exact = atomic_load(&t->fallback_not_exact);
 #undef LOAD_
     pthread_rwlock_rdlock(&c->reg_lock);
     s->registered_buffers = c->nregs;

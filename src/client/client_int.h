@@ -42,6 +42,7 @@ typedef struct {
     atomic_uint_fast64_t remove_calls, exists_calls, size_calls, rpc_failures;
     atomic_uint_fast64_t tcp_transfers, shm_transfers;
     atomic_uint_fast64_t plan_ns, plan_fragments;
+    atomic_uint_fast64_t fallback_not_exact; /* reads with fragments larger than the object */
     kvs__hist_t put_latency, get_latency;
 } kvs__client_stats_t;
 
@@ -50,6 +51,19 @@ typedef struct {
     kvs_endpoint_t *ep;
     char *name;
 } kvs__client_ep_t;
+
+/* Read sessions: lookups kept for later reads (client_session.c). */
+typedef struct kvs__sessions kvs__sessions_t;
+#define KVS_MAX_SESSION_KEYS (1u << 20)
+int kvs__sessions_create(kvs__sessions_t **s_p);
+void kvs__sessions_destroy(kvs__sessions_t *s);
+/* Queues the release of every session's lease (at close: sessions left open end). */
+void kvs__sessions_release_all(kvs_client_t *c);
+/* The placement of keys ks[0..m) from live sessions, built in `arena` (until_ns[j]: each key's
+ * lease end). KVS_UNSUPPORTED when not every key has one with time left (then look them up);
+ * no lease is taken or released. */
+int kvs__sessions_placement(kvs_client_t *c, uint32_t m, const kvs__str_t *ks, kvs__arena_t *arena,
+                            kvs__placement_rsp_t *pr, uint64_t *until_ns);
 
 struct kvs_client {
     char *master_host;
@@ -89,6 +103,8 @@ struct kvs_client {
     pthread_mutex_t rel_lock;
     kvs__lease_release_t *rel;
     uint32_t nrel, cap_rel;
+
+    kvs__sessions_t *sessions; /* read sessions (client_session.c) */
 
     kvs__client_stats_t st;
 };

@@ -21,6 +21,10 @@ typedef struct {
     int *domain;     /* memory domain of all of key i's fragments, or KVS_DOMAIN_MIXED */
     kvs__pinset_t pins;
     uint64_t deadline; /* of the whole call: master requests, connects and transfers */
+    /* Ranged reads: key i reads [src_off[i], src_off[i] + total[i]) of its object (NULL: the
+     * whole object). */
+    const uint64_t *src_off;
+    bool allow_larger; /* fragments may hold more than the object (filled in order) */
 } call_t;
 
 /* How a call reaches one segment, decided once per call and segment. Each route holds a
@@ -708,7 +712,7 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
     read_slot_t *slots = NULL;
     kvs_batch_t **batches = NULL;
     kvs_transport_t **batch_t = NULL;
-    uint64_t *lease_until = NULL;
+    uint64_t *lease_until = NULL, *sess_until = NULL;
     int *st = NULL;
     uint8_t *order = NULL, *tried = NULL;
     routes_t routes = {0};
@@ -724,9 +728,21 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
         goto out;
     /* Leases run from before the lookup was sent: never later than the master's clock. */
     uint64_t t_lookup = kvs__now_ns();
-    rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, m, ks, NULL, &arena, NULL, &pr, k->deadline);
+    sess_until = kvs__malloc((size_t)m * sizeof(*sess_until));
+    if (sess_until == NULL) {
+        rc = kvs__fail(KVS_NO_MEMORY, "read: out of memory");
+        goto out;
+    }
+    /* Keys all in live read sessions need no lookup (and their leases stay the sessions'). */
+    bool from_session = kvs__sessions_placement(c, m, ks, &arena, &pr, sess_until) == KVS_OK;
+    if (!from_session) {
+        kvs__arena_free(&arena);
+        kvs__arena_init(&arena);
+        rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, m, ks, NULL, &arena, NULL, &pr,
+                                   k->deadline);
+        looked_up = rc == KVS_OK;
+    }
     t_after = kvs__now_ns();
-    looked_up = rc == KVS_OK;
     if (rc != KVS_OK) {
         rc = kvs__fail(rc, "read: lookup failed: %s", kvs_status_str(rc));
         goto out;
@@ -746,6 +762,7 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
     }
     /* Everything that can fail a key without I/O is decided before the first transfer. */
     uint32_t pending = 0;
+    bool larger = false; /* a key's fragments hold more than its object: not staged */
     for (uint32_t j = 0; j < m; j++) {
         const kvs__obj_desc_t *d = &pr.objs[j];
         size_t i = map[j];
@@ -754,10 +771,20 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
             k->res[i] = d->status;
             continue;
         }
-        if (exact ? k->total[i] != d->size : k->total[i] < d->size) {
-            k->res[i] = kvs__fail(
-                KVS_INVALID_PARAMS, "read '%s': the buffers hold %llu bytes, the object %llu",
-                k->keys[i], (unsigned long long)k->total[i], (unsigned long long)d->size);
+        if (k->src_off != NULL ? k->src_off[i] > d->size || k->total[i] > d->size - k->src_off[i]
+            : exact && !k->allow_larger ? k->total[i] != d->size
+                                        : k->total[i] < d->size) {
+            if (k->src_off != NULL)
+                k->res[i] = kvs__fail(KVS_INVALID_PARAMS,
+                                      "read '%s': bytes %llu..%llu are outside the %llu-byte "
+                                      "object",
+                                      k->keys[i], (unsigned long long)k->src_off[i],
+                                      (unsigned long long)(k->src_off[i] + k->total[i]),
+                                      (unsigned long long)d->size);
+            else
+                k->res[i] = kvs__fail(
+                    KVS_INVALID_PARAMS, "read '%s': the buffers hold %llu bytes, the object %llu",
+                    k->keys[i], (unsigned long long)k->total[i], (unsigned long long)d->size);
             continue;
         }
         tried[2 * j + 1] = (uint8_t)replica_order(c, &pr, d, grouped, &order[j * KVS_MAX_REPLICAS]);
@@ -765,9 +792,10 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
             k->res[i] = KVS_OBJECT_NOT_FOUND; /* every replica's owner is gone */
             continue;
         }
-        /* Cut larger destinations of the single-buffer calls to the object (exact calls
-         * already match it: no pass over their fragments). */
-        if (!exact) {
+        /* Cut larger destinations to the object (exact calls already match it: no pass over
+         * their fragments). */
+        if (k->src_off == NULL && (!exact || k->total[i] > d->size)) {
+            larger |= exact; /* an exact-mode call with more room than the object */
             uint64_t left = d->size;
             uint32_t used = 0;
             struct iovec *iov = &k->iov[k->first[i]];
@@ -779,11 +807,13 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
             k->cnt[i] = used;
             k->total[i] = d->size;
         }
-        lease_until[i] = t_lookup + d->lease_ms * KVS_NS_PER_MS;
+        lease_until[i] = from_session ? sess_until[j] : t_lookup + d->lease_ms * KVS_NS_PER_MS;
         k->res[i] = 1; /* pending: positive never reaches a caller */
         pending++;
     }
     bool first_round = true, staged = false;
+    if (larger)
+        atomic_fetch_add(&c->st.fallback_not_exact, 1);
     while (pending > 0) {
         /* This round's slot per pending key: its next replica that has a route. */
         uint32_t ns = 0;
@@ -799,7 +829,16 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
                 kvs_endpoint_t *ep = NULL;
                 why = route_for(c, &routes, seg_find(&pr, rep->segment_id), k->deadline, &t, &ep);
                 if (why == KVS_OK) {
-                    slots[ns++] = (read_slot_t){t, ep, i, j, rep->segment_id, rep->offset, d->size};
+                    slots[ns++] =
+                        k->src_off != NULL
+                            ? (read_slot_t){t,
+                                            ep,
+                                            i,
+                                            j,
+                                            rep->segment_id,
+                                            rep->offset + k->src_off[i],
+                                            k->total[i]}
+                            : (read_slot_t){t, ep, i, j, rep->segment_id, rep->offset, d->size};
                     break;
                 }
             }
@@ -820,7 +859,7 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
             spare = tried[2 * slots[s].entry] < tried[2 * slots[s].entry + 1];
         uint64_t round_deadline = spare ? route_deadline(k->deadline) : k->deadline;
         int src = KVS_UNSUPPORTED;
-        if (exact && c->staging != NULL)
+        if (exact && !larger && c->staging != NULL)
             src = read_staged(c, k, slots, ns, lease_until, st, round_deadline);
         if (src != KVS_OK && src != KVS_UNSUPPORTED) {
             rc = src; /* a failure of the whole call */
@@ -860,6 +899,7 @@ out:
         release_leases(c, &pr, ks, m);
     kvs__arena_free(&arena);
     kvs__free(lease_until);
+    kvs__free(sess_until);
     kvs__free(batches);
     kvs__free(batch_t);
     kvs__free(slots);
@@ -876,7 +916,8 @@ out:
 /* deadline: the call's (0: transfer_timeout_ms from now). */
 static int get_run(kvs_client_t *c, const char *op, size_t n, const char *const keys[],
                    const kvs_buf_t *const bufs[], const size_t nbufs[], bool registered, bool exact,
-                   bool grouped, uint64_t deadline, int64_t results[])
+                   bool grouped, uint64_t deadline, const uint64_t *src_off, bool allow_larger,
+                   int64_t results[])
 {
     if (results == NULL)
         return kvs__fail(KVS_INVALID_PARAMS, "%s: results is NULL", op);
@@ -889,6 +930,8 @@ static int get_run(kvs_client_t *c, const char *op, size_t n, const char *const 
     for (size_t i = 0; i < n; i++)
         nfrag += nbufs[i];
     k.deadline = deadline ? deadline : t0 + c->transfer_timeout_ms * KVS_NS_PER_MS;
+    k.src_off = src_off;
+    k.allow_larger = allow_larger;
     kvs__client_enter(c);
     kvs__client_sweep(c, k.deadline);
     rc = get_call(c, &k, exact, grouped, &plan_ns);
@@ -930,7 +973,8 @@ static int64_t get_single(kvs_client_t *c, const char *op, const char *key, void
     const kvs_buf_t *bp = &b;
     size_t one = 1;
     int64_t result = 0;
-    int rc = get_run(c, op, 1, &key, &bp, &one, registered, false, false, deadline, &result);
+    int rc = get_run(c, op, 1, &key, &bp, &one, registered, false, false, deadline, NULL, false,
+                     &result);
     if (rc != KVS_OK)
         return rc;
     if (result < 0 && result != KVS_INVALID_PARAMS)
@@ -951,7 +995,8 @@ int kvs_client_batch_get_into(kvs_client_t *c, size_t n, const char *const keys[
     int r = one_buf_each(n, bufs, &ptrs, &counts);
     if (r != KVS_OK)
         return kvs__fail(r, "batch_get_into: 1..%u keys with buffers are required", KVS_MAX_BATCH);
-    r = get_run(c, "batch_get_into", n, keys, ptrs, counts, true, false, false, 0, results);
+    r = get_run(c, "batch_get_into", n, keys, ptrs, counts, true, false, false, 0, NULL, false,
+                results);
     kvs__free(ptrs);
     kvs__free(counts);
     return r;
@@ -962,7 +1007,7 @@ int kvs_client_batch_get_into_multi_buffers(kvs_client_t *c, size_t n, const cha
                                             bool prefer_alloc_in_same_node, int64_t results[])
 {
     return get_run(c, "batch_get_into_multi_buffers", n, keys, bufs, nbufs, true, true,
-                   prefer_alloc_in_same_node, 0, results);
+                   prefer_alloc_in_same_node, 0, NULL, true, results);
 }
 
 int kvs_client_get(kvs_client_t *c, const char *key, void **data_p, size_t *size_p)
@@ -988,4 +1033,170 @@ int kvs_client_get(kvs_client_t *c, const char *key, void **data_p, size_t *size
     *data_p = buf;
     *size_p = (size_t)got;
     return KVS_OK;
+}
+
+/* ---- ranged reads and reads into new memory ----------------------------------------------------
+ */
+
+int kvs_client_batch_get_ranges(kvs_client_t *c, size_t n, const char *const keys[],
+                                const kvs_range_t *const ranges[], const size_t nranges[],
+                                int64_t results[])
+{
+    if (c == NULL || n == 0 || n > KVS_MAX_BATCH || keys == NULL || ranges == NULL ||
+        nranges == NULL || results == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS,
+                         "batch_get_ranges: a client, 1..%u keys, their "
+                         "ranges and a results array are required",
+                         KVS_MAX_BATCH);
+    /* Each run of ranges whose offsets follow each other is one entry of the read: one
+     * transfer into its fragments. */
+    size_t nfrag = 0, nruns = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (nranges[i] > 0 && ranges[i] == NULL)
+            return kvs__fail(KVS_INVALID_PARAMS, "batch_get_ranges: key %zu has no ranges", i);
+        nfrag += nranges[i];
+        for (size_t j = 0; j < nranges[i]; j++)
+            nruns += j == 0 || ranges[i][j].offset !=
+                                   ranges[i][j - 1].offset + (uint64_t)ranges[i][j - 1].len;
+        nruns += nranges[i] == 0;
+    }
+    if (nruns > KVS_MAX_BATCH)
+        return kvs__fail(KVS_INVALID_PARAMS,
+                         "batch_get_ranges: %zu separate ranges (at most %u per call)", nruns,
+                         KVS_MAX_BATCH);
+    const char **rkeys = kvs__malloc(nruns * sizeof(*rkeys));
+    kvs_buf_t *frags = kvs__malloc(KVS_MAX(nfrag, 1) * sizeof(*frags));
+    const kvs_buf_t **rbufs = kvs__malloc(nruns * sizeof(*rbufs));
+    size_t *rn = kvs__calloc(nruns, sizeof(*rn)), *owner = kvs__malloc(nruns * sizeof(*owner));
+    uint64_t *off = kvs__malloc(nruns * sizeof(*off));
+    int64_t *rres = kvs__malloc(nruns * sizeof(*rres));
+    int rc = KVS_OK;
+    if (!rkeys || !frags || !rbufs || !rn || !owner || !off || !rres) {
+        rc = kvs__fail(KVS_NO_MEMORY, "batch_get_ranges: out of memory");
+        goto out;
+    }
+    size_t r = 0, f = 0;
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; j < KVS_MAX(nranges[i], 1); j++) {
+            bool start = j == 0 || ranges[i][j].offset !=
+                                       ranges[i][j - 1].offset + (uint64_t)ranges[i][j - 1].len;
+            if (start) {
+                rkeys[r] = keys[i];
+                rbufs[r] = &frags[f];
+                off[r] = nranges[i] ? ranges[i][j].offset : 0;
+                owner[r++] = i;
+            }
+            if (nranges[i] == 0)
+                break; /* no fragment: call_init refuses the key */
+            frags[f++] = (kvs_buf_t){ranges[i][j].ptr, ranges[i][j].len};
+            rn[r - 1]++;
+        }
+    }
+    rc = get_run(c, "batch_get_ranges", nruns, rkeys, rbufs, rn, true, true, false, 0, off, false,
+                 rres);
+    if (rc == KVS_OK) {
+        for (size_t i = 0; i < n; i++)
+            results[i] = 0;
+        for (size_t q = 0; q < nruns; q++) {
+            int64_t *res = &results[owner[q]];
+            if (*res >= 0)
+                *res = rres[q] < 0 ? rres[q] : *res + rres[q];
+        }
+    }
+out:
+    kvs__free(rkeys);
+    kvs__free(frags);
+    kvs__free(rbufs);
+    kvs__free(rn);
+    kvs__free(owner);
+    kvs__free(off);
+    kvs__free(rres);
+    return rc;
+}
+
+int kvs_client_batch_get(kvs_client_t *c, size_t n, const char *const keys[], void *data[],
+                         size_t sizes[], int64_t results[])
+{
+    if (c == NULL || n == 0 || n > KVS_MAX_BATCH || keys == NULL || data == NULL || sizes == NULL ||
+        results == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS,
+                         "batch_get: a client, 1..%u keys and the output "
+                         "arrays are required",
+                         KVS_MAX_BATCH);
+    for (size_t i = 0; i < n; i++) {
+        data[i] = NULL;
+        sizes[i] = 0;
+    }
+    uint64_t deadline = kvs__now_ns() + c->transfer_timeout_ms * KVS_NS_PER_MS;
+    /* The sizes first (a lookup whose leases end at once), then one read of every key found
+     * into memory of its size. */
+    int *sz = kvs__malloc(n * sizeof(*sz));
+    kvs_replica_desc_t *d = NULL;
+    uint32_t *nreps = kvs__malloc(n * sizeof(*nreps));
+    kvs_buf_t *bufs = kvs__calloc(n, sizeof(*bufs));
+    const kvs_buf_t **bp = kvs__malloc(n * sizeof(*bp));
+    size_t *one = kvs__malloc(n * sizeof(*one));
+    int rc = KVS_NO_MEMORY;
+    if (sz && nreps && bufs && bp && one &&
+        (d = kvs__malloc(n * KVS_MAX_REPLICA_DESCS * sizeof(*d))) != NULL)
+        rc = kvs_client_batch_get_replica_desc(c, n, keys, d, nreps, sz);
+    else
+        kvs__fail(rc, "batch_get: out of memory");
+    for (size_t i = 0; rc == KVS_OK && i < n; i++) {
+        bp[i] = &bufs[i];
+        one[i] = 1;
+        if (sz[i] != KVS_OK || nreps[i] == 0)
+            continue;
+        size_t size = (size_t)d[i * KVS_MAX_REPLICA_DESCS].size;
+        if ((bufs[i].ptr = kvs__malloc(KVS_MAX(size, 1))) == NULL) {
+            rc = kvs__fail(KVS_NO_MEMORY, "batch_get: cannot allocate %zu bytes", size);
+            break;
+        }
+        bufs[i].len = size;
+    }
+    if (rc == KVS_OK) {
+        /* Keys not found keep their status (a NULL buffer would be refused as -600). */
+        const char **ks = kvs__malloc(n * sizeof(*ks));
+        size_t *map = kvs__malloc(n * sizeof(*map));
+        int64_t *res = kvs__malloc(n * sizeof(*res));
+        const kvs_buf_t **kb = kvs__malloc(n * sizeof(*kb));
+        size_t m = 0;
+        if (ks && map && res && kb) {
+            for (size_t i = 0; i < n; i++) {
+                results[i] = sz[i] != KVS_OK ? sz[i] : nreps[i] == 0 ? KVS_OBJECT_NOT_FOUND : 0;
+                if (results[i] == 0) {
+                    ks[m] = keys[i];
+                    kb[m] = &bufs[i];
+                    map[m++] = i;
+                }
+            }
+            rc = m == 0 ? KVS_OK
+                        : get_run(c, "batch_get", m, ks, kb, one, false, false, false, deadline,
+                                  NULL, false, res);
+            for (size_t q = 0; rc == KVS_OK && q < m; q++) {
+                size_t i = map[q];
+                results[i] = res[q];
+                if (res[q] >= 0) {
+                    data[i] = bufs[i].ptr;
+                    sizes[i] = (size_t)res[q];
+                    bufs[i].ptr = NULL;
+                }
+            }
+        } else {
+            rc = kvs__fail(KVS_NO_MEMORY, "batch_get: out of memory");
+        }
+        kvs__free(ks);
+        kvs__free(map);
+        kvs__free(res);
+        kvs__free(kb);
+    }
+    for (size_t i = 0; bufs != NULL && i < n; i++)
+        kvs__free(bufs[i].ptr);
+    kvs__free(sz);
+    kvs__free(d);
+    kvs__free(nreps);
+    kvs__free(bufs);
+    kvs__free(bp);
+    kvs__free(one);
+    return rc;
 }

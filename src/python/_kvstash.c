@@ -22,6 +22,7 @@
 
 /* The tenant field of the client configuration (issue: Mooncake drop-in). */
 #define KVS_TENANT_CONFIG_(cfg, t) ((void)(t))
+#define KVS_PY_SESSIONS            1
 
 /* Mooncake's default master address and setup sizes. */
 #define DEFAULT_MASTER "127.0.0.1:50051"
@@ -963,11 +964,7 @@ static PyObject *store_health_check(store_t *self, PyObject *unused)
 static int read_whole(kvs_client_t *c, size_t n, const char *const *keys, void **data,
                       size_t *sizes, int64_t *res)
 {
-    for (size_t i = 0; i < n; i++) { /* TEMP until kvs_client_batch_get lands */
-        int r = kvs_client_get(c, keys[i], &data[i], &sizes[i]);
-        res[i] = r == KVS_OK ? (int64_t)sizes[i] : r;
-    }
-    return KVS_OK;
+    return kvs_client_batch_get(c, n, keys, data, sizes, res);
 }
 
 /* get_batch / batch_get_buffer: one list entry per key, `miss` for a failed key. */
@@ -1497,6 +1494,7 @@ static int get_ranges_fn(kvs_client_t *c, size_t n, const char *const *keys,
     return kvs_client_batch_get_ranges(c, n, keys, ranges, counts, res);
 }
 
+#ifdef KVS_PY_PUT_SESSIONS
 static int put_ranges_fn(kvs_client_t *c, size_t n, const char *const *keys,
                          const kvs_range_t *const *ranges, const size_t *counts, int64_t *res)
 {
@@ -1513,6 +1511,8 @@ static int put_ranges_fn(kvs_client_t *c, size_t n, const char *const *keys,
     kvs__free(ires);
     return r;
 }
+
+#endif
 
 /* keys + per-key fragment lists with offsets: bytes per key or a negative code. */
 static PyObject *ranges_call(store_t *self, PyObject *args, PyObject *kw, const char *off_name,
@@ -1562,10 +1562,13 @@ static PyObject *store_get_ranges(store_t *self, PyObject *args, PyObject *kw)
     return ranges_call(self, args, kw, "all_src_offsets", get_ranges_fn);
 }
 
+#ifdef KVS_PY_PUT_SESSIONS
 static PyObject *store_put_ranges(store_t *self, PyObject *args, PyObject *kw)
 {
     return ranges_call(self, args, kw, "all_dst_offsets", put_ranges_fn);
 }
+
+#endif
 
 static int session_start_fn(kvs_client_t *c, size_t n, const char *const *keys, const void *arg,
                             int *results)
@@ -1604,6 +1607,7 @@ static PyObject *store_get_session_end(store_t *self, PyObject *keys_o)
     return PyLong_FromLong(r);
 }
 
+#ifdef KVS_PY_PUT_SESSIONS
 typedef struct {
     const uint64_t *sizes;
     const kvs_replicate_config_t *rc;
@@ -1669,6 +1673,8 @@ static PyObject *store_put_session_revoke(store_t *self, PyObject *keys)
 {
     return keys_status_call(self, keys, put_session_revoke_fn, NULL, 0);
 }
+
+#endif
 
 /* _replica_desc(keys) -> list of (list of (segment_name, endpoint, node, offset, size)), empty
  * for a key not found complete. */
@@ -1828,6 +1834,7 @@ static PyMethodDef store_methods[] = {
      "all_src_offsets[i][j] (registered memory). Bytes per key, or a negative code."},
     {"batch_get_session_end", (PyCFunction)store_get_session_end, METH_O,
      "batch_get_session_end(keys) -> int: 0; the session's leases end."},
+#ifdef KVS_PY_PUT_SESSIONS
     {"batch_put_session_start", (PyCFunction)(void (*)(void))store_put_session_start,
      METH_VARARGS | METH_KEYWORDS,
      "batch_put_session_start(keys, sizes, config=None) -> list[int]: places the objects; "
@@ -1841,6 +1848,7 @@ static PyMethodDef store_methods[] = {
      "was written (else -700, and the put is revoked)."},
     {"batch_put_session_revoke", (PyCFunction)store_put_session_revoke, METH_O,
      "batch_put_session_revoke(keys) -> list[int]"},
+#endif
     {"_replica_desc", (PyCFunction)store_replica_desc, METH_O,
      "_replica_desc(keys) -> per key, a list of (segment, endpoint, node, offset, size)."},
 #endif

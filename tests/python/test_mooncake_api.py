@@ -488,15 +488,17 @@ class UpsertTest(Base):
                     seen.add(got[0])
             r.unregister_buffer(buf.ptr)
 
-        threads = [threading.Thread(target=reader) for _ in range(3)]
+        threads = [threading.Thread(target=reader, daemon=True) for _ in range(3)]
         for t in threads:
             t.start()
-        for _ in range(5):
-            for v in versions[1:]:
-                self.assertEqual(s.upsert(key, v), 0)
-        stop.set()
-        for t in threads:
-            t.join()
+        try:
+            for _ in range(5):
+                for v in versions[1:]:
+                    self.assertEqual(s.upsert(key, v), 0)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
         self.assertEqual(bad, [])
         self.assertGreater(len(seen), 1)
         self.assertEqual(s.get(key), versions[-1])
