@@ -125,6 +125,23 @@ int kvs_client_batch_put_from_multi(kvs_client_t *client, size_t n, const char *
                                     const kvs_buf_t *const bufs[], const size_t nbufs[],
                                     const kvs_replicate_config_t *rc, int results[]);
 
+/* Upserts: as the put family, but an existing object is replaced. The new version becomes
+ * visible atomically when its put ends: lookups before see the old bytes, lookups after the
+ * new, never a mix; readers inside their lease keep reading the old bytes exactly (its space is
+ * tombstoned until their leases end). A failed or revoked upsert leaves the old version. An
+ * object whose put or upsert is still in progress is KVS_REPLICA_IS_NOT_READY (try again). A
+ * master of protocol version 3 has no upsert: KVS_UNSUPPORTED. */
+int kvs_client_upsert(kvs_client_t *client, const char *key, const void *data, size_t size,
+                      const kvs_replicate_config_t *rc);
+int kvs_client_upsert_from(kvs_client_t *client, const char *key, const void *buf, size_t size,
+                           const kvs_replicate_config_t *rc);
+int kvs_client_batch_upsert_from(kvs_client_t *client, size_t n, const char *const keys[],
+                                 const kvs_buf_t bufs[], const kvs_replicate_config_t *rc,
+                                 int results[]);
+int kvs_client_batch_upsert_from_multi(kvs_client_t *client, size_t n, const char *const keys[],
+                                       const kvs_buf_t *const bufs[], const size_t nbufs[],
+                                       const kvs_replicate_config_t *rc, int results[]);
+
 /* ---- reads ---------------------------------------------------------------------------------- */
 
 /* Reads object `key` into the registered buffer [buf, buf + size), which must be at least as

@@ -25,6 +25,7 @@ typedef struct {
      * whole object). */
     const uint64_t *src_off;
     bool allow_larger; /* fragments may hold more than the object (filled in order) */
+    bool upsert;       /* puts: replace an existing object (KVS_PUT_FLAG_UPSERT) */
 } call_t;
 
 /* How a call reaches one segment, decided once per call and segment. Each route holds a
@@ -362,7 +363,8 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
         .node = kvs__str_c(c->node),
         .replica_num = rc_->replica_num,
         .preferred_segment = kvs__str_c(rc_->preferred_segment ? rc_->preferred_segment : ""),
-        .flags = rc_->prefer_alloc_in_same_node ? KVS_PUT_FLAG_SAME_NODE : 0,
+        .flags = (rc_->prefer_alloc_in_same_node ? KVS_PUT_FLAG_SAME_NODE : 0) |
+                 (k->upsert ? KVS_PUT_FLAG_UPSERT : 0),
         .nitems = m,
         .items = items,
     };
@@ -463,16 +465,23 @@ void kvs_replicate_config_init(kvs_replicate_config_t *rc)
 /* Runs a put call and accounts for it. */
 static int put_run(kvs_client_t *c, const char *op, size_t n, const char *const keys[],
                    const kvs_buf_t *const bufs[], const size_t nbufs[], bool registered,
-                   const kvs_replicate_config_t *rcfg, int results[])
+                   const kvs_replicate_config_t *rcfg, bool upsert, int results[])
 {
     if (results == NULL)
         return kvs__fail(KVS_INVALID_PARAMS, "%s: results is NULL", op);
+    /* A version 3 master would take the flag for a plain put (and answer -705). */
+    if (upsert && c != NULL && kvs__rpc_version(c->rpc) < 4)
+        return kvs__fail(KVS_UNSUPPORTED,
+                         "%s: the master speaks protocol version %u, which has "
+                         "no upsert (4 or later is needed)",
+                         op, kvs__rpc_version(c->rpc));
     uint64_t t0 = kvs__now_ns();
     call_t k;
     int rc = call_init(c, op, n, keys, bufs, nbufs, registered, &k);
     if (rc != KVS_OK)
         return rc;
     k.deadline = t0 + c->transfer_timeout_ms * KVS_NS_PER_MS;
+    k.upsert = upsert;
     kvs__client_enter(c);
     kvs__client_sweep(c, k.deadline);
     rc = put_call(c, &k, rcfg);
@@ -519,13 +528,13 @@ static int one_buf_each(size_t n, const kvs_buf_t bufs[], const kvs_buf_t ***ptr
 }
 
 static int put_single(kvs_client_t *c, const char *op, const char *key, const void *data,
-                      size_t size, bool registered, const kvs_replicate_config_t *rc)
+                      size_t size, bool registered, const kvs_replicate_config_t *rc, bool upsert)
 {
     kvs_buf_t b = {(void *)data, size};
     const kvs_buf_t *bp = &b;
     size_t one = 1;
     int result = 0;
-    int rc_ = put_run(c, op, 1, &key, &bp, &one, registered, rc, &result);
+    int rc_ = put_run(c, op, 1, &key, &bp, &one, registered, rc, upsert, &result);
     if (rc_ != KVS_OK)
         return rc_;
     /* Refused arguments were explained where they were found. */
@@ -537,35 +546,68 @@ static int put_single(kvs_client_t *c, const char *op, const char *key, const vo
 int kvs_client_put(kvs_client_t *c, const char *key, const void *data, size_t size,
                    const kvs_replicate_config_t *rc)
 {
-    return put_single(c, "put", key, data, size, false, rc);
+    return put_single(c, "put", key, data, size, false, rc, false);
 }
 
 int kvs_client_put_from(kvs_client_t *c, const char *key, const void *buf, size_t size,
                         const kvs_replicate_config_t *rc)
 {
-    return put_single(c, "put_from", key, buf, size, true, rc);
+    return put_single(c, "put_from", key, buf, size, true, rc, false);
+}
+
+static int batch_single_put(kvs_client_t *c, const char *op, size_t n, const char *const keys[],
+                            const kvs_buf_t bufs[], const kvs_replicate_config_t *rc, bool upsert,
+                            int results[])
+{
+    const kvs_buf_t **ptrs;
+    size_t *counts;
+    int r = one_buf_each(n, bufs, &ptrs, &counts);
+    if (r != KVS_OK)
+        return kvs__fail(r, "%s: 1..%u keys with buffers are required", op, KVS_MAX_BATCH);
+    r = put_run(c, op, n, keys, ptrs, counts, true, rc, upsert, results);
+    kvs__free(ptrs);
+    kvs__free(counts);
+    return r;
 }
 
 int kvs_client_batch_put_from(kvs_client_t *c, size_t n, const char *const keys[],
                               const kvs_buf_t bufs[], const kvs_replicate_config_t *rc,
                               int results[])
 {
-    const kvs_buf_t **ptrs;
-    size_t *counts;
-    int r = one_buf_each(n, bufs, &ptrs, &counts);
-    if (r != KVS_OK)
-        return kvs__fail(r, "batch_put_from: 1..%u keys with buffers are required", KVS_MAX_BATCH);
-    r = put_run(c, "batch_put_from", n, keys, ptrs, counts, true, rc, results);
-    kvs__free(ptrs);
-    kvs__free(counts);
-    return r;
+    return batch_single_put(c, "batch_put_from", n, keys, bufs, rc, false, results);
 }
 
 int kvs_client_batch_put_from_multi(kvs_client_t *c, size_t n, const char *const keys[],
                                     const kvs_buf_t *const bufs[], const size_t nbufs[],
                                     const kvs_replicate_config_t *rc, int results[])
 {
-    return put_run(c, "batch_put_from_multi", n, keys, bufs, nbufs, true, rc, results);
+    return put_run(c, "batch_put_from_multi", n, keys, bufs, nbufs, true, rc, false, results);
+}
+
+int kvs_client_upsert(kvs_client_t *c, const char *key, const void *data, size_t size,
+                      const kvs_replicate_config_t *rc)
+{
+    return put_single(c, "upsert", key, data, size, false, rc, true);
+}
+
+int kvs_client_upsert_from(kvs_client_t *c, const char *key, const void *buf, size_t size,
+                           const kvs_replicate_config_t *rc)
+{
+    return put_single(c, "upsert_from", key, buf, size, true, rc, true);
+}
+
+int kvs_client_batch_upsert_from(kvs_client_t *c, size_t n, const char *const keys[],
+                                 const kvs_buf_t bufs[], const kvs_replicate_config_t *rc,
+                                 int results[])
+{
+    return batch_single_put(c, "batch_upsert_from", n, keys, bufs, rc, true, results);
+}
+
+int kvs_client_batch_upsert_from_multi(kvs_client_t *c, size_t n, const char *const keys[],
+                                       const kvs_buf_t *const bufs[], const size_t nbufs[],
+                                       const kvs_replicate_config_t *rc, int results[])
+{
+    return put_run(c, "batch_upsert_from_multi", n, keys, bufs, nbufs, true, rc, true, results);
 }
 
 /* ---- reads ----------------------------------------------------------------------------------- */

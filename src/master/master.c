@@ -21,6 +21,8 @@
     X(tombstones)                                                                                  \
     X(lease_releases)                                                                              \
     X(evictions)                                                                                   \
+    X(upserts_started)                                                                             \
+    X(upserts_ended)                                                                               \
     X(evicted_bytes)
 
 typedef struct {
@@ -86,6 +88,11 @@ typedef struct obj {
     uint64_t cap_epoch; /* the capability epoch of its PUT_START */
     mrep_t *reps;
     uint32_t nrep;
+    /* Upserts: a new version of a complete object is held beside it (`next`, not in the table
+     * and invisible to lookups) until its PUT_END swaps it in. `parent` is the version it
+     * replaces (NULL once that one went: the upsert then fails at its end). */
+    struct obj *next, *parent;
+    bool in_table;
     uint32_t key_len;
     uint32_t state;
     char key[];
@@ -257,6 +264,7 @@ static void table_insert(kvs__master_t *m, obj_t *o)
     obj_t **slot = &m->buckets[o->hash & (m->nbuckets - 1)];
     o->hnext = *slot;
     *slot = o;
+    o->in_table = true;
     m->nobjs++;
 }
 
@@ -266,6 +274,7 @@ static void table_remove(kvs__master_t *m, obj_t *o)
     while (*p != o)
         p = &(*p)->hnext;
     *p = o->hnext;
+    o->in_table = false;
     m->nobjs--;
 }
 
@@ -276,7 +285,14 @@ static void obj_destroy(kvs__master_t *m, obj_t *o)
         kvs__seg_alloc_free(o->reps[i].seg->alloc, o->reps[i].handle);
     if (o->state == KVS_OBJ_PENDING)
         m->npending--;
-    table_remove(m, o);
+    /* A pending upsert of this version is orphaned (its end fails; the discard fences it);
+     * an upsert version that goes leaves its parent without one. */
+    if (o->next != NULL)
+        o->next->parent = NULL;
+    if (o->parent != NULL)
+        o->parent->next = NULL;
+    if (o->in_table)
+        table_remove(m, o);
     list_unlink(o);
     kvs__free(o->reps);
     kvs__free(o->readers);
@@ -579,6 +595,16 @@ void kvs__master_destroy(kvs__master_t *m)
             o = next;
         }
     }
+    /* Upsert versions live only on the pending list. */
+    while (m->pending.next != &m->pending) {
+        obj_t *o = link_obj(m->pending.next);
+        list_unlink(o);
+        if (!o->in_table) {
+            kvs__free(o->reps);
+            kvs__free(o->readers);
+            kvs__free(o);
+        }
+    }
     kvs__free(m->buckets);
     limbo_sweep(m, 0, true);
     kvs__free(m->clients);
@@ -698,6 +724,22 @@ static void seg_remove(kvs__master_t *m, seg_t *s)
                 obj_destroy(m, o);
             o = next;
         }
+    }
+    /* Upsert versions are not in the table: they lose their replicas there too. */
+    for (link_t *l = m->pending.next; l != &m->pending;) {
+        link_t *next = l->next;
+        obj_t *o = link_obj(l);
+        if (!o->in_table) {
+            uint32_t kept = 0;
+            for (uint32_t i = 0; i < o->nrep; i++) {
+                if (o->reps[i].seg != s)
+                    o->reps[kept++] = o->reps[i];
+            }
+            o->nrep = kept;
+            if (kept == 0)
+                obj_destroy(m, o);
+        }
+        l = next;
     }
     for (uint32_t i = 0; i < m->nseg; i++) {
         if (m->segs[i] == s) {
@@ -965,8 +1007,13 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, uint64_t writer,
     if (kvs__key_check(it->key.ptr, it->key.len) != KVS_OK || it->size == 0)
         return KVS_INVALID_PARAMS;
     uint64_t hash = kvs__hash64(it->key.ptr, it->key.len);
-    if (obj_find(m, it->key, hash) != NULL)
+    obj_t *cur = obj_find(m, it->key, hash);
+    if (cur != NULL && (req->flags & KVS_PUT_FLAG_UPSERT) == 0)
         return KVS_OBJECT_ALREADY_EXISTS;
+    /* An upsert replaces a complete object; one whose put or upsert is still in progress is
+     * not ready for another writer yet. */
+    if (cur != NULL && (cur->state != KVS_OBJ_COMPLETE || cur->next != NULL))
+        return KVS_REPLICA_IS_NOT_READY;
     uint32_t want = req->replica_num;
     obj_t *o = kvs__calloc(1, sizeof(*o) + it->key.len + 1);
     mrep_t *reps = kvs__calloc(want, sizeof(*reps));
@@ -1002,7 +1049,19 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, uint64_t writer,
     o->cap_epoch = cap_epoch(m, now_ns);
     o->reps = reps;
     o->nrep = got;
-    table_insert(m, o);
+    if (cur != NULL) {
+        /* The new version waits beside the current one, which readers keep seeing. The
+         * placement above may have evicted it (it was complete and unleased): then the key
+         * is absent and this is a plain put. */
+        cur = obj_find(m, it->key, hash);
+    }
+    if (cur != NULL) {
+        o->parent = cur;
+        cur->next = o;
+        m->c.upserts_started++;
+    } else {
+        table_insert(m, o);
+    }
     list_push_back(&m->pending, o);
     m->npending++;
     m->c.puts_started++;
@@ -1114,8 +1173,21 @@ static bool is_the_put(const key_ctx_t *k, const obj_t *o)
            (k->token == 0 || k->token == o->token);
 }
 
+/* The put a PUT_END or PUT_REVOKE names: the key's object, or the upsert waiting beside it. */
+static obj_t *the_put(const key_ctx_t *k, obj_t *o)
+{
+    if (o->next != NULL && is_the_put(k, o->next))
+        return o->next;
+    return is_the_put(k, o) ? o : NULL;
+}
+
 static int op_put_end(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
 {
+    obj_t *cur = NULL;
+    if (o->next != NULL && is_the_put(k, o->next)) {
+        cur = o;
+        o = o->next;
+    }
     if (!is_the_put(k, o))
         return KVS_INVALID_WRITE;
     /* The put is over: its owners fence its token, so its writer's capabilities stop working
@@ -1124,6 +1196,15 @@ static int op_put_end(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
     for (uint32_t i = 0; i < o->nrep; i++) {
         if ((o->reps[i].end_fence = fence_issue(o->reps[i].seg, o->token, o->cap_epoch)) == 0)
             return KVS_NO_MEMORY;
+    }
+    if (cur != NULL) {
+        /* The swap: the old version retires (tombstoned while readers hold leases, so they
+         * keep reading its bytes), and the new one takes its place, all in this one step. */
+        int rc = obj_retire(m, k->now_ns, cur, false);
+        if (rc != KVS_OK)
+            return rc; /* nothing changed: the fences issued name a put that is over anyway */
+        table_insert(m, o);
+        m->c.upserts_ended++;
     }
     list_unlink(o);
     o->state = KVS_OBJ_COMPLETE;
@@ -1135,7 +1216,8 @@ static int op_put_end(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
 
 static int op_put_revoke(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
 {
-    if (!is_the_put(k, o))
+    o = the_put(k, o);
+    if (o == NULL)
         return KVS_INVALID_WRITE;
     int rc = obj_retire(m, k->now_ns, o, true); /* the writer itself, after its transfers */
     if (rc == KVS_OK)

@@ -319,5 +319,10 @@
 
 #define KVS_KEYS_FLAG_FORCE    0x1u /* REMOVE: even while leased or pending */
 #define KVS_PUT_FLAG_SAME_NODE 0x1u /* PUT_START: prefer the writer's node, co-locate the batch */
+/* PUT_START (version 4): an existing complete object is replaced. The new version is placed
+ * beside it and swapped in atomically at PUT_END; the old one retires as a removal does
+ * (tombstoned while leased). An object whose put or upsert is in progress is
+ * REPLICA_IS_NOT_READY. */
+#define KVS_PUT_FLAG_UPSERT 0x2u
 
 #endif

@@ -23,6 +23,7 @@
 /* The tenant field of the client configuration (issue: Mooncake drop-in). */
 #define KVS_TENANT_CONFIG_(cfg, t) ((void)(t))
 #define KVS_PY_SESSIONS            1
+#define KVS_PY_MASTER_OPS          1
 
 /* Mooncake's default master address and setup sizes. */
 #define DEFAULT_MASTER "127.0.0.1:50051"
@@ -1369,7 +1370,7 @@ static PyObject *store_batch_remove(store_t *self, PyObject *args, PyObject *kw)
     return keys_status_call(self, keys, batch_remove_fn, &force, NOT_SET_UP);
 }
 
-#ifdef KVS_PY_MASTER_OPS
+#ifdef KVS_PY_REPLICA_CLEAR
 static int replica_clear_fn(kvs_client_t *c, size_t n, const char *const *keys, const void *arg,
                             int *results)
 {
@@ -1397,7 +1398,7 @@ static PyObject *store_batch_replica_clear(store_t *self, PyObject *args, PyObje
     Py_DECREF(codes);
     return out;
 }
-#endif /* KVS_PY_MASTER_OPS */
+#endif /* KVS_PY_REPLICA_CLEAR */
 
 #ifdef KVS_PY_SESSIONS
 /* Per-key lists of (address, size, offset) fragments: all_buffer_ptrs, all_sizes and one of
@@ -1818,7 +1819,7 @@ static PyMethodDef store_methods[] = {
      "a bad pattern."},
     {"batch_remove", (PyCFunction)(void (*)(void))store_batch_remove, METH_VARARGS | METH_KEYWORDS,
      "batch_remove(keys, force=False) -> list[int]: 0 or a negative code per key."},
-#ifdef KVS_PY_MASTER_OPS
+#ifdef KVS_PY_REPLICA_CLEAR
     {"batch_replica_clear", (PyCFunction)(void (*)(void))store_batch_replica_clear,
      METH_VARARGS | METH_KEYWORDS,
      "batch_replica_clear(keys, segment_name='') -> list[str]: the keys cleared."},
