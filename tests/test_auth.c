@@ -227,8 +227,13 @@ static void raw_hello(int fd, const uint8_t cn[32], uint64_t client_id, uint8_t 
     kvs__wbuf_t w, rsp;
     kvs__wbuf_init(&w);
     kvs__wbuf_init(&rsp);
-    kvs__hello_req_t h = {
-        KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX, kvs__str_c("raw"), client_id, {cn, 32}, 0};
+    kvs__hello_req_t h = {KVS_PROTO_VERSION_MIN,
+                          KVS_PROTO_VERSION_MAX,
+                          kvs__str_c("raw"),
+                          client_id,
+                          {cn, 32},
+                          {NULL, 0},
+                          0};
     kvs__hello_req_encode(&w, &h);
     raw_send(fd, KVS_MSG_HELLO, &w);
     CHECK_EQ_INT(raw_recv(fd, &rsp), KVS_MSG_HELLO | KVS_RSP_FLAG);
@@ -516,7 +521,7 @@ static void test_write_capabilities(void)
     kvs__wbuf_init(&w);
     kvs__wbuf_init(&rsp);
     kvs__hello_req_t h = {
-        KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX, kvs__str_c("raw"), 0, {cn, 32}, 0};
+        KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX, kvs__str_c("raw"), 0, {cn, 32}, {NULL, 0}, 0};
     kvs__hello_req_encode(&w, &h);
     raw_send(fd, KVS_MSG_HELLO, &w);
     CHECK_EQ_INT(raw_recv(fd, &rsp), KVS_MSG_HELLO | KVS_RSP_FLAG);

@@ -390,6 +390,7 @@ static void frame_hello(kvs__wbuf_t *w, const uint8_t *cn)
                           kvs__str_c("hostile"),
                           0,
                           {cn, cn != NULL ? KVS_AUTH_NONCE_LEN : 0},
+                          {NULL, 0},
                           0};
     kvs__hello_req_encode(w, &h);
     CHECK_STATUS(kvs__frame_end(w), KVS_OK);

@@ -137,8 +137,13 @@ static uint16_t hello(int fd)
 {
     kvs__wbuf_t w;
     kvs__wbuf_init(&w);
-    kvs__hello_req_t h = {
-        KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX, kvs__str_c("raw"), 0, {NULL, 0}, 0};
+    kvs__hello_req_t h = {KVS_PROTO_VERSION_MIN,
+                          KVS_PROTO_VERSION_MAX,
+                          kvs__str_c("raw"),
+                          0,
+                          {NULL, 0},
+                          {NULL, 0},
+                          0};
     kvs__hello_req_encode(&w, &h);
     send_frame(fd, KVS_MSG_HELLO, (uint32_t)w.len, w.data, w.len);
     kvs__wbuf_free(&w);

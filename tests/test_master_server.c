@@ -168,8 +168,13 @@ static void hello_expect(int fd, unsigned want, int want_status)
 {
     kvs__wbuf_t w;
     kvs__wbuf_init(&w);
-    kvs__hello_req_t h = {
-        KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX, kvs__str_c("raw"), 0, {NULL, 0}, 0};
+    kvs__hello_req_t h = {KVS_PROTO_VERSION_MIN,
+                          KVS_PROTO_VERSION_MAX,
+                          kvs__str_c("raw"),
+                          0,
+                          {NULL, 0},
+                          {NULL, 0},
+                          0};
     kvs__hello_req_encode(&w, &h);
     raw_frame(fd, KVS_MSG_HELLO, w.data, (uint32_t)w.len);
     int32_t st;
@@ -307,8 +312,13 @@ static void test_versions_and_unknown_types(void)
     kvs__wbuf_t w;
     kvs__wbuf_init(&w);
     w.version = KVS_PROTO_VERSION_MAX;
-    kvs__hello_req_t hr = {
-        KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX + 3, kvs__str_c("new"), 0, {NULL, 0}, 0};
+    kvs__hello_req_t hr = {KVS_PROTO_VERSION_MIN,
+                           KVS_PROTO_VERSION_MAX + 3,
+                           kvs__str_c("new"),
+                           0,
+                           {NULL, 0},
+                           {NULL, 0},
+                           0};
     kvs__hello_req_encode(&w, &hr);
     kvs__wbuf_put_u64(&w, 0x1234567890abcdefull); /* the newer field */
     kvs__frame_hdr_t h = {KVS_PROTO_MAGIC, KVS_PROTO_VERSION_MAX + 3, KVS_MSG_HELLO, 5,
@@ -362,6 +372,7 @@ static void test_versions_and_unknown_types(void)
                             KVS_PROTO_VERSION_MAX + 2,
                             kvs__str_c("future"),
                             0,
+                            {NULL, 0},
                             {NULL, 0},
                             0};
     kvs__hello_req_encode(&w, &hr);

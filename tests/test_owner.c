@@ -35,8 +35,9 @@ static void hello(int fd)
 {
     kvs__wbuf_t w;
     kvs__wbuf_init(&w);
-    kvs__hello_req_t h = {
-        KVS_PROTO_VERSION_MIN, KVS_PROTO_VERSION_MAX, kvs__str_c("t"), 0, {NULL, 0}, 0};
+    kvs__hello_req_t h = {.version_min = KVS_PROTO_VERSION_MIN,
+                          .version_max = KVS_PROTO_VERSION_MAX,
+                          .node = kvs__str_c("t")};
     kvs__hello_req_encode(&w, &h);
     send_frame(fd, KVS_MSG_HELLO, (uint32_t)w.len, w.data, w.len);
     kvs__wbuf_free(&w);
@@ -154,8 +155,9 @@ static void test_bad_frames_and_offsets(void)
     {
         kvs__wbuf_t w;
         kvs__wbuf_init(&w);
-        kvs__hello_req_t h = {
-            KVS_PROTO_VERSION_MAX + 1, KVS_PROTO_VERSION_MAX + 1, kvs__str_c("t"), 0, {NULL, 0}, 0};
+        kvs__hello_req_t h = {.version_min = KVS_PROTO_VERSION_MAX + 1,
+                              .version_max = KVS_PROTO_VERSION_MAX + 1,
+                              .node = kvs__str_c("t")};
         kvs__hello_req_encode(&w, &h);
         send_frame(fd, KVS_MSG_HELLO, (uint32_t)w.len, w.data, w.len);
         kvs__wbuf_free(&w);

@@ -48,6 +48,12 @@ typedef struct {
     /* TLS (1.3, keyed by the token: no certificates) on every master and tcp data connection;
      * needs auth_token_file, and servers started with --tls. Default: $KVS_TLS (0 or 1). */
     bool tls;
+    /* The namespace of this client's keys (borrowed during open): 1..64 bytes of [A-Za-z0-9._-].
+     * Clients of two tenants never see, list or remove each other's objects; segments (space)
+     * are shared. NULL, "" or "default": the default tenant, which clients of protocol version 3
+     * and the CLI use. Default: $KVS_TENANT. A named tenant needs a master of protocol version
+     * 4 or later (KVS_UNSUPPORTED otherwise). */
+    const char *tenant;
 } kvs_client_config_t;
 
 /* Fills defaults, then KVS_MASTER, KVS_PROTOCOL, KVS_RPC_TIMEOUT_MS,

@@ -23,6 +23,7 @@ int kvs_client_config_init(kvs_client_config_t *cfg)
         .master = getenv("KVS_MASTER"),
         .protocol = getenv("KVS_PROTOCOL"),
         .auth_token_file = getenv("KVS_AUTH_TOKEN_FILE"),
+        .tenant = getenv("KVS_TENANT"),
         .rpc_timeout_ms = 5000,
         .transfer_timeout_ms = 5000,
     };
@@ -138,9 +139,18 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
                  KVS_RPC_DEFAULT_CONNS);
         conns = KVS_RPC_DEFAULT_CONNS;
     }
+    const char *tenant =
+        cfg->tenant && *cfg->tenant && strcmp(cfg->tenant, "default") != 0 ? cfg->tenant : NULL;
+    if (tenant != NULL && !kvs__tenant_ok(tenant, strlen(tenant))) {
+        rc =
+            kvs__fail(KVS_INVALID_PARAMS, "tenant '%.80s' must be 1..%u bytes of A-Z a-z 0-9 . _ -",
+                      tenant, KVS_MAX_TENANT_LEN);
+        goto err_tcp;
+    }
     kvs__rpc_config_t rcfg = {.host = c->master_host,
                               .port = c->master_port,
                               .node = cfg->local_hostname,
+                              .tenant = tenant,
                               .timeout_ms = cfg->rpc_timeout_ms,
                               .max_conns = (uint32_t)conns,
                               .auth = c->auth,
@@ -149,6 +159,14 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
     if (rc != KVS_OK) {
         rc = kvs__fail(rc, "cannot reach the master at %s: %s", master, kvs_status_str(rc));
         goto err_tcp;
+    }
+    if (tenant != NULL && kvs__rpc_version(c->rpc) < 4) {
+        /* A version 3 master would ignore the tenant: every key would be the default's. */
+        rc = kvs__fail(KVS_UNSUPPORTED,
+                       "tenant '%s' needs a master of protocol version 4 or "
+                       "later (this one speaks %u)",
+                       tenant, kvs__rpc_version(c->rpc));
+        goto err_rpc;
     }
     atomic_store(&c->incarnation, kvs__rpc_incarnation(c->rpc));
     c->node = kvs__strdup(kvs__rpc_node(c->rpc));

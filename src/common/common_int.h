@@ -113,6 +113,9 @@ int kvs__env_size(const char *name, uint64_t *value_p);
 int kvs__env_u64(const char *name, uint64_t max, uint64_t *value_p);
 int kvs__env_bool(const char *name, bool *value_p);
 
+/* Whether `s` (len bytes) is a tenant name: 1..64 bytes of [A-Za-z0-9._-]. */
+bool kvs__tenant_ok(const char *s, size_t len);
+
 /* Checks a key: 1..KVS_MAX_KEY_LEN bytes, no NUL bytes. Returns OK or INVALID_PARAMS. */
 int kvs__key_check(const char *key, size_t len);
 

@@ -315,3 +315,16 @@ int kvs__parse_host_port(const char *text, const char *default_host, char **host
     *port_p = (uint16_t)port;
     return KVS_OK;
 }
+
+bool kvs__tenant_ok(const char *s, size_t len)
+{
+    if (s == NULL || len == 0 || len > 64)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        char ch = s[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == '-'))
+            return false;
+    }
+    return true;
+}

@@ -642,6 +642,17 @@ static seg_t *seg_by_name(kvs__master_t *m, kvs__str_t name)
     return NULL;
 }
 
+/* A key as the master stores it: a client's key, or a tenant's (tenant name, NUL, the client's
+ * key; master_server.c makes them). */
+static int ns_key_check(const char *k, size_t len)
+{
+    const char *nul = memchr(k, '\0', len);
+    if (nul == NULL)
+        return kvs__key_check(k, len);
+    size_t t = (size_t)(nul - k);
+    return kvs__tenant_ok(k, t) ? kvs__key_check(nul + 1, len - t - 1) : KVS_INVALID_PARAMS;
+}
+
 static bool name_ok(kvs__str_t s)
 {
     return s.len > 0 && s.len <= KVS_MAX_NAME_LEN && memchr(s.ptr, '\0', s.len) == NULL;
@@ -1004,7 +1015,7 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, uint64_t writer,
                          const kvs__put_start_req_t *req, const kvs__put_item_t *it, seg_t **cand,
                          seg_t **batch_seg, kvs__arena_t *arena, kvs__obj_desc_t *d)
 {
-    if (kvs__key_check(it->key.ptr, it->key.len) != KVS_OK || it->size == 0)
+    if (ns_key_check(it->key.ptr, it->key.len) != KVS_OK || it->size == 0)
         return KVS_INVALID_PARAMS;
     uint64_t hash = kvs__hash64(it->key.ptr, it->key.len);
     obj_t *cur = obj_find(m, it->key, hash);
@@ -1130,7 +1141,7 @@ static int status_rsp_init(uint32_t n, kvs__arena_t *arena, kvs__status_list_rsp
 /* Looks a key up after validating it; writes a status for the failures. */
 static obj_t *key_lookup(kvs__master_t *m, kvs__str_t key, int *rc_p)
 {
-    if (kvs__key_check(key.ptr, key.len) != KVS_OK) {
+    if (ns_key_check(key.ptr, key.len) != KVS_OK) {
         *rc_p = KVS_INVALID_PARAMS;
         return NULL;
     }
@@ -1279,7 +1290,7 @@ int kvs__master_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
     if (m == NULL || (rel == NULL && n > 0))
         return KVS_INVALID_PARAMS;
     for (uint32_t i = 0; i < n; i++) {
-        if (kvs__key_check(rel[i].key.ptr, rel[i].key.len) != KVS_OK)
+        if (ns_key_check(rel[i].key.ptr, rel[i].key.len) != KVS_OK)
             continue;
         obj_t *o = obj_find(m, rel[i].key, kvs__hash64(rel[i].key.ptr, rel[i].key.len));
         if (o == NULL)
@@ -1367,6 +1378,12 @@ int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
 /* Room for entries in a LIST reply: a frame less the reply's fixed fields. */
 #define LIST_MAX_BYTES (KVS_FRAME_MAX_PAYLOAD - KVS__MIN_BYTES_list_rsp)
 
+static bool default_prefix_ok(kvs__str_t prefix, const obj_t *o)
+{
+    return (prefix.len > 0 && memchr(prefix.ptr, '\0', prefix.len) != NULL) ||
+           memchr(o->key, '\0', o->key_len) == NULL;
+}
+
 int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t *arena,
                      kvs__list_rsp_t *rsp)
 {
@@ -1389,6 +1406,10 @@ int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t 
         for (obj_t *o = m->buckets[b]; o != NULL; o = o->hnext) {
             if (o->key_len < req->prefix.len ||
                 (req->prefix.len && memcmp(o->key, req->prefix.ptr, req->prefix.len) != 0))
+                continue;
+            /* A listing of the default tenant (a prefix without a namespace) skips the keys of
+             * named tenants, which hold a NUL byte. */
+            if (!default_prefix_ok(req->prefix, o))
                 continue;
             if (b == b0 && pos < skip) {
                 pos++;

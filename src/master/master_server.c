@@ -55,6 +55,11 @@ typedef struct conn {
     unsigned reply_version;   /* of the last request whose header decoded; errors go out in it */
     uint64_t client_id;
     char peer[INET6_ADDRSTRLEN]; /* the peer's address (no port), "" if unknown */
+    /* The namespace of this connection's keys (HELLO): the master's keys are the tenant, a NUL
+     * byte, then the client's key (user keys hold no NUL, so tenants never collide); the
+     * default tenant's keys are the client's keys as they are. */
+    char tenant[KVS_MAX_TENANT_LEN + 1];
+    uint32_t tenant_len;
     uint8_t hdr[KVS_FRAME_HDR_LEN];
     size_t hdr_got;
     kvs__frame_hdr_t h;
@@ -554,6 +559,40 @@ static void conn_bind(kvs__master_server_t *s, conn_t *c, uint64_t now)
 }
 
 /* Decodes and serves one request; the response (or an ERROR frame) goes to the output. */
+/* A client key as the master stores it for this connection's tenant (in `arena`). A key that
+ * is not valid (a NUL byte among them: it could name another tenant's key) becomes the empty
+ * key, which the state machine refuses as invalid. */
+static bool ns_key(const conn_t *c, kvs__arena_t *arena, kvs__str_t *k)
+{
+    if (kvs__key_check(k->ptr, k->len) != KVS_OK) {
+        *k = (kvs__str_t){"", 0};
+        return true;
+    }
+    if (c->tenant_len == 0)
+        return true;
+    char *p = kvs__arena_alloc(arena, c->tenant_len + 1 + k->len);
+    if (p == NULL)
+        return false;
+    memcpy(p, c->tenant, c->tenant_len);
+    p[c->tenant_len] = '\0';
+    memcpy(p + c->tenant_len + 1, k->ptr, k->len);
+    *k = (kvs__str_t){p, c->tenant_len + 1 + k->len};
+    return true;
+}
+
+static int ns_keys_req(const conn_t *c, kvs__arena_t *arena, kvs__keys_req_t *req)
+{
+    for (uint32_t i = 0; i < req->nkeys; i++) {
+        if (!ns_key(c, arena, &req->keys[i]))
+            return KVS_NO_MEMORY;
+    }
+    for (uint32_t i = 0; i < req->nreleased; i++) {
+        if (!ns_key(c, arena, &req->released[i].key))
+            return KVS_NO_MEMORY;
+    }
+    return KVS_OK;
+}
+
 static void dispatch(kvs__master_server_t *s, conn_t *c)
 {
     const uint8_t *p = c->payload;
@@ -634,6 +673,16 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
             send_error(s, c, c->h.req_id, KVS_AUTH_FAILED, "HELLO carries no nonce", true);
             goto out;
         }
+        if (req.tenant.len > 0 &&
+            !(req.tenant.len == 7 && memcmp(req.tenant.ptr, "default", 7) == 0)) {
+            if (!kvs__tenant_ok(req.tenant.ptr, req.tenant.len)) {
+                send_error(s, c, c->h.req_id, KVS_INVALID_PARAMS,
+                           "tenant names are 1..64 bytes of A-Z a-z 0-9 . _ -", true);
+                goto out;
+            }
+            memcpy(c->tenant, req.tenant.ptr, req.tenant.len);
+            c->tenant_len = req.tenant.len;
+        }
         c->hello_done = true;
         c->hello_client_id = req.client_id;
         if (!c->auth.required)
@@ -704,9 +753,11 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     case KVS_MSG_PUT_START: {
         kvs__put_start_req_t req;
         kvs__placement_rsp_t rsp;
-        if ((rc = kvs__put_start_req_decode(p, len, ver, &arena, &req)) != KVS_OK ||
-            (rc = kvs__master_put_start(s->master, now, c->client_id, &req, &arena, &rsp)) !=
-                KVS_OK)
+        rc = kvs__put_start_req_decode(p, len, ver, &arena, &req);
+        for (uint32_t i = 0; rc == KVS_OK && i < req.nitems; i++)
+            rc = ns_key(c, &arena, &req.items[i].key) ? KVS_OK : KVS_NO_MEMORY;
+        if (rc != KVS_OK || (rc = kvs__master_put_start(s->master, now, c->client_id, &req, &arena,
+                                                        &rsp)) != KVS_OK)
             break;
         kvs__placement_rsp_encode(w, &rsp);
         break;
@@ -715,6 +766,7 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
         kvs__keys_req_t req;
         kvs__placement_rsp_t rsp;
         if ((rc = kvs__keys_req_decode(p, len, ver, &arena, &req)) != KVS_OK ||
+            (rc = ns_keys_req(c, &arena, &req)) != KVS_OK ||
             (rc = kvs__master_release(s->master, now, c->client_id, req.released, req.nreleased)) !=
                 KVS_OK ||
             (rc = kvs__master_lookup(s->master, now, c->client_id, &req, &arena, &rsp)) != KVS_OK)
@@ -732,6 +784,7 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
         /* The leases of reads the client has finished go first: a REMOVE of a key just read
          * by this client finds it unleased. */
         if ((rc = kvs__keys_req_decode(p, len, ver, &arena, &req)) != KVS_OK ||
+            (rc = ns_keys_req(c, &arena, &req)) != KVS_OK ||
             (rc = kvs__master_release(s->master, now, c->client_id, req.released, req.nreleased)) !=
                 KVS_OK)
             break;
@@ -752,9 +805,31 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     case KVS_MSG_LIST: {
         kvs__list_req_t req;
         kvs__list_rsp_t rsp;
-        if ((rc = kvs__list_req_decode(p, len, ver, &arena, &req)) != KVS_OK ||
-            (rc = kvs__master_list(s->master, &req, &arena, &rsp)) != KVS_OK)
+        if ((rc = kvs__list_req_decode(p, len, ver, &arena, &req)) != KVS_OK)
             break;
+        /* The tenant's keys only, listed without their namespace. */
+        if (req.prefix.len > 0 && memchr(req.prefix.ptr, '\0', req.prefix.len) != NULL) {
+            rc = KVS_INVALID_PARAMS;
+            break;
+        }
+        if (c->tenant_len > 0) {
+            char *pre = kvs__arena_alloc(&arena, c->tenant_len + 1 + req.prefix.len);
+            if (pre == NULL) {
+                rc = KVS_NO_MEMORY;
+                break;
+            }
+            memcpy(pre, c->tenant, c->tenant_len);
+            pre[c->tenant_len] = '\0';
+            if (req.prefix.len)
+                memcpy(pre + c->tenant_len + 1, req.prefix.ptr, req.prefix.len);
+            req.prefix = (kvs__str_t){pre, c->tenant_len + 1 + req.prefix.len};
+        }
+        if ((rc = kvs__master_list(s->master, &req, &arena, &rsp)) != KVS_OK)
+            break;
+        for (uint32_t i = 0; i < rsp.nentries && c->tenant_len > 0; i++) {
+            rsp.entries[i].key.ptr += c->tenant_len + 1;
+            rsp.entries[i].key.len -= c->tenant_len + 1;
+        }
         kvs__list_rsp_encode(w, &rsp);
         break;
     }

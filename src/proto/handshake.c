@@ -136,6 +136,7 @@ int kvs__client_handshake(const kvs__io_t *io, const kvs__handshake_t *hs, uint6
     kvs__hello_req_t hello = {.version_min = KVS_PROTO_VERSION_MIN,
                               .version_max = KVS_PROTO_VERSION_MAX,
                               .node = kvs__str_c(hs->node),
+                              .tenant = kvs__str_c(hs->tenant ? hs->tenant : ""),
                               .client_id = hs->client_id,
                               .auth_nonce = {cn, sizeof(cn)},
                               .next_probe = KVS_PROTO_VERSION_MAX};

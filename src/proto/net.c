@@ -375,6 +375,7 @@ struct kvs__rpc {
     char *host;
     uint16_t port;
     char node[KVS_MAX_NAME_LEN + 1];
+    char tenant[KVS_MAX_TENANT_LEN + 1];
     uint64_t timeout_ns;
     kvs__auth_t auth;
     kvs__tls_t *tls; /* NULL: plain connections */
@@ -495,6 +496,7 @@ static int rpc_connect(kvs__rpc_t *rpc, rpc_conn_t *cn, uint64_t deadline)
     kvs__handshake_t hs = {.auth = &rpc->auth,
                            .endpoint = KVS_AUTH_MASTER,
                            .node = rpc->node,
+                           .tenant = rpc->tenant,
                            .client_id = client_id,
                            .peer = peer};
     kvs__hello_rsp_t h;
@@ -584,6 +586,8 @@ int kvs__rpc_open(const kvs__rpc_config_t *cfg, kvs__rpc_t **rpc_p)
         snprintf(rpc->node, sizeof(rpc->node), "%s", cfg->node);
     else if (gethostname(rpc->node, sizeof(rpc->node) - 1) != 0)
         snprintf(rpc->node, sizeof(rpc->node), "localhost");
+    if (cfg->tenant != NULL)
+        snprintf(rpc->tenant, sizeof(rpc->tenant), "%s", cfg->tenant);
     pthread_mutex_init(&rpc->lock, NULL);
     kvs__cond_init(&rpc->cond);
     /* The first connection is made now, so that a wrong address fails at open. */

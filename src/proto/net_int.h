@@ -88,6 +88,7 @@ typedef struct {
     kvs__auth_endpoint_t endpoint;
     const char *server_name; /* the endpoint dialled, which the server must prove (NULL: none) */
     const char *node;        /* this client's host, for same-node placement */
+    const char *tenant;      /* the keys' namespace (NULL: the default) */
     uint64_t client_id;      /* 0 on first contact, else the id the master gave before */
     const char *peer;        /* "the master at HOST:PORT", for messages */
 } kvs__handshake_t;
@@ -112,6 +113,7 @@ typedef struct {
     const char *host;
     uint16_t port;
     const char *node;     /* this client's host name; NULL: gethostname() */
+    const char *tenant;   /* the namespace of this client's keys (NULL: the default) */
     uint64_t timeout_ms;  /* kvs__rpc_call's deadline: connect, HELLO and request together */
     uint32_t max_conns;   /* 0: KVS_RPC_DEFAULT_CONNS */
     uint64_t deadline_ns; /* of the first connection, made by open; 0: now + timeout_ms */

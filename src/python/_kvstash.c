@@ -21,7 +21,7 @@
 #include <limits.h>
 
 /* The tenant field of the client configuration (issue: Mooncake drop-in). */
-#define KVS_TENANT_CONFIG_(cfg, t) ((void)(t))
+#define KVS_TENANT_CONFIG_(cfg, t) ((cfg).tenant = (t)[0] ? (t) : NULL)
 #define KVS_PY_SESSIONS            1
 #define KVS_PY_MASTER_OPS          1
 
