@@ -884,7 +884,7 @@ static void test_writes_end_with_the_put(void)
     kvs__arena_init(&a);
     kvs__rpc_begin(rpc, &req, KVS_MSG_PUT_START);
     kvs__put_item_t it = {kvs__str_c("a"), 4096};
-    kvs__put_start_req_t ps = {kvs__str_c("n"), 1, kvs__str_c(""), 0, 1, &it};
+    kvs__put_start_req_t ps = {kvs__str_c("n"), 1, kvs__str_c(""), 0, 1, &it, 0, 0};
     kvs__put_start_req_encode(&req, &ps);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
     CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);

@@ -441,7 +441,7 @@ static void frame_put_start(kvs__wbuf_t *w, const char *key, uint64_t size)
 {
     kvs__frame_begin(w, KVS_MSG_PUT_START, REQ_ID, KVS_PROTO_VERSION_MAX);
     kvs__put_item_t it = {kvs__str_c(key), size};
-    kvs__put_start_req_t r = {kvs__str_c("hostile"), 1, kvs__str_c(SEG_NAME), 0, 1, &it};
+    kvs__put_start_req_t r = {kvs__str_c("hostile"), 1, kvs__str_c(SEG_NAME), 0, 1, &it, 0, 0};
     kvs__put_start_req_encode(w, &r);
     CHECK_STATUS(kvs__frame_end(w), KVS_OK);
 }

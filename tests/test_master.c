@@ -52,7 +52,8 @@ static int put_start_ex(fx_t *f, const char *key, uint64_t size, uint32_t replic
                         kvs__obj_desc_t *d_p)
 {
     kvs__put_item_t it = {kvs__str_c(key), size};
-    kvs__put_start_req_t req = {kvs__str_c(node), replicas, kvs__str_c(preferred), flags, 1, &it};
+    kvs__put_start_req_t req = {
+        kvs__str_c(node), replicas, kvs__str_c(preferred), flags, 1, &it, 0, 0};
     kvs__placement_rsp_t rsp;
     CHECK_STATUS(kvs__master_put_start(f->m, f->now, f->client, &req, &f->arena, &rsp), KVS_OK);
     CHECK_EQ_INT(rsp.nobjs, 1);
@@ -252,10 +253,11 @@ static void test_bad_input(void)
     fx_t f;
     fx_init(&f, 1000);
     uint64_t s1 = mount(&f, f.client, "s1", "n", 1 << 20);
-    /* Bad keys fail alone; good keys of the same batch proceed. */
+    /* Bad keys fail alone; good keys of the same batch proceed. A NUL byte is only valid as
+     * the end of a tenant's name (the server makes those keys; "a b" is no tenant name). */
     kvs__put_item_t items[4] = {
-        {{"", 0}, 10}, {{"a\0b", 3}, 10}, {kvs__str_c("good"), 10}, {kvs__str_c("zero"), 0}};
-    kvs__put_start_req_t req = {kvs__str_c("n"), 1, kvs__str_c(""), 0, 4, items};
+        {{"", 0}, 10}, {{"a b\0c", 5}, 10}, {kvs__str_c("good"), 10}, {kvs__str_c("zero"), 0}};
+    kvs__put_start_req_t req = {kvs__str_c("n"), 1, kvs__str_c(""), 0, 4, items, 0, 0};
     kvs__placement_rsp_t rsp;
     CHECK_STATUS(kvs__master_put_start(f.m, f.now, f.client, &req, &f.arena, &rsp), KVS_OK);
     CHECK_STATUS(rsp.objs[0].status, KVS_INVALID_PARAMS);
@@ -269,6 +271,12 @@ static void test_bad_input(void)
     CHECK_STATUS(rsp.objs[2].status, KVS_INVALID_PARAMS);
     CHECK_STATUS(lookup(&f, "other", NULL), KVS_OBJECT_NOT_FOUND);
     CHECK_EQ_INT(EXISTS(&f, ""), KVS_INVALID_PARAMS);
+    kvs__put_item_t ns[3] = {{{"\0k", 2}, 10}, {{"t\0", 2}, 10}, {{"t\0k", 3}, 10}};
+    kvs__put_start_req_t nsreq = {kvs__str_c("n"), 1, kvs__str_c(""), 0, 3, ns, 0, 0};
+    CHECK_STATUS(kvs__master_put_start(f.m, f.now, f.client, &nsreq, &f.arena, &rsp), KVS_OK);
+    CHECK_STATUS(rsp.objs[0].status, KVS_INVALID_PARAMS); /* no tenant name */
+    CHECK_STATUS(rsp.objs[1].status, KVS_INVALID_PARAMS); /* no key */
+    CHECK_STATUS(rsp.objs[2].status, KVS_OK);             /* tenant t's key k */
     CHECK_STATUS(REMOVE(&f, "", 0), KVS_INVALID_PARAMS);
     /* Mount validation. */
     kvs__mount_req_t mr = {kvs__str_c("s1"), kvs__str_c("n"), kvs__str_c("e"), 4096, {NULL, 0}};
@@ -351,6 +359,136 @@ static void test_eviction_order_at_watermark(void)
     CHECK_STATUS(lookup(&f, "k2", NULL), KVS_OK);
     CHECK_STATUS(lookup(&f, "k4", NULL), KVS_OK);
     CHECK_EQ_U64(counter(&f, "evictions"), 2);
+    fx_fini(&f);
+}
+
+/* Puts and ends one object of `size` bytes with a pin request (flags: KVS_PUT_FLAG_*). */
+static int put_pinned(fx_t *f, const char *key, uint64_t size, uint32_t flags, uint32_t action,
+                      uint64_t ttl_ms)
+{
+    kvs__put_item_t it = {kvs__str_c(key), size};
+    kvs__put_start_req_t req = {kvs__str_c("n"), 1, kvs__str_c(""), flags, 1, &it, action, ttl_ms};
+    kvs__placement_rsp_t rsp;
+    CHECK_STATUS(kvs__master_put_start(f->m, f->now, f->client, &req, &f->arena, &rsp), KVS_OK);
+    if (rsp.objs[0].status != KVS_OK)
+        return rsp.objs[0].status;
+    return END(f, key);
+}
+
+/* Unpinned objects go first, then soft-pinned ones whose pin still holds; hard-pinned ones
+ * never; an expired soft pin is an ordinary object again. */
+static void test_pins_and_eviction_order(void)
+{
+    fx_t f;
+    fx_init(&f, 1000);
+    mount(&f, f.client, "s1", "n", 10 << 10);
+    /* Oldest first: hard, soft (60 s), soft (1 s), then six unpinned. 9 KiB of 10 KiB. */
+    CHECK_STATUS(put_pinned(&f, "hard", 1024, KVS_PUT_FLAG_HARD_PIN, 0, 0), KVS_OK);
+    CHECK_STATUS(put_pinned(&f, "soft-long", 1024, KVS_PUT_FLAG_PIN_TTL, 1, 60000), KVS_OK);
+    CHECK_STATUS(put_pinned(&f, "soft-short", 1024, KVS_PUT_FLAG_PIN_TTL, 1, 1000), KVS_OK);
+    char key[32];
+    for (int i = 0; i < 6; i++) {
+        snprintf(key, sizeof(key), "plain%d", i);
+        CHECK_STATUS(put_pinned(&f, key, 1024, 0, 0, 0), KVS_OK);
+    }
+    /* A TTL above the master's maximum is refused; so is an unknown action. */
+    CHECK_STATUS(put_pinned(&f, "too-long", 1024, KVS_PUT_FLAG_PIN_TTL, 1, 25ull * 3600 * 1000),
+                 KVS_INVALID_PARAMS);
+    CHECK_STATUS(put_pinned(&f, "bad-action", 1024, 0, 3, 0), KVS_INVALID_PARAMS);
+    /* 4 KiB more: the four oldest unpinned objects go, the pinned ones stay. */
+    CHECK_STATUS(put_pinned(&f, "big", 4096, 0, 0, 0), KVS_OK);
+    CHECK_EQ_INT(EXISTS(&f, "hard"), 1);
+    CHECK_EQ_INT(EXISTS(&f, "soft-long"), 1);
+    CHECK_EQ_INT(EXISTS(&f, "soft-short"), 1);
+    CHECK_EQ_INT(EXISTS(&f, "plain0"), 0);
+    CHECK_EQ_INT(EXISTS(&f, "plain3"), 0);
+    CHECK_EQ_INT(EXISTS(&f, "plain4"), 1);
+    CHECK_EQ_U64(kvs__master_counter(f.m, "soft_pin_evictions"), 0);
+    /* After 1 s the short pin has ended: it is the oldest ordinary object and goes first. */
+    f.now += 1001 * MS;
+    CHECK_STATUS(put_pinned(&f, "next", 1024, 0, 0, 0), KVS_OK);
+    CHECK_EQ_INT(EXISTS(&f, "soft-short"), 0);
+    CHECK_EQ_INT(EXISTS(&f, "plain4"), 1);
+    CHECK_EQ_U64(kvs__master_counter(f.m, "soft_pin_evictions"), 0);
+    /* Room that only the soft-pinned object can give: it goes (allowed by default) after
+     * every unpinned one; the hard-pinned one never does. */
+    CHECK_STATUS(put_pinned(&f, "huge", 8192, 0, 0, 0), KVS_OK);
+    CHECK_EQ_INT(EXISTS(&f, "soft-long"), 0);
+    CHECK_EQ_INT(EXISTS(&f, "hard"), 1);
+    CHECK_EQ_U64(kvs__master_counter(f.m, "soft_pin_evictions"), 1);
+    CHECK_STATUS(put_pinned(&f, "no-room", 2048, 0, 0, 0), KVS_OK); /* evicts "huge" */
+    CHECK_EQ_INT(EXISTS(&f, "hard"), 1);
+    /* An explicit remove still takes a hard-pinned object. */
+    CHECK_STATUS(REMOVE(&f, "hard", 0), KVS_OK);
+    fx_fini(&f);
+}
+
+/* With --allow-evict-soft-pinned 0 a soft-pinned object is never evicted while pinned. */
+static void test_soft_pins_kept_when_not_allowed(void)
+{
+    fx_t f;
+    kvs__master_config_t cfg;
+    CHECK_STATUS(kvs__master_config_init(&cfg), KVS_OK);
+    cfg.allow_evict_soft_pinned = false;
+    CHECK_STATUS(kvs__master_create(&cfg, &f.m), KVS_OK);
+    kvs__arena_init(&f.arena);
+    f.now = 1000 * MS;
+    f.client = kvs__master_new_client(f.m);
+    mount(&f, f.client, "s1", "n", 4 << 10);
+    CHECK_STATUS(put_pinned(&f, "soft", 2048, 0, 1, 0), KVS_OK); /* the default TTL (30 min) */
+    CHECK_STATUS(put_pinned(&f, "a", 2048, 0, 0, 0), KVS_OK);
+    CHECK_STATUS(put_pinned(&f, "b", 2048, 0, 0, 0), KVS_OK); /* evicts a */
+    CHECK_EQ_INT(EXISTS(&f, "a"), 0);
+    CHECK_STATUS(put_pinned(&f, "c", 4096, 0, 0, 0), KVS_NO_AVAILABLE_HANDLE);
+    CHECK_EQ_INT(EXISTS(&f, "soft"), 1);
+    /* ENABLE with a TTL of 0 and DISABLE clear the pin (an upsert with PRESERVE keeps it). */
+    CHECK_STATUS(put_pinned(&f, "soft", 2048, KVS_PUT_FLAG_UPSERT, 0, 0), KVS_OK);
+    CHECK_STATUS(put_pinned(&f, "c", 4096, 0, 0, 0), KVS_NO_AVAILABLE_HANDLE);
+    CHECK_STATUS(put_pinned(&f, "soft", 2048, KVS_PUT_FLAG_UPSERT | KVS_PUT_FLAG_PIN_TTL, 1, 0),
+                 KVS_OK);
+    CHECK_STATUS(put_pinned(&f, "c", 4096, 0, 0, 0), KVS_OK);
+    CHECK_EQ_INT(EXISTS(&f, "soft"), 0);
+    fx_fini(&f);
+}
+
+/* An upsert's version is invisible until its end, which swaps it in; a reader's lease keeps the
+ * old version's space; a revoked upsert leaves the old version. */
+static void test_upsert_swap(void)
+{
+    fx_t f;
+    fx_init(&f, 1000);
+    mount(&f, f.client, "s1", "n", 64 << 10);
+    CHECK_STATUS(put_pinned(&f, "k", 1000, 0, 0, 0), KVS_OK);
+    kvs__obj_desc_t old;
+    CHECK_STATUS(lookup(&f, "k", &old), KVS_OK); /* a reader holds a lease on version 1 */
+    kvs__obj_desc_t d;
+    CHECK_STATUS(put_start_ex(&f, "k", 2000, 1, "n", "", 0, NULL), KVS_OBJECT_ALREADY_EXISTS);
+    CHECK_STATUS(put_start_ex(&f, "k", 2000, 1, "n", "", KVS_PUT_FLAG_UPSERT, &d), KVS_OK);
+    CHECK(d.reps[0].offset != old.reps[0].offset);
+    /* A second writer while it is open: not ready. */
+    CHECK_STATUS(put_start_ex(&f, "k", 3000, 1, "n", "", KVS_PUT_FLAG_UPSERT, NULL),
+                 KVS_REPLICA_IS_NOT_READY);
+    kvs__obj_desc_t now;
+    CHECK_STATUS(lookup(&f, "k", &now), KVS_OK);
+    CHECK_EQ_U64(now.size, 1000); /* still version 1 */
+    CHECK_STATUS(END(&f, "k"), KVS_OK);
+    CHECK_STATUS(lookup(&f, "k", &now), KVS_OK);
+    CHECK_EQ_U64(now.size, 2000);
+    CHECK_EQ_U64(now.reps[0].offset, d.reps[0].offset);
+    CHECK_EQ_U64(kvs__master_counter(f.m, "tombstones"), 1); /* version 1 was leased */
+    /* A revoked upsert: the current version stays. */
+    CHECK_STATUS(put_start_ex(&f, "k", 500, 1, "n", "", KVS_PUT_FLAG_UPSERT, NULL), KVS_OK);
+    CHECK_STATUS(REVOKE(&f, "k"), KVS_OK);
+    CHECK_STATUS(lookup(&f, "k", &now), KVS_OK);
+    CHECK_EQ_U64(now.size, 2000);
+    /* A remove while an upsert is open orphans it: its end finds no key. */
+    CHECK_STATUS(put_start_ex(&f, "k", 700, 1, "n", "", KVS_PUT_FLAG_UPSERT, NULL), KVS_OK);
+    CHECK_STATUS(REMOVE(&f, "k", KVS_KEYS_FLAG_FORCE), KVS_OK);
+    CHECK_STATUS(END(&f, "k"), KVS_OBJECT_NOT_FOUND);
+    CHECK_STATUS(lookup(&f, "k", NULL), KVS_OBJECT_NOT_FOUND);
+    /* An upsert of an absent key is a put. */
+    CHECK_STATUS(put_pinned(&f, "fresh", 100, KVS_PUT_FLAG_UPSERT, 0, 0), KVS_OK);
+    CHECK_EQ_INT(EXISTS(&f, "fresh"), 1);
     fx_fini(&f);
 }
 
@@ -461,8 +599,8 @@ static void test_placement(void)
         snprintf(keys[i], sizeof(keys[i]), "b%d", i);
         items[i] = (kvs__put_item_t){kvs__str_c(keys[i]), 8192};
     }
-    kvs__put_start_req_t req = {kvs__str_c("nodeB"),    1, kvs__str_c(""),
-                                KVS_PUT_FLAG_SAME_NODE, 5, items};
+    kvs__put_start_req_t req = {
+        kvs__str_c("nodeB"), 1, kvs__str_c(""), KVS_PUT_FLAG_SAME_NODE, 5, items, 0, 0};
     kvs__placement_rsp_t rsp;
     CHECK_STATUS(kvs__master_put_start(f.m, f.now, f.client, &req, &f.arena, &rsp), KVS_OK);
     for (int i = 0; i < 5; i++) {
@@ -707,7 +845,7 @@ static void test_pending_remove_waits_for_the_writer(void)
     uint64_t writer = kvs__master_new_client(f.m);
     for (int how = 0; how < 2; how++) {
         kvs__put_item_t it = {kvs__str_c("p"), 1 << 20};
-        kvs__put_start_req_t ps = {kvs__str_c("n"), 1, kvs__str_c(""), 0, 1, &it};
+        kvs__put_start_req_t ps = {kvs__str_c("n"), 1, kvs__str_c(""), 0, 1, &it, 0, 0};
         kvs__placement_rsp_t pr;
         CHECK_STATUS(kvs__master_put_start(f.m, f.now, writer, &ps, &f.arena, &pr), KVS_OK);
         CHECK_STATUS(pr.objs[0].status, KVS_OK);
@@ -886,6 +1024,9 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_no_space),
         KVS_TEST_CASE(test_eviction_order_at_watermark),
         KVS_TEST_CASE(test_eviction_skips_leased),
+        KVS_TEST_CASE(test_pins_and_eviction_order),
+        KVS_TEST_CASE(test_soft_pins_kept_when_not_allowed),
+        KVS_TEST_CASE(test_upsert_swap),
         KVS_TEST_CASE(test_liveness),
         KVS_TEST_CASE(test_put_discard),
         KVS_TEST_CASE(test_placement),

@@ -53,7 +53,7 @@ static void mount_and_put(kvs__rpc_t *rpc, const char *seg, const char *key)
     CHECK_STATUS(mr.status, KVS_OK);
 
     kvs__put_item_t it = {kvs__str_c(key), 5000};
-    kvs__put_start_req_t ps = {kvs__str_c("testnode"), 1, kvs__str_c(""), 0, 1, &it};
+    kvs__put_start_req_t ps = {kvs__str_c("testnode"), 1, kvs__str_c(""), 0, 1, &it, 0, 0};
     kvs__rpc_begin(rpc, &req, KVS_MSG_PUT_START);
     kvs__put_start_req_encode(&req, &ps);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
@@ -407,7 +407,7 @@ static void test_identity_comes_from_the_connection(void)
     kvs__wbuf_init(&req);
     kvs__wbuf_init(&rsp);
     kvs__put_item_t it = {kvs__str_c("open"), 100};
-    kvs__put_start_req_t ps = {kvs__str_c("testnode"), 1, kvs__str_c(""), 0, 1, &it};
+    kvs__put_start_req_t ps = {kvs__str_c("testnode"), 1, kvs__str_c(""), 0, 1, &it, 0, 0};
     kvs__rpc_begin(a, &req, KVS_MSG_PUT_START);
     kvs__put_start_req_encode(&req, &ps);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);

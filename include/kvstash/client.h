@@ -96,10 +96,24 @@ int kvs_client_unregister_buffer(kvs_client_t *client, void *addr);
 
 /* ---- writes --------------------------------------------------------------------------------- */
 
+/* What a put does to its object's soft pin (Mooncake's SoftPinAction numbers). A soft-pinned
+ * object is evicted only after every unpinned one, and only when the master allows it
+ * (--allow-evict-soft-pinned, default on), until its pin's time-to-live ends. */
+typedef enum {
+    KVS_SOFT_PIN_PRESERVE = 0, /* keep the key's pin (an upsert keeps the old version's; none) */
+    KVS_SOFT_PIN_ENABLE = 1,   /* pin for soft_pin_ttl_ms (0 clears it) */
+    KVS_SOFT_PIN_DISABLE = 2,  /* no pin */
+} kvs_soft_pin_action_t;
+
 typedef struct {
     uint32_t replica_num;           /* copies on distinct segments (default 1, at most 16) */
     const char *preferred_segment;  /* segment name to place the first copy on, or NULL */
     bool prefer_alloc_in_same_node; /* place a batch's objects together on one segment */
+    /* Fields below need a master of protocol version 4 (a version 3 master ignores them). */
+    kvs_soft_pin_action_t soft_pin_action; /* default PRESERVE */
+    bool soft_pin_ttl_set;                 /* false: ENABLE takes the master's default TTL */
+    uint64_t soft_pin_ttl_ms;              /* at most the master's --max-soft-pin-ttl-ms */
+    bool with_hard_pin;                    /* never evicted (explicit removes still work) */
 } kvs_replicate_config_t;
 
 /* Defaults: one replica, no preferred segment, spread placement. */

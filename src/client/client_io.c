@@ -335,6 +335,7 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
     kvs_replicate_config_init(&defaults);
     const kvs_replicate_config_t *rc_ = rcfg ? rcfg : &defaults;
     if (rc_->replica_num == 0 || rc_->replica_num > KVS_MAX_REPLICAS ||
+        (unsigned)rc_->soft_pin_action > KVS_SOFT_PIN_DISABLE ||
         (rc_->preferred_segment != NULL && strlen(rc_->preferred_segment) > KVS_MAX_NAME_LEN))
         return kvs__fail(KVS_INVALID_PARAMS,
                          "put: replica_num must be 1..%u and preferred_segment at most %u bytes",
@@ -364,7 +365,11 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
         .replica_num = rc_->replica_num,
         .preferred_segment = kvs__str_c(rc_->preferred_segment ? rc_->preferred_segment : ""),
         .flags = (rc_->prefer_alloc_in_same_node ? KVS_PUT_FLAG_SAME_NODE : 0) |
-                 (k->upsert ? KVS_PUT_FLAG_UPSERT : 0),
+                 (k->upsert ? KVS_PUT_FLAG_UPSERT : 0) |
+                 (rc_->with_hard_pin ? KVS_PUT_FLAG_HARD_PIN : 0) |
+                 (rc_->soft_pin_ttl_set ? KVS_PUT_FLAG_PIN_TTL : 0),
+        .soft_pin_action = (uint32_t)rc_->soft_pin_action,
+        .soft_pin_ttl_ms = rc_->soft_pin_ttl_ms,
         .nitems = m,
         .items = items,
     };

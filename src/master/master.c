@@ -23,6 +23,7 @@
     X(evictions)                                                                                   \
     X(upserts_started)                                                                             \
     X(upserts_ended)                                                                               \
+    X(soft_pin_evictions)                                                                          \
     X(evicted_bytes)
 
 typedef struct {
@@ -93,6 +94,12 @@ typedef struct obj {
      * replaces (NULL once that one went: the upsert then fails at its end). */
     struct obj *next, *parent;
     bool in_table;
+    /* Pins: a hard-pinned object is never evicted; a soft-pinned one only after every unpinned
+     * one, until soft_pin_until_ns. A pending put keeps its pin request for its end. */
+    bool hard_pin;
+    uint8_t pin_action;     /* pending: KVS_SOFT_PIN_* */
+    uint64_t pin_ttl_ns;    /* pending: the TTL ENABLE sets */
+    uint64_t soft_pin_until_ns; /* 0: no soft pin */
     uint32_t key_len;
     uint32_t state;
     char key[];
@@ -172,6 +179,9 @@ int kvs__master_config_init(kvs__master_config_t *cfg)
         .put_discard_ms = 30000,
         .high_watermark = 0.90,
         .evict_ratio = 0.05,
+        .default_soft_pin_ttl_ms = 30 * 60 * 1000, /* Mooncake's defaults */
+        .max_soft_pin_ttl_ms = 24 * 3600 * 1000,
+        .allow_evict_soft_pinned = true,
     };
     const uint64_t day_ms = 86400000ull;
     int rc = KVS_OK;
@@ -180,7 +190,11 @@ int kvs__master_config_init(kvs__master_config_t *cfg)
             KVS_OK ||
         kvs__env_u64("KVS_MASTER_PUT_DISCARD_MS", day_ms, &cfg->put_discard_ms) != KVS_OK ||
         env_ratio("KVS_MASTER_HIGH_WATERMARK", &cfg->high_watermark) != KVS_OK ||
-        env_ratio("KVS_MASTER_EVICT_RATIO", &cfg->evict_ratio) != KVS_OK)
+        env_ratio("KVS_MASTER_EVICT_RATIO", &cfg->evict_ratio) != KVS_OK ||
+        kvs__env_u64("KVS_MASTER_DEFAULT_SOFT_PIN_TTL_MS", 30 * day_ms,
+                     &cfg->default_soft_pin_ttl_ms) != KVS_OK ||
+        kvs__env_u64("KVS_MASTER_MAX_SOFT_PIN_TTL_MS", 30 * day_ms, &cfg->max_soft_pin_ttl_ms) !=
+            KVS_OK)
         rc = KVS_INVALID_PARAMS;
     return rc;
 }
@@ -189,7 +203,8 @@ int kvs__master_config_check(const kvs__master_config_t *cfg)
 {
     if (cfg == NULL || cfg->heartbeat_timeout_ms == 0 || cfg->put_discard_ms == 0 ||
         !(cfg->high_watermark > 0.0 && cfg->high_watermark <= 1.0) ||
-        !(cfg->evict_ratio > 0.0 && cfg->evict_ratio <= 1.0))
+        !(cfg->evict_ratio > 0.0 && cfg->evict_ratio <= 1.0) ||
+        cfg->default_soft_pin_ttl_ms > cfg->max_soft_pin_ttl_ms)
         return KVS_INVALID_PARAMS;
     return KVS_OK;
 }
@@ -891,14 +906,27 @@ static bool obj_on_seg(const obj_t *o, const seg_t *s)
 
 /* Evicts complete, unleased objects with a replica on `s`, least recently used first, until
  * `need` bytes of `s` are free again or nothing more may go. Returns the bytes freed on s. */
-static uint64_t evict_from(kvs__master_t *m, uint64_t now_ns, seg_t *s, uint64_t need)
+/* Soft pins' action numbers on the wire (Mooncake's SoftPinAction). */
+enum { PIN_PRESERVE = 0, PIN_ENABLE = 1, PIN_DISABLE = 2 };
+
+static bool soft_pinned(const obj_t *o, uint64_t now_ns)
+{
+    return o->soft_pin_until_ns > now_ns;
+}
+
+/* One eviction pass over the LRU list, least recently used first: unpinned objects, or (the
+ * second pass) soft-pinned ones. */
+static uint64_t evict_pass(kvs__master_t *m, uint64_t now_ns, seg_t *s, uint64_t need,
+                           bool soft_pins)
 {
     uint64_t freed = 0;
     link_t *l = m->lru.prev;
     while (l != &m->lru && freed < need) {
         link_t *prev = l->prev;
         obj_t *o = link_obj(l);
-        if (!obj_leased(o, now_ns) && obj_on_seg(o, s)) {
+        if (!o->hard_pin && soft_pinned(o, now_ns) == soft_pins && !obj_leased(o, now_ns) &&
+            obj_on_seg(o, s)) {
+            m->c.soft_pin_evictions += soft_pins;
             uint64_t before = kvs__seg_alloc_used(s->alloc);
             m->c.evictions++;
             m->c.evicted_bytes += o->size;
@@ -909,6 +937,16 @@ static uint64_t evict_from(kvs__master_t *m, uint64_t now_ns, seg_t *s, uint64_t
         }
         l = prev;
     }
+    return freed;
+}
+
+static uint64_t evict_from(kvs__master_t *m, uint64_t now_ns, seg_t *s, uint64_t need)
+{
+    /* Unpinned objects first; soft-pinned ones (pin still on) only after all of them, and only
+     * when allowed; hard-pinned ones never. */
+    uint64_t freed = 0;
+    for (int pass = 0; pass < (m->cfg.allow_evict_soft_pinned ? 2 : 1) && freed < need; pass++)
+        freed += evict_pass(m, now_ns, s, need - freed, pass == 1);
     return freed;
 }
 
@@ -1058,6 +1096,11 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, uint64_t writer,
     o->writer = writer;
     o->token = kvs__random_u64();
     o->cap_epoch = cap_epoch(m, now_ns);
+    o->hard_pin = (req->flags & KVS_PUT_FLAG_HARD_PIN) != 0;
+    o->pin_action = (uint8_t)req->soft_pin_action;
+    o->pin_ttl_ns = ((req->flags & KVS_PUT_FLAG_PIN_TTL) ? req->soft_pin_ttl_ms
+                                                         : m->cfg.default_soft_pin_ttl_ms) *
+                    KVS_NS_PER_MS;
     o->reps = reps;
     o->nrep = got;
     if (cur != NULL) {
@@ -1105,7 +1148,10 @@ int kvs__master_put_start(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
     if (rc != KVS_OK)
         return rc;
     bool bad = req->replica_num == 0 || req->replica_num > KVS_MAX_REPLICAS ||
-               (req->preferred_segment.len && !name_ok(req->preferred_segment));
+               (req->preferred_segment.len && !name_ok(req->preferred_segment)) ||
+               req->soft_pin_action > PIN_DISABLE ||
+               ((req->flags & KVS_PUT_FLAG_PIN_TTL) &&
+                req->soft_pin_ttl_ms > m->cfg.max_soft_pin_ttl_ms);
     seg_t **cand = kvs__arena_alloc(arena, (size_t)m->nseg * sizeof(*cand));
     if (cand == NULL)
         return KVS_NO_MEMORY;
@@ -1208,6 +1254,12 @@ static int op_put_end(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
         if ((o->reps[i].end_fence = fence_issue(o->reps[i].seg, o->token, o->cap_epoch)) == 0)
             return KVS_NO_MEMORY;
     }
+    /* The pin the put asked for, from the version it replaces when it keeps the pin. */
+    uint64_t keep = cur != NULL ? cur->soft_pin_until_ns : 0;
+    o->soft_pin_until_ns = o->pin_action == PIN_ENABLE    ? (o->pin_ttl_ns ? k->now_ns + o->pin_ttl_ns : 0)
+                           : o->pin_action == PIN_DISABLE ? 0
+                                                          : keep;
+    o->hard_pin |= cur != NULL && cur->hard_pin;
     if (cur != NULL) {
         /* The swap: the old version retires (tombstoned while readers hold leases, so they
          * keep reading its bytes), and the new one takes its place, all in this one step. */

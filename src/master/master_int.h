@@ -20,10 +20,14 @@ typedef struct {
     uint64_t put_discard_ms;       /* a put not ended this long is revoked (30 s) */
     double high_watermark;         /* segment fill ratio that triggers eviction (0.90) */
     double evict_ratio;            /* share of the segment freed per eviction (0.05) */
+    uint64_t default_soft_pin_ttl_ms; /* a soft pin's time-to-live when the put names none */
+    uint64_t max_soft_pin_ttl_ms;     /* the longest a put may ask for (24 h) */
+    bool allow_evict_soft_pinned;     /* soft-pinned objects may go after every unpinned one */
 } kvs__master_config_t;
 
 /* Defaults, then KVS_MASTER_LEASE_MS, KVS_MASTER_HEARTBEAT_TIMEOUT_MS, KVS_MASTER_PUT_DISCARD_MS,
- * KVS_MASTER_HIGH_WATERMARK and KVS_MASTER_EVICT_RATIO from the environment. */
+ * KVS_MASTER_HIGH_WATERMARK, KVS_MASTER_EVICT_RATIO, KVS_MASTER_DEFAULT_SOFT_PIN_TTL_MS and
+ * KVS_MASTER_MAX_SOFT_PIN_TTL_MS from the environment. */
 int kvs__master_config_init(kvs__master_config_t *cfg);
 int kvs__master_config_check(const kvs__master_config_t *cfg);
 

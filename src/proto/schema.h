@@ -187,7 +187,9 @@
     X(R, U32, replica_num, 2, 0, 0)                                                                \
     X(R, STR, preferred_segment, 2, KVS_MAX_NAME_LEN, 0) /* empty: none */                         \
     X(R, U32, flags, 2, 0, 0)                            /* KVS_PUT_FLAG_* */                      \
-    X(R, ARR, items, 2, put_item, KVS_MAX_BATCH)
+    X(R, ARR, items, 2, put_item, KVS_MAX_BATCH)                                                   \
+    X(R, U32, soft_pin_action, 4, 0, 0) /* KVS_SOFT_PIN_* at the put's end */                      \
+    X(R, U64, soft_pin_ttl_ms, 4, 0, 0) /* with KVS_PUT_FLAG_PIN_TTL; else the master's default */
 
 /* PUT_START and LOOKUP replies: the segments referenced, then one descriptor per key. */
 #define KVS_FIELDS_placement_rsp(X, R)                                                             \
@@ -326,5 +328,9 @@
  * (tombstoned while leased). An object whose put or upsert is in progress is
  * REPLICA_IS_NOT_READY. */
 #define KVS_PUT_FLAG_UPSERT 0x2u
+/* PUT_START (version 4): the objects are never evicted (removes still work). */
+#define KVS_PUT_FLAG_HARD_PIN 0x4u
+/* PUT_START (version 4): soft_pin_ttl_ms is given (else ENABLE takes the master's default). */
+#define KVS_PUT_FLAG_PIN_TTL 0x8u
 
 #endif

@@ -115,6 +115,69 @@ static int rc_convert(PyObject *obj, rc_holder_t *h)
         kvs_warn("ReplicateConfig: preferred_segment is longer than %u bytes", KVS_MAX_NAME_LEN);
         return RC_REFUSED;
     }
+    /* preferred_segments: the first copy's segment when preferred_segment is empty. */
+    PyObject *segs = PyObject_GetAttrString(obj, "preferred_segments");
+    if (segs == NULL)
+        return -1;
+    int bad = !PyList_Check(segs) && !PyTuple_Check(segs);
+    if (!bad && rc->preferred_segment == NULL && PySequence_Size(segs) > 0) {
+        PyObject *first = PySequence_GetItem(segs, 0);
+        const char *f = first && PyUnicode_Check(first) ? PyUnicode_AsUTF8AndSize(first, &n) : NULL;
+        if (f != NULL && n > 0 && (size_t)n < sizeof(h->seg)) {
+            memcpy(h->seg, f, (size_t)n + 1);
+            rc->preferred_segment = h->seg;
+        }
+        bad = f == NULL;
+        Py_XDECREF(first);
+    }
+    Py_DECREF(segs);
+    if (bad) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "ReplicateConfig.preferred_segments must be a list of str");
+        return -1;
+    }
+    long long action;
+    if (rc_int(obj, "soft_pin_action", 0, 2, &action) != 0)
+        return -1;
+    if (action == LLONG_MIN) {
+        kvs_warn("ReplicateConfig: soft_pin_action must be a SoftPinAction (0, 1 or 2)");
+        return RC_REFUSED;
+    }
+    rc->soft_pin_action = (kvs_soft_pin_action_t)action;
+    PyObject *ttl = PyObject_GetAttrString(obj, "soft_pin_ttl_ms");
+    if (ttl == NULL)
+        return -1;
+    if (ttl != Py_None) {
+        unsigned long long ms = PyLong_Check(ttl) ? PyLong_AsUnsignedLongLong(ttl) : 0;
+        bool ok = PyLong_Check(ttl) && !PyErr_Occurred();
+        PyErr_Clear();
+        Py_DECREF(ttl);
+        if (!ok) {
+            kvs_warn("ReplicateConfig: soft_pin_ttl_ms must be None or an int >= 0");
+            return RC_REFUSED;
+        }
+        rc->soft_pin_ttl_set = true;
+        rc->soft_pin_ttl_ms = ms;
+    } else {
+        Py_DECREF(ttl);
+    }
+    PyObject *hard = PyObject_GetAttrString(obj, "with_hard_pin");
+    if (hard == NULL)
+        return -1;
+    on = PyObject_IsTrue(hard);
+    Py_DECREF(hard);
+    if (on < 0)
+        return -1;
+    rc->with_hard_pin = on != 0;
+    PyObject *groups = PyObject_GetAttrString(obj, "group_ids");
+    if (groups == NULL)
+        return -1;
+    bad = groups != Py_None && !PyList_Check(groups) && !PyTuple_Check(groups);
+    Py_DECREF(groups);
+    if (bad) {
+        PyErr_SetString(PyExc_TypeError, "ReplicateConfig.group_ids must be None or a list of str");
+        return -1;
+    }
     return 0;
 }
 

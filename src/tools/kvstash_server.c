@@ -60,6 +60,10 @@ static void usage(FILE *f)
             "                             token (no certificates; default: KVS_TLS=1)\n"
             "  --high-watermark R         segment fill ratio that starts eviction (0.90)\n"
             "  --evict-ratio R            share of a segment freed per eviction (0.05)\n"
+            "  --default-soft-pin-ttl-ms N  a soft pin's life when the put names none (1800000)\n"
+            "  --max-soft-pin-ttl-ms N    the longest soft pin a put may ask for (86400000)\n"
+            "  --allow-evict-soft-pinned B  evict soft-pinned objects after all unpinned ones\n"
+            "                             when space is needed: 1 (default) or 0\n"
             "  --log-level LEVEL          error|warn|info|debug|trace (default info)\n"
             "  --version                  print the version\n"
             "  -h, --help                 this text\n"
@@ -126,6 +130,9 @@ int main(int argc, char **argv)
         O_DISCARD,
         O_HWM,
         O_EVICT,
+        O_PIN_TTL,
+        O_PIN_MAX,
+        O_PIN_EVICT,
         O_LOG,
         O_VERSION,
         O_OWNER_ONLY,
@@ -171,6 +178,9 @@ int main(int argc, char **argv)
         {"tls", no_argument, NULL, O_TLS},
         {"high-watermark", required_argument, NULL, O_HWM},
         {"evict-ratio", required_argument, NULL, O_EVICT},
+        {"default-soft-pin-ttl-ms", required_argument, NULL, O_PIN_TTL},
+        {"max-soft-pin-ttl-ms", required_argument, NULL, O_PIN_MAX},
+        {"allow-evict-soft-pinned", required_argument, NULL, O_PIN_EVICT},
         {"log-level", required_argument, NULL, O_LOG},
         {"version", no_argument, NULL, O_VERSION},
         {"help", no_argument, NULL, 'h'},
@@ -291,6 +301,22 @@ int main(int argc, char **argv)
             break;
         case O_TLS:
             tls = true;
+            break;
+        case O_PIN_TTL:
+            if (parse_ms("--default-soft-pin-ttl-ms", optarg, &cfg.master.default_soft_pin_ttl_ms))
+                return 2;
+            break;
+        case O_PIN_MAX:
+            if (parse_ms("--max-soft-pin-ttl-ms", optarg, &cfg.master.max_soft_pin_ttl_ms))
+                return 2;
+            break;
+        case O_PIN_EVICT:
+            if (strcmp(optarg, "1") != 0 && strcmp(optarg, "0") != 0) {
+                fprintf(stderr, "kvstash-server: --allow-evict-soft-pinned wants 1 or 0, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            cfg.master.allow_evict_soft_pinned = optarg[0] == '1';
             break;
         case O_HWM:
             if (parse_ratio("--high-watermark", optarg, &cfg.master.high_watermark))

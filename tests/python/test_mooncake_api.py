@@ -9,9 +9,6 @@ import unittest
 import kvstash
 from kvs_harness import GUARD, Buffer, Server, pattern
 
-MASTER_ONLY = None
-
-
 class Base(unittest.TestCase):
     segment = "64MiB"
     extra = ()
@@ -322,6 +319,8 @@ class RemovalTest(Base):
         self.assertEqual(s.is_exist(key), 0)
         self.assertEqual(s.batch_get_session_end([key]), 0)
 
+    @unittest.skipUnless(hasattr(kvstash.MooncakeDistributedStore, "batch_replica_clear"),
+                         "batch_replica_clear is not implemented yet (issue 25 remains open)")
     def test_replica_clear(self):
         owner = self.open(local_hostname="127.0.0.1:17011", global_segment_size="8MiB")
         key = self.k("clear")
@@ -387,6 +386,8 @@ class SessionTest(Base):
         self.assertEqual(s.get_into_ranges([buf1.ptr], [[a], [b]], [[[0]]], [[[0]]], [[[1]]]),
                          [[[-600]]])
 
+    @unittest.skipUnless(hasattr(kvstash.MooncakeDistributedStore, "batch_put_session_start"),
+                         "the put session calls are not implemented yet (issue 25 remains open)")
     def test_put_session(self):
         s = self.store
         keys = [self.k("ps0"), self.k("ps1"), self.k("ps2")]
@@ -523,6 +524,30 @@ class TenantTest(Base):
         bad = kvstash.MooncakeDistributedStore()
         self.assertEqual(bad.setup("localhost", "", 0, 0, "tcp", "", self.server.master, None,
                                    tenant_id="bad tenant!"), -600)
+
+
+class PinTest(Base):
+    segment = "1MiB"
+
+    def test_soft_and_hard_pins_under_eviction(self):
+        s = self.store
+        hard = kvstash.ReplicateConfig(with_hard_pin=True)
+        soft = kvstash.ReplicateConfig(soft_pin_action=kvstash.SoftPinAction.ENABLE,
+                                       soft_pin_ttl_ms=60000)
+        self.assertEqual(s.put(self.k("hard"), b"h" * 100000, hard), 0)
+        self.assertEqual(s.put(self.k("soft"), b"s" * 100000, soft), 0)
+        # Far more unpinned bytes than the segment holds: the pinned objects stay.
+        for i in range(40):
+            self.assertEqual(s.put(self.k(f"plain{i}"), bytes([i]) * 100000), 0)
+        self.assertEqual(s.get(self.k("hard")), b"h" * 100000)
+        self.assertEqual(s.get(self.k("soft")), b"s" * 100000)
+        self.assertEqual(s.is_exist(self.k("plain0")), 0)
+        bad = kvstash.ReplicateConfig(soft_pin_action=kvstash.SoftPinAction.ENABLE,
+                                      soft_pin_ttl_ms=10 ** 12)
+        self.assertEqual(s.put(self.k("too-long"), b"x", bad), -600)
+        self.assertEqual(s.put(self.k("bad"), b"x", kvstash.ReplicateConfig(
+            soft_pin_action=7)), -600)
+        self.assertEqual(s.remove_all(force=True) >= 2, True)
 
 
 class DummyTest(Base):
