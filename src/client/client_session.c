@@ -145,26 +145,37 @@ static sess_t *sess_new(kvs__str_t key, uint64_t hash, const kvs__placement_rsp_
     return e;
 }
 
-int kvs_client_read_session_start(kvs_client_t *c, size_t n, const char *const keys[],
-                                  int results[])
+/* Checks a call's arguments and keys; *ks_p (caller frees) gets the keys as wire strings. */
+static int wire_keys(const char *op, kvs_client_t *c, size_t n, const char *const keys[],
+                     bool outputs, kvs__str_t **ks_p)
 {
-    if (c == NULL || n == 0 || n > KVS_MAX_BATCH || keys == NULL || results == NULL)
+    if (c == NULL || n == 0 || n > KVS_MAX_BATCH || keys == NULL || !outputs)
         return kvs__fail(KVS_INVALID_PARAMS,
-                         "read_session_start: a client, 1..%u keys and a "
-                         "results array are required",
-                         KVS_MAX_BATCH);
+                         "%s: a client, 1..%u keys and the output arrays are "
+                         "required",
+                         op, KVS_MAX_BATCH);
     kvs__str_t *ks = kvs__calloc(n, sizeof(*ks));
     if (ks == NULL)
-        return kvs__fail(KVS_NO_MEMORY, "read_session_start: out of memory");
+        return kvs__fail(KVS_NO_MEMORY, "%s: out of memory", op);
     for (size_t i = 0; i < n; i++) {
         if (keys[i] == NULL || kvs__key_check(keys[i], strlen(keys[i])) != KVS_OK) {
             kvs__free(ks);
-            return kvs__fail(KVS_INVALID_PARAMS,
-                             "read_session_start: key %zu is empty, NULL or longer than %u", i,
-                             KVS_MAX_KEY_LEN);
+            return kvs__fail(KVS_INVALID_PARAMS, "%s: key %zu is empty, NULL or longer than %u", op,
+                             i, KVS_MAX_KEY_LEN);
         }
         ks[i] = kvs__str_c(keys[i]);
     }
+    *ks_p = ks;
+    return KVS_OK;
+}
+
+int kvs_client_read_session_start(kvs_client_t *c, size_t n, const char *const keys[],
+                                  int results[])
+{
+    kvs__str_t *ks;
+    int krc = wire_keys("read_session_start", c, n, keys, results != NULL, &ks);
+    if (krc != KVS_OK)
+        return krc;
     kvs__client_enter(c);
     kvs__arena_t arena;
     kvs__arena_init(&arena);
@@ -337,24 +348,11 @@ static void name_copy(char *dst, kvs__str_t s)
 int kvs_client_batch_get_replica_desc(kvs_client_t *c, size_t n, const char *const keys[],
                                       kvs_replica_desc_t descs[], uint32_t nreps[], int results[])
 {
-    if (c == NULL || n == 0 || n > KVS_MAX_BATCH || keys == NULL || descs == NULL ||
-        nreps == NULL || results == NULL)
-        return kvs__fail(KVS_INVALID_PARAMS,
-                         "batch_get_replica_desc: a client, 1..%u keys and "
-                         "the output arrays are required",
-                         KVS_MAX_BATCH);
-    kvs__str_t *ks = kvs__calloc(n, sizeof(*ks));
-    if (ks == NULL)
-        return kvs__fail(KVS_NO_MEMORY, "batch_get_replica_desc: out of memory");
-    for (size_t i = 0; i < n; i++) {
-        if (keys[i] == NULL || kvs__key_check(keys[i], strlen(keys[i])) != KVS_OK) {
-            kvs__free(ks);
-            return kvs__fail(KVS_INVALID_PARAMS,
-                             "batch_get_replica_desc: key %zu is empty, NULL or longer than %u", i,
-                             KVS_MAX_KEY_LEN);
-        }
-        ks[i] = kvs__str_c(keys[i]);
-    }
+    kvs__str_t *ks;
+    int krc = wire_keys("batch_get_replica_desc", c, n, keys,
+                        descs != NULL && nreps != NULL && results != NULL, &ks);
+    if (krc != KVS_OK)
+        return krc;
     kvs__client_enter(c);
     kvs__arena_t arena;
     kvs__arena_init(&arena);

@@ -97,8 +97,8 @@ typedef struct obj {
     /* Pins: a hard-pinned object is never evicted; a soft-pinned one only after every unpinned
      * one, until soft_pin_until_ns. A pending put keeps its pin request for its end. */
     bool hard_pin;
-    uint8_t pin_action;     /* pending: KVS_SOFT_PIN_* */
-    uint64_t pin_ttl_ns;    /* pending: the TTL ENABLE sets */
+    uint8_t pin_action;         /* pending: KVS_SOFT_PIN_* */
+    uint64_t pin_ttl_ns;        /* pending: the TTL ENABLE sets */
     uint64_t soft_pin_until_ns; /* 0: no soft pin */
     uint32_t key_len;
     uint32_t state;
@@ -733,6 +733,19 @@ int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
 }
 
 /* Drops every replica on `s`, destroys objects left without one, then the segment. */
+/* An object loses its replicas on a segment that went; one left without any goes too. */
+static void obj_drop_seg(kvs__master_t *m, obj_t *o, const seg_t *s)
+{
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < o->nrep; i++) {
+        if (o->reps[i].seg != s)
+            o->reps[kept++] = o->reps[i];
+    }
+    o->nrep = kept;
+    if (kept == 0)
+        obj_destroy(m, o);
+}
+
 static void seg_remove(kvs__master_t *m, seg_t *s)
 {
     limbo_drop_segment(m, s);
@@ -740,31 +753,15 @@ static void seg_remove(kvs__master_t *m, seg_t *s)
         obj_t *o = m->buckets[b];
         while (o != NULL) {
             obj_t *next = o->hnext;
-            uint32_t kept = 0;
-            for (uint32_t i = 0; i < o->nrep; i++) {
-                if (o->reps[i].seg != s)
-                    o->reps[kept++] = o->reps[i];
-            }
-            o->nrep = kept;
-            if (kept == 0)
-                obj_destroy(m, o);
+            obj_drop_seg(m, o, s);
             o = next;
         }
     }
     /* Upsert versions are not in the table: they lose their replicas there too. */
     for (link_t *l = m->pending.next; l != &m->pending;) {
         link_t *next = l->next;
-        obj_t *o = link_obj(l);
-        if (!o->in_table) {
-            uint32_t kept = 0;
-            for (uint32_t i = 0; i < o->nrep; i++) {
-                if (o->reps[i].seg != s)
-                    o->reps[kept++] = o->reps[i];
-            }
-            o->nrep = kept;
-            if (kept == 0)
-                obj_destroy(m, o);
-        }
+        if (!link_obj(l)->in_table)
+            obj_drop_seg(m, link_obj(l), s);
         l = next;
     }
     for (uint32_t i = 0; i < m->nseg; i++) {
@@ -1147,11 +1144,11 @@ int kvs__master_put_start(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
     int rc = placement_rsp_init(m, req->nitems, arena, rsp);
     if (rc != KVS_OK)
         return rc;
-    bool bad = req->replica_num == 0 || req->replica_num > KVS_MAX_REPLICAS ||
-               (req->preferred_segment.len && !name_ok(req->preferred_segment)) ||
-               req->soft_pin_action > PIN_DISABLE ||
-               ((req->flags & KVS_PUT_FLAG_PIN_TTL) &&
-                req->soft_pin_ttl_ms > m->cfg.max_soft_pin_ttl_ms);
+    bool bad =
+        req->replica_num == 0 || req->replica_num > KVS_MAX_REPLICAS ||
+        (req->preferred_segment.len && !name_ok(req->preferred_segment)) ||
+        req->soft_pin_action > PIN_DISABLE ||
+        ((req->flags & KVS_PUT_FLAG_PIN_TTL) && req->soft_pin_ttl_ms > m->cfg.max_soft_pin_ttl_ms);
     seg_t **cand = kvs__arena_alloc(arena, (size_t)m->nseg * sizeof(*cand));
     if (cand == NULL)
         return KVS_NO_MEMORY;
@@ -1256,7 +1253,8 @@ static int op_put_end(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
     }
     /* The pin the put asked for, from the version it replaces when it keeps the pin. */
     uint64_t keep = cur != NULL ? cur->soft_pin_until_ns : 0;
-    o->soft_pin_until_ns = o->pin_action == PIN_ENABLE    ? (o->pin_ttl_ns ? k->now_ns + o->pin_ttl_ns : 0)
+    o->soft_pin_until_ns = o->pin_action == PIN_ENABLE
+                               ? (o->pin_ttl_ns ? k->now_ns + o->pin_ttl_ns : 0)
                            : o->pin_action == PIN_DISABLE ? 0
                                                           : keep;
     o->hard_pin |= cur != NULL && cur->hard_pin;

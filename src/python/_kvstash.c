@@ -133,7 +133,8 @@ static int rc_convert(PyObject *obj, rc_holder_t *h)
     Py_DECREF(segs);
     if (bad) {
         PyErr_Clear();
-        PyErr_SetString(PyExc_TypeError, "ReplicateConfig.preferred_segments must be a list of str");
+        PyErr_SetString(PyExc_TypeError,
+                        "ReplicateConfig.preferred_segments must be a list of str");
         return -1;
     }
     long long action;
@@ -557,7 +558,8 @@ static int put_code(int r)
     return r == KVS_OBJECT_ALREADY_EXISTS ? KVS_OK : r;
 }
 
-static PyObject *store_put(store_t *self, PyObject *args, PyObject *kw)
+/* put / upsert(key, value, config=None): value is any bytes-like object (copied). */
+static PyObject *value_put(store_t *self, PyObject *args, PyObject *kw, bool upsert)
 {
     static char *names[] = {"key", "value", "config", NULL};
     const char *key;
@@ -573,13 +575,20 @@ static PyObject *store_put(store_t *self, PyObject *args, PyObject *kw)
     }
     kvs_client_t *c = r == 0 ? store_enter(self) : NULL;
     if (c != NULL) {
-        Py_BEGIN_ALLOW_THREADS r = kvs_client_put(c, key, value.buf, (size_t)value.len, &h.rc);
+        Py_BEGIN_ALLOW_THREADS r =
+            upsert ? kvs_client_upsert(c, key, value.buf, (size_t)value.len, &h.rc)
+                   : put_code(kvs_client_put(c, key, value.buf, (size_t)value.len, &h.rc));
         Py_END_ALLOW_THREADS store_leave(self);
     } else {
         r = KVS_INVALID_PARAMS;
     }
     PyBuffer_Release(&value);
-    return PyLong_FromLong(put_code(r));
+    return PyLong_FromLong(r);
+}
+
+static PyObject *store_put(store_t *self, PyObject *args, PyObject *kw)
+{
+    return value_put(self, args, kw, false);
 }
 
 static PyObject *store_get(store_t *self, PyObject *args)
@@ -1223,27 +1232,7 @@ err:
  * bytes, never a mix). */
 static PyObject *store_upsert(store_t *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = {"key", "value", "config", NULL};
-    const char *key;
-    Py_buffer value;
-    PyObject *cfg = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sy*|O", names, &key, &value, &cfg))
-        return NULL;
-    rc_holder_t h;
-    int r = rc_convert(cfg, &h);
-    if (r < 0) {
-        PyBuffer_Release(&value);
-        return NULL;
-    }
-    kvs_client_t *c = r == 0 ? store_enter(self) : NULL;
-    if (c != NULL) {
-        Py_BEGIN_ALLOW_THREADS r = kvs_client_upsert(c, key, value.buf, (size_t)value.len, &h.rc);
-        Py_END_ALLOW_THREADS store_leave(self);
-    } else {
-        r = KVS_INVALID_PARAMS;
-    }
-    PyBuffer_Release(&value);
-    return PyLong_FromLong(r);
+    return value_put(self, args, kw, true);
 }
 
 static PyObject *store_upsert_from(store_t *self, PyObject *args, PyObject *kw)
