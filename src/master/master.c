@@ -600,6 +600,16 @@ void kvs__master_destroy(kvs__master_t *m)
 {
     if (m == NULL)
         return;
+    /* Upsert versions live only on the pending list (walked before the table frees the rest). */
+    while (m->pending.next != &m->pending) {
+        obj_t *o = link_obj(m->pending.next);
+        list_unlink(o);
+        if (!o->in_table) {
+            kvs__free(o->reps);
+            kvs__free(o->readers);
+            kvs__free(o);
+        }
+    }
     for (size_t i = 0; i < m->nbuckets; i++) {
         obj_t *o = m->buckets[i];
         while (o != NULL) {
@@ -608,16 +618,6 @@ void kvs__master_destroy(kvs__master_t *m)
             kvs__free(o->readers);
             kvs__free(o);
             o = next;
-        }
-    }
-    /* Upsert versions live only on the pending list. */
-    while (m->pending.next != &m->pending) {
-        obj_t *o = link_obj(m->pending.next);
-        list_unlink(o);
-        if (!o->in_table) {
-            kvs__free(o->reps);
-            kvs__free(o->readers);
-            kvs__free(o);
         }
     }
     kvs__free(m->buckets);
