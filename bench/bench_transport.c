@@ -98,7 +98,8 @@ static double first_read_us(const char *ep_name, const kvs__auth_t *auth, bool t
             return -1;
         }
         struct iovec v = {dst, 4096};
-        kvs_xfer_req_t req = {KVS_XFER_READ, ep, 1, 0, 4096, &v, 1, 0, 0, 0, 0, 0};
+        kvs_xfer_req_t req = {
+            .op = KVS_XFER_READ, .ep = ep, .segment_id = 1, .length = 4096, .iov = &v, .iovcnt = 1};
         kvs_batch_t *b;
         int rc = t->ops->submit(t, &req, 1, UINT64_MAX, &b);
         if (rc == KVS_OK)
@@ -195,7 +196,12 @@ int kvs__bench_transport_main(int argc, char **argv)
         double *gt = calloc(reps, sizeof(double)), *gb = calloc(reps, sizeof(double));
         for (uint64_t r = 0; r <= reps; r++) {
             struct iovec v = {dst, size};
-            kvs_xfer_req_t req = {KVS_XFER_READ, ep, 1, 0, size, &v, 1, 0, 0, 0, 0, 0};
+            kvs_xfer_req_t req = {.op = KVS_XFER_READ,
+                                  .ep = ep,
+                                  .segment_id = 1,
+                                  .length = size,
+                                  .iov = &v,
+                                  .iovcnt = 1};
             kvs_batch_t *b;
             uint64_t t0 = kvs__now_ns();
             int rc = t->ops->submit(t, &req, 1, UINT64_MAX, &b);

@@ -402,7 +402,7 @@ static int tcp_xfer_epoch(const owner_t *o, const kvs__auth_t *auth, kvs_xfer_op
     uint64_t d = kvs__now_ns() + 3 * KVS_NS_PER_S;
     CHECK_STATUS(t->ops->ep_open(t, o->ep, d, &ep), KVS_OK);
     struct iovec v = {buf, len};
-    kvs_xfer_req_t r = {op, ep, SEG_ID, off, len, &v, 1, 0, 0, token, cap, epoch};
+    kvs_xfer_req_t r = {op, ep, SEG_ID, off, len, &v, 1, 0, 0, token, cap, epoch, 0, 0};
     kvs_batch_t *b;
     int rc = t->ops->submit(t, &r, 1, d, &b);
     if (rc == KVS_OK)
@@ -907,8 +907,8 @@ static void test_writes_end_with_the_put(void)
     kvs_endpoint_t *ep;
     CHECK_STATUS(t->ops->ep_open(t, o.ep, kvs__now_ns() + 2 * KVS_NS_PER_S, &ep), KVS_OK);
     struct iovec v = {buf, sizeof(buf)};
-    kvs_xfer_req_t w = {KVS_XFER_WRITE, ep,         seg, off, sizeof(buf), &v, 1, 0, 0, d.token,
-                        d.reps[0].cap,  d.cap_epoch};
+    kvs_xfer_req_t w = {KVS_XFER_WRITE, ep,          seg, off, sizeof(buf), &v, 1, 0, 0, d.token,
+                        d.reps[0].cap,  d.cap_epoch, 0,   0};
     int wrc = 0;
 #define WRITE_ONCE()                                                                               \
     do {                                                                                           \

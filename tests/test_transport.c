@@ -72,7 +72,7 @@ static void fill_random(void *p, size_t n)
 static int xfer(kvs_transport_t *t, kvs_endpoint_t *ep, kvs_xfer_op_t op, uint64_t seg,
                 uint64_t off, const struct iovec *iov, uint32_t cnt, uint64_t deadline_ms)
 {
-    kvs_xfer_req_t r = {op, ep, seg, off, kvs__iov_total(iov, cnt), iov, cnt, 0, 0, 1, 0, 0};
+    kvs_xfer_req_t r = {op, ep, seg, off, kvs__iov_total(iov, cnt), iov, cnt, 0, 0, 1, 0, 0, 0, 0};
     kvs_batch_t *b;
     CHECK_STATUS(t->ops->submit(t, &r, 1, UINT64_MAX, &b), KVS_OK);
     int rc = t->ops->wait(t, b, kvs__now_ns() + deadline_ms * KVS_NS_PER_MS);
@@ -236,7 +236,7 @@ static void *concurrent_worker(void *p)
             uint64_t off = (uint64_t)((i * 104729 + a->thread * 7) % ((8u << 20) - 65536));
             iov[i] = (struct iovec){dst + (size_t)i * 65536, len};
             reqs[i] = (kvs_xfer_req_t){
-                KVS_XFER_READ, a->ep, FIX_SEGMENT_ID, off, len, &iov[i], 1, 0, 0, 0, 0, 0};
+                KVS_XFER_READ, a->ep, FIX_SEGMENT_ID, off, len, &iov[i], 1, 0, 0, 0, 0, 0, 0, 0};
         }
         kvs_batch_t *b;
         if (a->t->ops->submit(a->t, reqs, N, UINT64_MAX, &b) != KVS_OK)
@@ -331,8 +331,20 @@ static void test_tcp_cancel_after_a_window_neighbour_completed(void)
     kvs_xfer_req_t r[3];
     kvs_batch_t *b[3];
     for (int i = 0; i < 3; i++)
-        r[i] = (kvs_xfer_req_t){
-            KVS_XFER_READ, ep, FIX_SEGMENT_ID, 4096u * (unsigned)i, 4096, &v[i], 1, 0, 0, 0, 0, 0};
+        r[i] = (kvs_xfer_req_t){KVS_XFER_READ,
+                                ep,
+                                FIX_SEGMENT_ID,
+                                4096u * (unsigned)i,
+                                4096,
+                                &v[i],
+                                1,
+                                0,
+                                0,
+                                0,
+                                0,
+                                0,
+                                0,
+                                0};
     /* C keeps the connection busy while A and B queue up behind it: they share a window. */
     CHECK_STATUS(t->ops->submit(t, &r[0], 1, UINT64_MAX, &b[0]), KVS_OK);
     usleep(50000);
@@ -362,7 +374,7 @@ static void test_peer_death_mid_transfer(void)
         size_t n = 64u << 20;
         unsigned char *dst = malloc(n);
         struct iovec v = {dst, n};
-        kvs_xfer_req_t r = {KVS_XFER_READ, ep, FIX_SEGMENT_ID, 0, n, &v, 1, 0, 0, 0, 0, 0};
+        kvs_xfer_req_t r = {KVS_XFER_READ, ep, FIX_SEGMENT_ID, 0, n, &v, 1, 0, 0, 0, 0, 0, 0, 0};
         kvs_batch_t *b;
         CHECK_STATUS(t->ops->submit(t, &r, 1, UINT64_MAX, &b), KVS_OK);
         usleep(150000); /* some chunks delivered, most not */
@@ -410,10 +422,10 @@ static void test_out_of_segment_refused(void)
             CHECK_EQ_INT(((unsigned char *)f.mem.base)[i], 0x11);
         /* Malformed requests are refused before anything is sent. */
         kvs_xfer_req_t bad[3] = {
-            {KVS_XFER_READ, ep, FIX_SEGMENT_ID, 0, 30, &v, 1, 0, 0, 0, 0,
+            {KVS_XFER_READ, ep, FIX_SEGMENT_ID, 0, 30, &v, 1, 0, 0, 0, 0, 0, 0,
              0}, /* length != fragments */
-            {KVS_XFER_READ, NULL, FIX_SEGMENT_ID, 0, 20, &v, 1, 0, 0, 0, 0, 0},
-            {(kvs_xfer_op_t)9, ep, FIX_SEGMENT_ID, 0, 20, &v, 1, 0, 0, 0, 0, 0},
+            {KVS_XFER_READ, NULL, FIX_SEGMENT_ID, 0, 20, &v, 1, 0, 0, 0, 0, 0, 0, 0},
+            {(kvs_xfer_op_t)9, ep, FIX_SEGMENT_ID, 0, 20, &v, 1, 0, 0, 0, 0, 0, 0, 0},
         };
         kvs_batch_t *b;
         CHECK_STATUS(t->ops->submit(t, bad, 3, UINT64_MAX, &b), KVS_OK);
@@ -479,7 +491,8 @@ static void test_shm_from_another_network_namespace(void)
         unsigned char *dst = malloc(4u << 20);
         struct iovec v = {dst, 4u << 20};
         kvs_endpoint_t *ep;
-        kvs_xfer_req_t r = {KVS_XFER_READ, NULL, FIX_SEGMENT_ID, 0, 4u << 20, &v, 1, 0, 0, 0, 0, 0};
+        kvs_xfer_req_t r = {
+            KVS_XFER_READ, NULL, FIX_SEGMENT_ID, 0, 4u << 20, &v, 1, 0, 0, 0, 0, 0, 0, 0};
         kvs_batch_t *b;
         /* tcp: the loopback of the test's namespace is not here. */
         if (tcp->ops->ep_open(tcp, f.endpoint, UINT64_MAX, &ep) == KVS_OK) {

@@ -218,6 +218,28 @@ int kvs_client_read_session_start(kvs_client_t *client, size_t n, const char *co
 /* Ends a session start of each key (unknown keys are ignored). */
 int kvs_client_read_session_end(kvs_client_t *client, size_t n, const char *const keys[]);
 
+/* Put sessions (Mooncake's batch_put_session_*): place objects of the given sizes now, write
+ * their bytes in ranges by later calls, then make them readable. start: results[i] 0, or a
+ * negative status (KVS_OBJECT_ALREADY_EXISTS for a key that exists, KVS_INVALID_PARAMS for one
+ * with a session already). write: range j of key i writes len bytes from registered memory at
+ * ptr to object bytes [offset, offset + len) on every replica; results[i] 0 or a negative
+ * status (a range outside the object is KVS_INVALID_PARAMS before any I/O; a failed transfer
+ * marks the session failed). end: makes each object readable once every byte was written;
+ * a session with bytes never written, or a failed one, is revoked instead and answers
+ * KVS_INVALID_WRITE (or the failure): never an object of whatever the space held. revoke:
+ * revokes. Keys without a session: KVS_INVALID_PARAMS. Sessions left open are revoked at
+ * close, and by the master after its put discard time. */
+int kvs_client_put_session_start(kvs_client_t *client, size_t n, const char *const keys[],
+                                 const uint64_t sizes[], const kvs_replicate_config_t *rc,
+                                 int results[]);
+int kvs_client_put_session_write(kvs_client_t *client, size_t n, const char *const keys[],
+                                 const kvs_range_t *const ranges[], const size_t nranges[],
+                                 int results[]);
+int kvs_client_put_session_end(kvs_client_t *client, size_t n, const char *const keys[],
+                               int results[]);
+int kvs_client_put_session_revoke(kvs_client_t *client, size_t n, const char *const keys[],
+                                  int results[]);
+
 /* Reads whole objects into new memory: data[i] (caller frees with kvs_free) and sizes[i] where
  * results[i] (the size, or a negative status) is not negative; data[i] is NULL otherwise. */
 int kvs_client_batch_get(kvs_client_t *client, size_t n, const char *const keys[], void *data[],

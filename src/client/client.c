@@ -180,6 +180,7 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
     pthread_mutex_init(&c->owners_lock, NULL);
     pthread_mutex_init(&c->rel_lock, NULL);
     pthread_mutex_init(&c->eps_lock, NULL);
+    pthread_mutex_init(&c->psess_lock, NULL);
     *client_p = c;
     return KVS_OK;
 
@@ -225,7 +226,8 @@ void kvs_client_close(kvs_client_t *c)
         pthread_cond_wait(&c->wait_cond, &c->wait_lock);
     pthread_mutex_unlock(&c->wait_lock);
     kvs__sessions_release_all(c); /* sessions left open end here */
-    releases_flush(c);            /* so that the keys this client read can be removed at once */
+    kvs__put_sessions_close(c);
+    releases_flush(c); /* so that the keys this client read can be removed at once */
     releases_free(c->rel, c->nrel);
     pthread_mutex_destroy(&c->rel_lock);
     for (size_t i = 0; i < c->nowners; i++)
@@ -251,6 +253,7 @@ void kvs_client_close(kvs_client_t *c)
     pthread_mutex_destroy(&c->wait_lock);
     pthread_cond_destroy(&c->wait_cond);
     pthread_mutex_destroy(&c->owners_lock);
+    pthread_mutex_destroy(&c->psess_lock);
     kvs__free(c->node);
     kvs__free(c->master_host);
     kvs__auth_wipe(&c->auth);

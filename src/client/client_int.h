@@ -52,6 +52,10 @@ typedef struct {
     char *name;
 } kvs__client_ep_t;
 
+typedef struct kvs__put_session kvs__put_session_t;
+/* Revokes the put sessions left open (at close). */
+void kvs__put_sessions_close(kvs_client_t *c);
+
 /* Read sessions: lookups kept for later reads (client_session.c). */
 typedef struct kvs__sessions kvs__sessions_t;
 #define KVS_MAX_SESSION_KEYS (1u << 20)
@@ -105,6 +109,9 @@ struct kvs_client {
     uint32_t nrel, cap_rel;
 
     kvs__sessions_t *sessions; /* read sessions (client_session.c) */
+    /* Put sessions (client_io.c): open puts whose ranges are written by later calls. */
+    pthread_mutex_t psess_lock;
+    kvs__put_session_t *psess;
 
     kvs__client_stats_t st;
 };

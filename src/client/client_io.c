@@ -1247,3 +1247,473 @@ int kvs_client_batch_get(kvs_client_t *c, size_t n, const char *const keys[], vo
     kvs__free(one);
     return rc;
 }
+
+/* ---- put sessions (Mooncake's batch_put_session_*) --------------------------------------------
+ */
+
+/* A byte range [lo, hi) of an object written so far. */
+typedef struct {
+    uint64_t lo, hi;
+} span_t;
+
+/* An open put's placement. */
+typedef struct {
+    uint64_t size, token, cap_epoch;
+    uint32_t nreps;
+    kvs__replica_t reps[KVS_MAX_REPLICAS];
+    kvs__seg_info_t segs[KVS_MAX_REPLICAS]; /* each replica's segment */
+} psess_place_t;
+
+/* An open put: its placement (segment strings owned), kept between the calls that write its
+ * ranges, and the bytes written so far. */
+struct kvs__put_session {
+    struct kvs__put_session *next;
+    psess_place_t pl;
+    span_t *cov; /* written, sorted, merged */
+    uint32_t ncov, cap_cov;
+    int failed; /* a write failed: the end revokes it with this status */
+    char key[];
+};
+
+static void psess_free(kvs__put_session_t *p)
+{
+    for (uint32_t q = 0; q < p->pl.nreps; q++) {
+        kvs__free((char *)p->pl.segs[q].name.ptr);
+        kvs__free((char *)p->pl.segs[q].node.ptr);
+        kvs__free((char *)p->pl.segs[q].endpoint.ptr);
+    }
+    kvs__free(p->cov);
+    kvs__free(p);
+}
+
+/* The session of `key` (the caller holds psess_lock); *prev_p gets the link to it. */
+static kvs__put_session_t *psess_find(kvs_client_t *c, const char *key,
+                                      kvs__put_session_t ***prev_p)
+{
+    kvs__put_session_t **p = &c->psess;
+    while (*p != NULL && strcmp((*p)->key, key) != 0)
+        p = &(*p)->next;
+    if (prev_p != NULL)
+        *prev_p = p;
+    return *p;
+}
+
+/* Adds [lo, hi) to the written spans (merging); false on no memory. */
+static bool psess_cover(kvs__put_session_t *p, uint64_t lo, uint64_t hi)
+{
+    if (p->ncov == p->cap_cov) {
+        uint32_t cap = p->cap_cov ? 2 * p->cap_cov : 4;
+        span_t *g = kvs__realloc(p->cov, cap * sizeof(*g));
+        if (g == NULL)
+            return false;
+        p->cov = g;
+        p->cap_cov = cap;
+    }
+    uint32_t w = 0;
+    span_t cur = {lo, hi};
+    span_t *out = p->cov;
+    /* In place: spans before the new one, the merge of those touching it, the rest. */
+    uint32_t n = p->ncov, i = 0;
+    while (i < n && out[i].hi < cur.lo)
+        out[w++] = out[i++];
+    while (i < n && out[i].lo <= cur.hi) {
+        cur.lo = KVS_MIN(cur.lo, out[i].lo);
+        cur.hi = KVS_MAX(cur.hi, out[i].hi);
+        i++;
+    }
+    uint32_t rest = n - i;
+    memmove(&out[w + 1], &out[i], rest * sizeof(*out));
+    out[w] = cur;
+    p->ncov = w + 1 + rest;
+    return true;
+}
+
+static bool str_copy(kvs__str_t *dst, kvs__str_t src)
+{
+    char *s = kvs__strndup(src.ptr ? src.ptr : "", src.len);
+    *dst = (kvs__str_t){s, s ? src.len : 0};
+    return s != NULL;
+}
+
+int kvs_client_put_session_start(kvs_client_t *c, size_t n, const char *const keys[],
+                                 const uint64_t sizes[], const kvs_replicate_config_t *rc,
+                                 int results[])
+{
+    if (c == NULL || n == 0 || n > KVS_MAX_BATCH || keys == NULL || sizes == NULL ||
+        results == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS,
+                         "put_session_start: a client, 1..%u keys, their "
+                         "sizes and a results array are required",
+                         KVS_MAX_BATCH);
+    kvs_replicate_config_t defaults;
+    kvs_replicate_config_init(&defaults);
+    const kvs_replicate_config_t *rc_ = rc ? rc : &defaults;
+    if (rc_->replica_num == 0 || rc_->replica_num > KVS_MAX_REPLICAS ||
+        (unsigned)rc_->soft_pin_action > KVS_SOFT_PIN_DISABLE ||
+        (rc_->preferred_segment != NULL && strlen(rc_->preferred_segment) > KVS_MAX_NAME_LEN))
+        return kvs__fail(KVS_INVALID_PARAMS, "put_session_start: bad replicate config");
+    kvs__put_item_t *items = kvs__malloc(n * sizeof(*items));
+    size_t *map = kvs__malloc(n * sizeof(*map));
+    if (items == NULL || map == NULL) {
+        kvs__free(items);
+        kvs__free(map);
+        return kvs__fail(KVS_NO_MEMORY, "put_session_start: out of memory");
+    }
+    kvs__client_enter(c);
+    uint32_t m = 0;
+    pthread_mutex_lock(&c->psess_lock);
+    for (size_t i = 0; i < n; i++) {
+        results[i] = KVS_OK;
+        if (keys[i] == NULL || kvs__key_check(keys[i], strlen(keys[i])) != KVS_OK || sizes[i] == 0)
+            results[i] = kvs__fail(KVS_INVALID_PARAMS,
+                                   "put_session_start: key %zu is invalid "
+                                   "or its size 0",
+                                   i);
+        else if (psess_find(c, keys[i], NULL) != NULL)
+            results[i] = kvs__fail(KVS_INVALID_PARAMS,
+                                   "put_session_start: '%s' has a put session already", keys[i]);
+        for (uint32_t j = 0; results[i] == KVS_OK && j < m; j++) {
+            if (strcmp(keys[map[j]], keys[i]) == 0)
+                results[i] = kvs__fail(KVS_INVALID_PARAMS,
+                                       "put_session_start: '%s' is in the call twice", keys[i]);
+        }
+        if (results[i] == KVS_OK) {
+            items[m] = (kvs__put_item_t){kvs__str_c(keys[i]), sizes[i]};
+            map[m++] = i;
+        }
+    }
+    pthread_mutex_unlock(&c->psess_lock);
+    int rc2 = KVS_OK;
+    kvs__arena_t arena;
+    kvs__arena_init(&arena);
+    if (m > 0) {
+        kvs__put_start_req_t ps = {
+            .node = kvs__str_c(c->node),
+            .replica_num = rc_->replica_num,
+            .preferred_segment = kvs__str_c(rc_->preferred_segment ? rc_->preferred_segment : ""),
+            .flags = (rc_->prefer_alloc_in_same_node ? KVS_PUT_FLAG_SAME_NODE : 0) |
+                     (rc_->with_hard_pin ? KVS_PUT_FLAG_HARD_PIN : 0) |
+                     (rc_->soft_pin_ttl_set ? KVS_PUT_FLAG_PIN_TTL : 0),
+            .nitems = m,
+            .items = items,
+            .soft_pin_action = (uint32_t)rc_->soft_pin_action,
+            .soft_pin_ttl_ms = rc_->soft_pin_ttl_ms,
+        };
+        kvs__placement_rsp_t pr;
+        rc2 = kvs__client_put_start(c, &ps, &arena, &pr, kvs__client_rpc_deadline(c));
+        if (rc2 != KVS_OK)
+            rc2 = kvs__fail(rc2, "put_session_start: the master refused: %s", kvs_status_str(rc2));
+        for (uint32_t j = 0; rc2 == KVS_OK && j < m; j++) {
+            const kvs__obj_desc_t *d = &pr.objs[j];
+            size_t i = map[j];
+            if (d->status != KVS_OK) {
+                results[i] = d->status;
+                continue;
+            }
+            size_t klen = strlen(keys[i]);
+            kvs__put_session_t *p = kvs__calloc(1, sizeof(*p) + klen + 1);
+            bool ok = p != NULL;
+            for (uint32_t q = 0; ok && q < d->nreps && q < KVS_MAX_REPLICAS; q++) {
+                const kvs__seg_info_t *si = seg_find(&pr, d->reps[q].segment_id);
+                if (si == NULL)
+                    continue;
+                p->pl.reps[p->pl.nreps] = d->reps[q];
+                p->pl.segs[p->pl.nreps] = *si;
+                ok = str_copy(&p->pl.segs[p->pl.nreps].name, si->name) &&
+                     str_copy(&p->pl.segs[p->pl.nreps].node, si->node) &&
+                     str_copy(&p->pl.segs[p->pl.nreps].endpoint, si->endpoint);
+                p->pl.nreps++;
+            }
+            if (!ok) {
+                if (p != NULL)
+                    psess_free(p);
+                results[i] = KVS_NO_MEMORY; /* its placement is discarded by the master */
+                continue;
+            }
+            memcpy(p->key, keys[i], klen + 1);
+            p->pl.size = d->size;
+            p->pl.token = d->token;
+            p->pl.cap_epoch = d->cap_epoch;
+            pthread_mutex_lock(&c->psess_lock);
+            p->next = c->psess;
+            c->psess = p;
+            pthread_mutex_unlock(&c->psess_lock);
+        }
+    }
+    kvs__arena_free(&arena);
+    kvs__free(items);
+    kvs__free(map);
+    kvs__client_leave(c);
+    return rc2;
+}
+
+int kvs_client_put_session_write(kvs_client_t *c, size_t n, const char *const keys[],
+                                 const kvs_range_t *const ranges[], const size_t nranges[],
+                                 int results[])
+{
+    if (c == NULL || n == 0 || n > KVS_MAX_BATCH || keys == NULL || ranges == NULL ||
+        nranges == NULL || results == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS,
+                         "put_session_write: a client, 1..%u keys, their "
+                         "ranges and a results array are required",
+                         KVS_MAX_BATCH);
+    size_t nfrag = 0;
+    for (size_t i = 0; i < n; i++)
+        nfrag += nranges[i];
+    kvs_buf_t *frags = kvs__malloc(KVS_MAX(nfrag, 1) * sizeof(*frags));
+    const kvs_buf_t **bufs = kvs__malloc(n * sizeof(*bufs));
+    psess_place_t *snap = kvs__calloc(n, sizeof(*snap)); /* each key's placement, copied */
+    if (frags == NULL || bufs == NULL || snap == NULL) {
+        kvs__free(frags);
+        kvs__free(bufs);
+        kvs__free(snap);
+        return kvs__fail(KVS_NO_MEMORY, "put_session_write: out of memory");
+    }
+    size_t f = 0;
+    for (size_t i = 0; i < n; i++) {
+        bufs[i] = &frags[f];
+        for (size_t j = 0; j < nranges[i] && ranges[i] != NULL; j++)
+            frags[f++] = (kvs_buf_t){ranges[i][j].ptr, ranges[i][j].len};
+    }
+    call_t k;
+    int rc = call_init(c, "put_session_write", n, keys, bufs, nranges, true, &k);
+    if (rc != KVS_OK) {
+        kvs__free(frags);
+        kvs__free(bufs);
+        kvs__free(snap);
+        return rc;
+    }
+    k.deadline = kvs__now_ns() + c->transfer_timeout_ms * KVS_NS_PER_MS;
+    kvs__client_enter(c);
+    /* The placements are copied (their strings into the arena): another thread may end a
+     * session while this one writes. */
+    kvs__arena_t arena;
+    kvs__arena_init(&arena);
+    uint32_t nreq = 0;
+    pthread_mutex_lock(&c->psess_lock);
+    for (size_t i = 0; i < n; i++) {
+        if (k.res[i] != 0)
+            continue;
+        kvs__put_session_t *p = psess_find(c, keys[i], NULL);
+        if (p == NULL || p->failed) {
+            k.res[i] = p ? p->failed
+                         : kvs__fail(KVS_INVALID_PARAMS,
+                                     "put_session_write: '%s' has no put "
+                                     "session",
+                                     keys[i]);
+            continue;
+        }
+        snap[i] = p->pl;
+        for (uint32_t q = 0; q < p->pl.nreps; q++) {
+            const kvs__str_t *src[3] = {&p->pl.segs[q].name, &p->pl.segs[q].node,
+                                        &p->pl.segs[q].endpoint};
+            kvs__str_t *dst[3] = {&snap[i].segs[q].name, &snap[i].segs[q].node,
+                                  &snap[i].segs[q].endpoint};
+            for (int t = 0; t < 3; t++) {
+                char *s = kvs__arena_alloc(&arena, src[t]->len + 1);
+                if (s != NULL) {
+                    memcpy(s, src[t]->ptr, src[t]->len);
+                    s[src[t]->len] = '\0';
+                }
+                *dst[t] = (kvs__str_t){s ? s : "", s ? src[t]->len : 0};
+            }
+        }
+        for (uint32_t j = 0; j < k.cnt[i]; j++) {
+            const kvs_range_t *r = &ranges[i][j];
+            if (r->offset > p->pl.size || r->len > p->pl.size - r->offset)
+                k.res[i] = kvs__fail(KVS_INVALID_PARAMS,
+                                     "put_session_write '%s': bytes %llu..%llu are outside the "
+                                     "%llu-byte object",
+                                     keys[i], (unsigned long long)r->offset,
+                                     (unsigned long long)(r->offset + r->len),
+                                     (unsigned long long)p->pl.size);
+        }
+        if (k.res[i] == 0)
+            nreq += k.cnt[i] * p->pl.nreps;
+    }
+    pthread_mutex_unlock(&c->psess_lock);
+    kvs_xfer_req_t *reqs = kvs__calloc(KVS_MAX(nreq, 1), sizeof(*reqs));
+    kvs_transport_t **req_t = kvs__malloc(KVS_MAX(nreq, 1) * sizeof(*req_t));
+    size_t *req_key = kvs__malloc(KVS_MAX(nreq, 1) * sizeof(*req_key));
+    routes_t routes = {0};
+    if (reqs == NULL || req_t == NULL || req_key == NULL) {
+        rc = kvs__fail(KVS_NO_MEMORY, "put_session_write: out of memory");
+        goto out;
+    }
+    uint32_t r = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (k.res[i] != 0)
+            continue;
+        for (uint32_t q = 0; q < snap[i].nreps && k.res[i] == 0; q++) {
+            for (uint32_t j = 0; j < k.cnt[i]; j++) {
+                kvs_endpoint_t *ep = NULL;
+                int erc = route_for(c, &routes, &snap[i].segs[q], k.deadline, &req_t[r], &ep);
+                if (erc != KVS_OK) {
+                    k.res[i] = erc;
+                    break;
+                }
+                const kvs__replica_t *rep = &snap[i].reps[q];
+                reqs[r] = (kvs_xfer_req_t){.op = KVS_XFER_WRITE,
+                                           .ep = ep,
+                                           .segment_id = rep->segment_id,
+                                           .offset = rep->offset + ranges[i][j].offset,
+                                           .length = ranges[i][j].len,
+                                           .iov = &k.iov[k.first[i] + j],
+                                           .iovcnt = 1,
+                                           .status = KVS_OK,
+                                           .gpu = gpu_of(k.domain[i]),
+                                           .token = snap[i].token,
+                                           .cap = rep->cap,
+                                           .cap_epoch = snap[i].cap_epoch,
+                                           .alloc_offset = rep->offset,
+                                           .alloc_size = snap[i].size};
+                req_key[r++] = i;
+            }
+        }
+    }
+    if (r > 0)
+        submit_by_transport(c, reqs, req_t, r, k.deadline);
+    for (uint32_t q = 0; q < r; q++) {
+        int st = reqs[q].status;
+        if (st != KVS_OK && k.res[req_key[q]] == 0)
+            k.res[req_key[q]] = st == KVS_TIMED_OUT ? st : KVS_TRANSFER_FAIL;
+    }
+    pthread_mutex_lock(&c->psess_lock);
+    for (size_t i = 0; i < n; i++) {
+        kvs__put_session_t *p = snap[i].size ? psess_find(c, keys[i], NULL) : NULL;
+        if (p == NULL || p->pl.token != snap[i].token)
+            continue; /* ended meanwhile */
+        if (k.res[i] != 0 && k.res[i] != KVS_INVALID_PARAMS) {
+            p->failed = (int)k.res[i]; /* the end revokes it */
+            continue;
+        }
+        for (uint32_t j = 0; k.res[i] == 0 && j < k.cnt[i]; j++) {
+            if (!psess_cover(p, ranges[i][j].offset, ranges[i][j].offset + ranges[i][j].len))
+                p->failed = k.res[i] = KVS_NO_MEMORY;
+        }
+    }
+    pthread_mutex_unlock(&c->psess_lock);
+    for (size_t i = 0; i < n; i++)
+        results[i] = (int)k.res[i];
+out:
+    routes_free(&routes);
+    kvs__arena_free(&arena);
+    kvs__free(reqs);
+    kvs__free(req_t);
+    kvs__free(req_key);
+    call_free(c, &k);
+    kvs__free(frags);
+    kvs__free(bufs);
+    kvs__free(snap);
+    kvs__client_leave(c);
+    return rc;
+}
+
+/* Ends (end) or revokes the sessions of keys: PUT_END for those whose every byte was written,
+ * PUT_REVOKE for the others (and for all of them when `end` is false). */
+static int psess_finish(kvs_client_t *c, const char *op, size_t n, const char *const keys[],
+                        bool end, int results[])
+{
+    if (c == NULL || n == 0 || n > KVS_MAX_BATCH || keys == NULL || results == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS,
+                         "%s: a client, 1..%u keys and a results array are "
+                         "required",
+                         op, KVS_MAX_BATCH);
+    kvs__put_session_t **taken = kvs__calloc(n, sizeof(*taken));
+    kvs__str_t *ks = kvs__malloc(n * sizeof(*ks));
+    kvs__put_token_t *tok = kvs__malloc(n * sizeof(*tok));
+    size_t *map = kvs__malloc(n * sizeof(*map));
+    if (taken == NULL || ks == NULL || tok == NULL || map == NULL) {
+        kvs__free(taken);
+        kvs__free(ks);
+        kvs__free(tok);
+        kvs__free(map);
+        return kvs__fail(KVS_NO_MEMORY, "%s: out of memory", op);
+    }
+    kvs__client_enter(c);
+    pthread_mutex_lock(&c->psess_lock);
+    for (size_t i = 0; i < n; i++) {
+        kvs__put_session_t **prev;
+        kvs__put_session_t *p = keys[i] ? psess_find(c, keys[i], &prev) : NULL;
+        results[i] = p ? KVS_OK : KVS_INVALID_PARAMS;
+        if (p != NULL) {
+            *prev = p->next;
+            taken[i] = p;
+        }
+    }
+    pthread_mutex_unlock(&c->psess_lock);
+    int rc = KVS_OK;
+    for (int pass = 0; pass < 2; pass++) { /* ends, then revokes */
+        uint32_t m = 0;
+        for (size_t i = 0; i < n; i++) {
+            kvs__put_session_t *p = taken[i];
+            if (p == NULL)
+                continue;
+            bool whole =
+                p->failed == 0 && p->ncov == 1 && p->cov[0].lo == 0 && p->cov[0].hi == p->pl.size;
+            if ((pass == 0) != (end && whole))
+                continue;
+            if (pass == 1 && end)
+                results[i] =
+                    p->failed ? p->failed
+                              : kvs__fail(KVS_INVALID_WRITE,
+                                          "%s '%s': bytes were never written; revoked", op, p->key);
+            ks[m] = kvs__str_c(p->key);
+            tok[m] = (kvs__put_token_t){p->pl.token};
+            map[m++] = i;
+        }
+        if (m == 0)
+            continue;
+        kvs__arena_t arena;
+        kvs__arena_init(&arena);
+        kvs__status_list_rsp_t sl;
+        int crc = kvs__client_keys_call(c, pass == 0 ? KVS_MSG_PUT_END : KVS_MSG_PUT_REVOKE, 0, m,
+                                        ks, tok, &arena, &sl, NULL, kvs__client_rpc_deadline(c));
+        for (uint32_t j = 0; j < m; j++) {
+            int st = crc != KVS_OK ? crc : sl.results[j];
+            if (pass == 0 || !end) /* a revoke the master no longer knows is done */
+                results[map[j]] = st == KVS_OBJECT_NOT_FOUND && pass == 1 ? KVS_OK : st;
+        }
+        kvs__arena_free(&arena);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (taken[i] != NULL)
+            psess_free(taken[i]);
+    }
+    kvs__free(taken);
+    kvs__free(ks);
+    kvs__free(tok);
+    kvs__free(map);
+    kvs__client_leave(c);
+    return rc;
+}
+
+int kvs_client_put_session_end(kvs_client_t *c, size_t n, const char *const keys[], int results[])
+{
+    return psess_finish(c, "put_session_end", n, keys, true, results);
+}
+
+int kvs_client_put_session_revoke(kvs_client_t *c, size_t n, const char *const keys[],
+                                  int results[])
+{
+    return psess_finish(c, "put_session_revoke", n, keys, false, results);
+}
+
+void kvs__put_sessions_close(kvs_client_t *c)
+{
+    /* Sessions left open are revoked, a batch at a time. */
+    for (;;) {
+        const char *keys[256];
+        int res[256];
+        size_t n = 0;
+        pthread_mutex_lock(&c->psess_lock);
+        for (kvs__put_session_t *p = c->psess; p != NULL && n < 256; p = p->next)
+            keys[n++] = p->key;
+        pthread_mutex_unlock(&c->psess_lock);
+        if (n == 0)
+            return;
+        /* Keys point into the sessions, which only this thread removes now (close). */
+        if (psess_finish(c, "close", n, keys, false, res) != KVS_OK)
+            return;
+    }
+}

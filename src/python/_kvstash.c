@@ -24,6 +24,7 @@
 #define KVS_TENANT_CONFIG_(cfg, t) ((cfg).tenant = (t)[0] ? (t) : NULL)
 #define KVS_PY_SESSIONS            1
 #define KVS_PY_MASTER_OPS          1
+#define KVS_PY_PUT_SESSIONS        1
 
 /* Mooncake's default master address and setup sizes. */
 #define DEFAULT_MASTER "127.0.0.1:50051"

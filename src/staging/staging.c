@@ -399,6 +399,8 @@ static void run_fill(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t a, ui
                                        st->be->device_memory ? (uint32_t)st->buf_domain + 1 : 0,
                                        0,
                                        0,
+                                       0,
+                                       0,
                                        0};
     }
     if (kvs__now_ns() >= deadline_ns) {

@@ -50,6 +50,9 @@ typedef struct {
     uint64_t token;     /* writes: the put's token (owners refuse fenced ones and 0); reads: 0 */
     uint64_t cap;       /* writes: the replica's capability for [offset, offset + length) */
     uint64_t cap_epoch; /* writes: the epoch the capability was made in */
+    /* Writes of part of a replica: the range the master allocated, which `cap` names (both 0:
+     * [offset, offset + length)). */
+    uint64_t alloc_offset, alloc_size;
 } kvs_xfer_req_t;
 
 typedef struct kvs_batch kvs_batch_t;

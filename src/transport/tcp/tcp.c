@@ -473,8 +473,8 @@ static int send_request(tcp_conn_t *c, chunk_t *ch, uint32_t req_id)
     kvs__data_req_t d = {r->segment_id, r->offset + ch->off, ch->len, 0, 0, 0, 0, 0};
     if (write) { /* the chunk lies in the replica's range, which its capability names */
         d.token = r->token;
-        d.alloc_offset = r->offset;
-        d.alloc_size = r->length;
+        d.alloc_offset = r->alloc_size ? r->alloc_offset : r->offset;
+        d.alloc_size = r->alloc_size ? r->alloc_size : r->length;
         d.cap = r->cap;
         d.cap_epoch = r->cap_epoch;
     }
