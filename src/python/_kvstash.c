@@ -20,12 +20,6 @@
 
 #include <limits.h>
 
-/* The tenant field of the client configuration (issue: Mooncake drop-in). */
-#define KVS_TENANT_CONFIG_(cfg, t) ((cfg).tenant = (t)[0] ? (t) : NULL)
-#define KVS_PY_SESSIONS            1
-#define KVS_PY_MASTER_OPS          1
-#define KVS_PY_PUT_SESSIONS        1
-
 /* Mooncake's default master address and setup sizes. */
 #define DEFAULT_MASTER "127.0.0.1:50051"
 
@@ -445,7 +439,7 @@ static PyObject *store_open(store_t *self, PyObject *args)
         ccfg.auth_token_file = tokenbuf;
     if (tls >= 0) /* else KVS_TLS */
         ccfg.tls = tls != 0;
-    KVS_TENANT_CONFIG_(ccfg, tenantbuf);
+    ccfg.tenant = tenantbuf[0] ? tenantbuf : NULL; /* else KVS_TENANT */
     kvs_client_t *c = NULL;
     Py_BEGIN_ALLOW_THREADS if (rc == KVS_OK) rc = kvs_client_open(&ccfg, &c);
     if (rc == KVS_OK && seg_size > 0) {
@@ -714,10 +708,8 @@ static PyObject *batch_single(store_t *self, PyObject *keys_o, PyObject *ptrs_o,
     int r;
     Py_BEGIN_ALLOW_THREADS if (op == OP_GET) r =
         kvs_client_batch_get_into(c, (size_t)n, keys, bufs, res);
-#ifdef KVS_PY_MASTER_OPS
     else if (op == OP_UPSERT) r =
         kvs_client_batch_upsert_from(c, (size_t)n, keys, bufs, &h.rc, ires);
-#endif
     else r = kvs_client_batch_put_from(c, (size_t)n, keys, bufs, &h.rc, ires);
     Py_END_ALLOW_THREADS store_leave(self);
     out = batch_results(r, n, res, ires, put);
@@ -741,7 +733,6 @@ static PyObject *store_batch_put_from(store_t *self, PyObject *args, PyObject *k
     return batch_single(self, k, p, s, cfg, OP_PUT);
 }
 
-#ifdef KVS_PY_MASTER_OPS
 static PyObject *store_batch_upsert_from(store_t *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"keys", "buffer_ptrs", "sizes", "config", NULL};
@@ -750,7 +741,6 @@ static PyObject *store_batch_upsert_from(store_t *self, PyObject *args, PyObject
         return NULL;
     return batch_single(self, k, p, s, cfg, OP_UPSERT);
 }
-#endif
 
 static PyObject *store_batch_get_into(store_t *self, PyObject *args, PyObject *kw)
 {
@@ -1228,7 +1218,6 @@ err:
 
 /* ---- Mooncake's conventions over the newer C calls ------------------------------------------- */
 
-#ifdef KVS_PY_MASTER_OPS
 /* upsert(key, value, config=None): replaces the value atomically (readers see the old or the new
  * bytes, never a mix). */
 static PyObject *store_upsert(store_t *self, PyObject *args, PyObject *kw)
@@ -1335,8 +1324,6 @@ static PyObject *store_upsert_batch(store_t *self, PyObject *args, PyObject *kw)
     return values_batch(self, args, kw, true);
 }
 
-#endif /* KVS_PY_MASTER_OPS */
-
 /* remove_all(force=False) / remove_by_regex(regex_pattern, force=False) -> int: the number of
  * objects removed, or a negative code. */
 static PyObject *store_remove_all(store_t *self, PyObject *args, PyObject *kw)
@@ -1423,37 +1410,6 @@ static PyObject *store_batch_remove(store_t *self, PyObject *args, PyObject *kw)
     return keys_status_call(self, keys, batch_remove_fn, &force, NOT_SET_UP);
 }
 
-#ifdef KVS_PY_REPLICA_CLEAR
-static int replica_clear_fn(kvs_client_t *c, size_t n, const char *const *keys, const void *arg,
-                            int *results)
-{
-    return kvs_client_batch_replica_clear(c, n, keys, (const char *)arg, results);
-}
-
-/* batch_replica_clear(keys, segment_name="") -> list[str]: the keys cleared. */
-static PyObject *store_batch_replica_clear(store_t *self, PyObject *args, PyObject *kw)
-{
-    static char *names[] = {"keys", "segment_name", NULL};
-    PyObject *keys;
-    const char *seg = "";
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|s", names, &keys, &seg))
-        return NULL;
-    PyObject *codes = keys_status_call(self, keys, replica_clear_fn, seg, 0);
-    if (codes == NULL)
-        return NULL;
-    PyObject *out = PyList_New(0);
-    Py_ssize_t n = PyList_GET_SIZE(codes);
-    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
-        if (PyLong_AsLong(PyList_GET_ITEM(codes, i)) == 0 &&
-            PyList_Append(out, PySequence_Fast_GET_ITEM(keys, i)) != 0)
-            Py_CLEAR(out);
-    }
-    Py_DECREF(codes);
-    return out;
-}
-#endif /* KVS_PY_REPLICA_CLEAR */
-
-#ifdef KVS_PY_SESSIONS
 /* Per-key lists of (address, size, offset) fragments: all_buffer_ptrs, all_sizes and one of
  * all_src_offsets / all_dst_offsets. A key whose three lists differ in length gets -600 in
  * bad[i] and no fragments. Returns 0, or -1 with an exception (wrong types, no memory). */
@@ -1548,7 +1504,6 @@ static int get_ranges_fn(kvs_client_t *c, size_t n, const char *const *keys,
     return kvs_client_batch_get_ranges(c, n, keys, ranges, counts, res);
 }
 
-#ifdef KVS_PY_PUT_SESSIONS
 static int put_ranges_fn(kvs_client_t *c, size_t n, const char *const *keys,
                          const kvs_range_t *const *ranges, const size_t *counts, int64_t *res)
 {
@@ -1565,8 +1520,6 @@ static int put_ranges_fn(kvs_client_t *c, size_t n, const char *const *keys,
     kvs__free(ires);
     return r;
 }
-
-#endif
 
 /* keys + per-key fragment lists with offsets: bytes per key or a negative code. */
 static PyObject *ranges_call(store_t *self, PyObject *args, PyObject *kw, const char *off_name,
@@ -1616,13 +1569,10 @@ static PyObject *store_get_ranges(store_t *self, PyObject *args, PyObject *kw)
     return ranges_call(self, args, kw, "all_src_offsets", get_ranges_fn);
 }
 
-#ifdef KVS_PY_PUT_SESSIONS
 static PyObject *store_put_ranges(store_t *self, PyObject *args, PyObject *kw)
 {
     return ranges_call(self, args, kw, "all_dst_offsets", put_ranges_fn);
 }
-
-#endif
 
 static int session_start_fn(kvs_client_t *c, size_t n, const char *const *keys, const void *arg,
                             int *results)
@@ -1661,7 +1611,6 @@ static PyObject *store_get_session_end(store_t *self, PyObject *keys_o)
     return PyLong_FromLong(r);
 }
 
-#ifdef KVS_PY_PUT_SESSIONS
 typedef struct {
     const uint64_t *sizes;
     const kvs_replicate_config_t *rc;
@@ -1728,8 +1677,6 @@ static PyObject *store_put_session_revoke(store_t *self, PyObject *keys)
     return keys_status_call(self, keys, put_session_revoke_fn, NULL, 0);
 }
 
-#endif
-
 /* _replica_desc(keys) -> list of (list of (segment_name, endpoint, node, offset, size)), empty
  * for a key not found complete. */
 static PyObject *store_replica_desc(store_t *self, PyObject *keys_o)
@@ -1780,7 +1727,6 @@ done:
     Py_XDECREF(hold);
     return out;
 }
-#endif /* KVS_PY_SESSIONS */
 
 static PyMethodDef store_methods[] = {
     {"_open", (PyCFunction)store_open, METH_VARARGS, open_doc},
@@ -1846,7 +1792,6 @@ static PyMethodDef store_methods[] = {
      "stored) or a negative code."},
     {"get_stats", (PyCFunction)store_get_stats, METH_NOARGS,
      "get_stats() -> dict: the client's counters (and latency quantiles in us)."},
-#ifdef KVS_PY_MASTER_OPS
     {"upsert", (PyCFunction)(void (*)(void))store_upsert, METH_VARARGS | METH_KEYWORDS,
      "upsert(key, value, config=None) -> int: stores value, replacing an existing one "
      "atomically: readers see the old or the new bytes, never a mix (readers inside their lease "
@@ -1861,7 +1806,6 @@ static PyMethodDef store_methods[] = {
      "key's code."},
     {"upsert_batch", (PyCFunction)(void (*)(void))store_upsert_batch, METH_VARARGS | METH_KEYWORDS,
      "upsert_batch(keys, values, config=None) -> int: 0, or the first failing key's code."},
-#endif
     {"remove_all", (PyCFunction)(void (*)(void))store_remove_all, METH_VARARGS | METH_KEYWORDS,
      "remove_all(force=False) -> int: objects removed (this tenant's); leased objects are "
      "skipped unless force, pending puts always."},
@@ -1872,12 +1816,6 @@ static PyMethodDef store_methods[] = {
      "a bad pattern."},
     {"batch_remove", (PyCFunction)(void (*)(void))store_batch_remove, METH_VARARGS | METH_KEYWORDS,
      "batch_remove(keys, force=False) -> list[int]: 0 or a negative code per key."},
-#ifdef KVS_PY_REPLICA_CLEAR
-    {"batch_replica_clear", (PyCFunction)(void (*)(void))store_batch_replica_clear,
-     METH_VARARGS | METH_KEYWORDS,
-     "batch_replica_clear(keys, segment_name='') -> list[str]: the keys cleared."},
-#endif
-#ifdef KVS_PY_SESSIONS
     {"batch_get_session_start", (PyCFunction)store_get_session_start, METH_O,
      "batch_get_session_start(keys) -> list[int]: one lookup and read lease for the keys; "
      "ranged reads of them then need no lookup until the session ends. 0 or a negative code."},
@@ -1888,7 +1826,6 @@ static PyMethodDef store_methods[] = {
      "all_src_offsets[i][j] (registered memory). Bytes per key, or a negative code."},
     {"batch_get_session_end", (PyCFunction)store_get_session_end, METH_O,
      "batch_get_session_end(keys) -> int: 0; the session's leases end."},
-#ifdef KVS_PY_PUT_SESSIONS
     {"batch_put_session_start", (PyCFunction)(void (*)(void))store_put_session_start,
      METH_VARARGS | METH_KEYWORDS,
      "batch_put_session_start(keys, sizes, config=None) -> list[int]: places the objects; "
@@ -1902,10 +1839,8 @@ static PyMethodDef store_methods[] = {
      "was written (else -700, and the put is revoked)."},
     {"batch_put_session_revoke", (PyCFunction)store_put_session_revoke, METH_O,
      "batch_put_session_revoke(keys) -> list[int]"},
-#endif
     {"_replica_desc", (PyCFunction)store_replica_desc, METH_O,
      "_replica_desc(keys) -> per key, a list of (segment, endpoint, node, offset, size)."},
-#endif
     {NULL, NULL, 0, NULL},
 };
 
