@@ -492,6 +492,30 @@ static void test_upsert_swap(void)
     fx_fini(&f);
 }
 
+/* A version with an upsert open is never evicted: under pressure (the segment over its
+ * watermark, the version least recently used) the upsert still ends and replaces it. */
+static void test_upsert_survives_eviction(void)
+{
+    fx_t f;
+    fx_init(&f, 1000);
+    mount(&f, f.client, "s1", "n", 64 << 10);
+    kvs__obj_desc_t now;
+    CHECK_STATUS(put_pinned(&f, "lru", 8 << 10, 0, 0, 0), KVS_OK);
+    CHECK_STATUS(put_pinned(&f, "fill", 40 << 10, 0, 0, 0), KVS_OK);
+    CHECK_STATUS(put_start_ex(&f, "lru", 12 << 10, 1, "n", "", KVS_PUT_FLAG_UPSERT, NULL), KVS_OK);
+    CHECK_EQ_INT(EXISTS(&f, "lru"), 1);
+    CHECK_STATUS(END(&f, "lru"), KVS_OK);
+    CHECK_STATUS(lookup(&f, "lru", &now), KVS_OK);
+    CHECK_EQ_U64(now.size, 12 << 10);
+    CHECK_EQ_INT(EXISTS(&f, "fill"), 0); /* the next least recently used went instead */
+    /* The objects counter does not count upsert versions (it used to underflow). */
+    CHECK_STATUS(put_start_ex(&f, "lru", 4 << 10, 1, "n", "", KVS_PUT_FLAG_UPSERT, NULL), KVS_OK);
+    CHECK_EQ_U64(kvs__master_counter(f.m, "objects"), 1);
+    CHECK_STATUS(REMOVE(&f, "lru", KVS_KEYS_FLAG_FORCE), KVS_OK); /* orphans the upsert */
+    CHECK_EQ_U64(kvs__master_counter(f.m, "objects"), 0);
+    fx_fini(&f);
+}
+
 static void test_eviction_skips_leased(void)
 {
     fx_t f;
@@ -1027,6 +1051,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_pins_and_eviction_order),
         KVS_TEST_CASE(test_soft_pins_kept_when_not_allowed),
         KVS_TEST_CASE(test_upsert_swap),
+        KVS_TEST_CASE(test_upsert_survives_eviction),
         KVS_TEST_CASE(test_liveness),
         KVS_TEST_CASE(test_put_discard),
         KVS_TEST_CASE(test_placement),

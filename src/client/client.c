@@ -818,6 +818,8 @@ int kvs_client_remove(kvs_client_t *c, const char *key, bool force)
     int rc = kvs__client_status_list_call(c, KVS_MSG_REMOVE, force ? KVS_KEYS_FLAG_FORCE : 0, 1,
                                           &key, &result);
     kvs__client_leave(c);
+    if (rc == KVS_OK && result == KVS_OK)
+        kvs__sessions_forget(c, 1, &key, NULL);
     if (rc == KVS_OK && result != KVS_OK)
         rc = kvs__fail(result, "remove '%s': %s", key, kvs_status_str(result));
     return rc;

@@ -67,7 +67,12 @@ void kvs__sessions_release_all(kvs_client_t *c);
  * lease end). KVS_UNSUPPORTED when not every key has one with time left (then look them up);
  * no lease is taken or released. */
 int kvs__sessions_placement(kvs_client_t *c, uint32_t m, const kvs__str_t *ks, kvs__arena_t *arena,
-                            kvs__placement_rsp_t *pr, uint64_t *until_ns);
+                            kvs__placement_rsp_t *pr, uint64_t *until_ns, void ***held_p);
+/* This client replaced or removed keys[i] (where results[i] is OK; results NULL: all): their
+ * sessions end, so its own later reads see what it did. */
+void kvs__sessions_forget(kvs_client_t *c, size_t n, const char *const keys[], const int *results);
+/* The read that got `held` from kvs__sessions_placement is over (NULL: none held). */
+void kvs__sessions_done(kvs_client_t *c, uint32_t m, void **held);
 
 struct kvs_client {
     char *master_host;

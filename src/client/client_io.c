@@ -490,6 +490,12 @@ static int put_run(kvs_client_t *c, const char *op, size_t n, const char *const 
     kvs__client_enter(c);
     kvs__client_sweep(c, k.deadline);
     rc = put_call(c, &k, rcfg);
+    if (rc == KVS_OK && upsert) {
+        for (size_t i = 0; i < n; i++) {
+            int ok = k.res[i] == 0 ? KVS_OK : KVS_INTERNAL_ERROR;
+            kvs__sessions_forget(c, 1, &keys[i], &ok);
+        }
+    }
     uint64_t bytes = 0, failed = 0;
     if (rc == KVS_OK) {
         for (size_t i = 0; i < n; i++) {
@@ -760,6 +766,7 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
     kvs_batch_t **batches = NULL;
     kvs_transport_t **batch_t = NULL;
     uint64_t *lease_until = NULL, *sess_until = NULL;
+    void **sess_held = NULL; /* the session entries this read uses, until it is over */
     int *st = NULL;
     uint8_t *order = NULL, *tried = NULL;
     routes_t routes = {0};
@@ -781,7 +788,8 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
         goto out;
     }
     /* Keys all in live read sessions need no lookup (and their leases stay the sessions'). */
-    bool from_session = kvs__sessions_placement(c, m, ks, &arena, &pr, sess_until) == KVS_OK;
+    bool from_session =
+        kvs__sessions_placement(c, m, ks, &arena, &pr, sess_until, &sess_held) == KVS_OK;
     if (!from_session) {
         kvs__arena_free(&arena);
         kvs__arena_init(&arena);
@@ -944,6 +952,7 @@ out:
     routes_free(&routes);
     if (looked_up)
         release_leases(c, &pr, ks, m);
+    kvs__sessions_done(c, m, sess_held);
     kvs__arena_free(&arena);
     kvs__free(lease_until);
     kvs__free(sess_until);
@@ -1418,10 +1427,12 @@ int kvs_client_put_session_start(kvs_client_t *c, size_t n, const char *const ke
                 if (si == NULL)
                     continue;
                 p->pl.reps[p->pl.nreps] = d->reps[q];
-                p->pl.segs[p->pl.nreps] = *si;
-                ok = str_copy(&p->pl.segs[p->pl.nreps].name, si->name) &&
-                     str_copy(&p->pl.segs[p->pl.nreps].node, si->node) &&
-                     str_copy(&p->pl.segs[p->pl.nreps].endpoint, si->endpoint);
+                kvs__seg_info_t *g = &p->pl.segs[p->pl.nreps];
+                *g = *si;
+                /* Each copied (never short-circuited), so psess_free frees only owned strings. */
+                bool a = str_copy(&g->name, si->name), b = str_copy(&g->node, si->node),
+                     e = str_copy(&g->endpoint, si->endpoint);
+                ok = a && b && e;
                 p->pl.nreps++;
             }
             if (!ok) {

@@ -20,6 +20,8 @@ int kvs_client_batch_remove(kvs_client_t *c, size_t n, const char *const keys[],
     atomic_fetch_add(&c->st.remove_calls, 1);
     int rc = kvs__client_status_list_call(c, KVS_MSG_REMOVE, force ? KVS_KEYS_FLAG_FORCE : 0, n,
                                           keys, results);
+    if (rc == KVS_OK)
+        kvs__sessions_forget(c, n, keys, results);
     kvs__client_leave(c);
     return rc;
 }
@@ -123,6 +125,7 @@ static int64_t remove_listed(kvs_client_t *c, const keylist_t *l, bool force)
         }
         for (size_t i = 0; i < n; i++)
             removed += res[i] == KVS_OK;
+        kvs__sessions_forget(c, n, (const char *const *)&l->keys[at], res);
     }
     kvs__free(res);
     return removed == 0 && first_rc != KVS_OK ? first_rc : removed;

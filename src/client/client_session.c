@@ -20,6 +20,11 @@ typedef struct sess {
     struct sess *next;
     uint64_t hash;
     uint32_t refs;
+    /* Reads using this entry's placement now. An entry ended or replaced while reads are in
+     * flight is detached (out of the table) and freed by the last of them; its lease is then
+     * not released early but left to expire, so no read ever runs without one. */
+    uint32_t inflight;
+    bool detached;
     uint64_t size, lease_id, lease_until_ns, lease_ns;
     uint32_t nreps;
     kvs__replica_t reps[KVS_MAX_REPLICAS];
@@ -217,12 +222,16 @@ int kvs_client_read_session_start(kvs_client_t *c, size_t n, const char *const k
             sess_t *old = *slot;
             e->refs = old->refs + 1;
             e->next = old->next;
-            if (drop != NULL && drop_keys != NULL && drop_own != NULL &&
-                (drop_own[i] = kvs__strndup(old->key, old->key_len)) != NULL) {
-                drop[i] = old->lease_id;
-                drop_keys[i] = (kvs__str_t){drop_own[i], old->key_len};
+            if (old->inflight > 0) {
+                old->detached = true; /* its readers free it; its lease expires */
+            } else {
+                if (drop != NULL && drop_keys != NULL && drop_own != NULL &&
+                    (drop_own[i] = kvs__strndup(old->key, old->key_len)) != NULL) {
+                    drop[i] = old->lease_id;
+                    drop_keys[i] = (kvs__str_t){drop_own[i], old->key_len};
+                }
+                sess_free(old);
             }
-            sess_free(old);
         } else {
             e->refs = 1;
             e->next = NULL;
@@ -264,8 +273,12 @@ int kvs_client_read_session_end(kvs_client_t *c, size_t n, const char *const key
             sess_t *e = *slot;
             *slot = e->next;
             s->n--;
-            lease = e->lease_id;
-            sess_free(e);
+            if (e->inflight > 0) {
+                e->detached = true; /* reads still use it: they free it, the lease expires */
+            } else {
+                lease = e->lease_id;
+                sess_free(e);
+            }
         }
         pthread_mutex_unlock(&s->lock);
         if (lease != 0)
@@ -274,9 +287,58 @@ int kvs_client_read_session_end(kvs_client_t *c, size_t n, const char *const key
     return KVS_OK;
 }
 
-int kvs__sessions_placement(kvs_client_t *c, uint32_t m, const kvs__str_t *ks, kvs__arena_t *arena,
-                            kvs__placement_rsp_t *pr, uint64_t *until_ns)
+void kvs__sessions_forget(kvs_client_t *c, size_t n, const char *const keys[], const int *results)
 {
+    kvs__sessions_t *s = c->sessions;
+    if (s == NULL)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        if ((results != NULL && results[i] != KVS_OK) || keys[i] == NULL)
+            continue;
+        kvs__str_t k = kvs__str_c(keys[i]);
+        uint64_t lease = 0;
+        pthread_mutex_lock(&s->lock);
+        if (s->n == 0) {
+            pthread_mutex_unlock(&s->lock);
+            return;
+        }
+        sess_t **slot = sess_slot(s, k, kvs__hash64(k.ptr, k.len));
+        sess_t *e = *slot;
+        if (e != NULL) {
+            *slot = e->next;
+            s->n--;
+            if (e->inflight > 0) {
+                e->detached = true;
+            } else {
+                lease = e->lease_id;
+                sess_free(e);
+            }
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (lease != 0)
+            kvs__client_release_later(c, 1, &k, &lease);
+    }
+}
+
+void kvs__sessions_done(kvs_client_t *c, uint32_t m, void **held)
+{
+    if (held == NULL)
+        return;
+    kvs__sessions_t *s = c->sessions;
+    pthread_mutex_lock(&s->lock);
+    for (uint32_t j = 0; j < m; j++) {
+        sess_t *e = held[j];
+        if (e != NULL && --e->inflight == 0 && e->detached)
+            sess_free(e);
+    }
+    pthread_mutex_unlock(&s->lock);
+    kvs__free(held);
+}
+
+int kvs__sessions_placement(kvs_client_t *c, uint32_t m, const kvs__str_t *ks, kvs__arena_t *arena,
+                            kvs__placement_rsp_t *pr, uint64_t *until_ns, void ***held_p)
+{
+    *held_p = NULL;
     kvs__sessions_t *s = c->sessions;
     if (s == NULL || m == 0)
         return KVS_UNSUPPORTED;
@@ -287,9 +349,10 @@ int kvs__sessions_placement(kvs_client_t *c, uint32_t m, const kvs__str_t *ks, k
     }
     uint64_t now = kvs__now_ns();
     memset(pr, 0, sizeof(*pr));
+    sess_t **held = kvs__calloc(m, sizeof(*held));
     pr->objs = kvs__arena_alloc(arena, (size_t)m * sizeof(*pr->objs));
     pr->segs = kvs__arena_alloc(arena, (size_t)m * KVS_MAX_REPLICAS * sizeof(*pr->segs));
-    int rc = pr->objs && pr->segs ? KVS_OK : KVS_NO_MEMORY;
+    int rc = pr->objs && pr->segs && held ? KVS_OK : KVS_NO_MEMORY;
     for (uint32_t j = 0; rc == KVS_OK && j < m; j++) {
         sess_t *e = *sess_slot(s, ks[j], kvs__hash64(ks[j].ptr, ks[j].len));
         uint64_t margin = e ? KVS_MAX(e->lease_ns / 10, SESSION_MARGIN_MIN_NS) : 0;
@@ -309,6 +372,7 @@ int kvs__sessions_placement(kvs_client_t *c, uint32_t m, const kvs__str_t *ks, k
         }
         memcpy(d->reps, e->reps, e->nreps * sizeof(*d->reps));
         until_ns[j] = e->lease_until_ns;
+        held[j] = e;
         /* Segment strings are copied into the arena: the entry may go while the read runs. */
         for (uint32_t q = 0; q < e->nreps; q++) {
             bool have = false;
@@ -331,8 +395,15 @@ int kvs__sessions_placement(kvs_client_t *c, uint32_t m, const kvs__str_t *ks, k
             pr->segs[pr->nsegs++] = si;
         }
     }
+    /* The entries are held until the read is over (kvs__sessions_done). */
+    for (uint32_t j = 0; rc == KVS_OK && j < m; j++)
+        held[j]->inflight++;
     pthread_mutex_unlock(&s->lock);
     pr->nobjs = m;
+    if (rc == KVS_OK)
+        *held_p = (void **)held;
+    else
+        kvs__free(held);
     return rc;
 }
 

@@ -145,8 +145,9 @@ struct kvs__master {
     size_t nbuckets; /* power of two */
     size_t nobjs;
     size_t npending;
-    link_t lru;     /* sentinel; lru.next is the most recently used */
-    link_t pending; /* sentinel; pending.next is the oldest put */
+    size_t nversions; /* pending upsert versions (pending, but not in the table) */
+    link_t lru;       /* sentinel; lru.next is the most recently used */
+    link_t pending;   /* sentinel; pending.next is the oldest put */
     seg_t **segs;
     uint32_t nseg, cap_seg;
     counters_t c;
@@ -300,6 +301,8 @@ static void obj_destroy(kvs__master_t *m, obj_t *o)
         kvs__seg_alloc_free(o->reps[i].seg->alloc, o->reps[i].handle);
     if (o->state == KVS_OBJ_PENDING)
         m->npending--;
+    if (!o->in_table && o->state == KVS_OBJ_PENDING)
+        m->nversions--;
     /* A pending upsert of this version is orphaned (its end fails; the discard fences it);
      * an upsert version that goes leaves its parent without one. */
     if (o->next != NULL)
@@ -921,8 +924,10 @@ static uint64_t evict_pass(kvs__master_t *m, uint64_t now_ns, seg_t *s, uint64_t
     while (l != &m->lru && freed < need) {
         link_t *prev = l->prev;
         obj_t *o = link_obj(l);
-        if (!o->hard_pin && soft_pinned(o, now_ns) == soft_pins && !obj_leased(o, now_ns) &&
-            obj_on_seg(o, s)) {
+        /* A version with an upsert open is kept: evicting it would orphan the upsert and
+         * lose the key. */
+        if (!o->hard_pin && o->next == NULL && soft_pinned(o, now_ns) == soft_pins &&
+            !obj_leased(o, now_ns) && obj_on_seg(o, s)) {
             m->c.soft_pin_evictions += soft_pins;
             uint64_t before = kvs__seg_alloc_used(s->alloc);
             m->c.evictions++;
@@ -1109,6 +1114,7 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, uint64_t writer,
     if (cur != NULL) {
         o->parent = cur;
         cur->next = o;
+        m->nversions++;
         m->c.upserts_started++;
     } else {
         table_insert(m, o);
@@ -1265,6 +1271,7 @@ static int op_put_end(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
         if (rc != KVS_OK)
             return rc; /* nothing changed: the fences issued name a put that is over anyway */
         table_insert(m, o);
+        m->nversions--;
         m->c.upserts_ended++;
     }
     list_unlink(o);
@@ -1513,7 +1520,8 @@ int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs
             s->size, kvs__seg_alloc_used(s->alloc)};
     }
     kvs__counter_t *c = rsp->counters;
-    c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c("objects"), m->nobjs - m->npending};
+    c[rsp->ncounters++] =
+        (kvs__counter_t){kvs__str_c("objects"), m->nobjs - (m->npending - m->nversions)};
     c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c("objects_pending"), m->npending};
     c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c("segments"), m->nseg};
     c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c("capacity_bytes"), cap};

@@ -109,9 +109,8 @@ class SetupTest(Base):
         cfg.preferred_segment = s.get_hostname()
         key = self.k("mine")
         self.assertEqual(s.put(key, b"x" * 5000, cfg), 0)
-        if hasattr(s, "_replica_desc"):
-            descs = s.get_replica_desc(key)
-            self.assertEqual([d.segment_name for d in descs], ["127.0.0.1:17001"])
+        descs = s.get_replica_desc(key)
+        self.assertEqual([d.segment_name for d in descs], ["127.0.0.1:17001"])
         # A bare host gets this process's data port added.
         t = self.open(local_hostname="127.0.0.1", global_segment_size="8MiB")
         host, port = t.get_hostname().rsplit(":", 1)
@@ -385,6 +384,25 @@ class SessionTest(Base):
         self.assertEqual(buf2.bytes(0, 10), pattern(b, 10000)[9990:])
         self.assertEqual(s.get_into_ranges([buf1.ptr], [[a], [b]], [[[0]]], [[[0]]], [[[1]]]),
                          [[[-600]]])
+        unset = kvstash.MooncakeDistributedStore()
+        self.assertEqual(unset.get_into_ranges([buf1.ptr], [[a]], [[[0]]], [[[0]]], [[[1]]]),
+                         [[[-600]]])
+
+    def test_own_changes_end_the_session(self):
+        # A session keeps its lookup; this client's own upsert and remove end it, so its
+        # later reads see what it did (other clients' changes are seen after the session).
+        s, key = self.store, self.k("sess-own")
+        self.assertEqual(s.put(key, b"one" * 1000), 0)
+        buf = self.registered(1 << 16)
+        self.assertEqual(s.batch_get_session_start([key]), [0])
+        self.assertEqual(s.upsert(key, b"two" * 2000), 0)
+        self.assertEqual(s.get_into(key, buf.ptr, buf.size), 6000)
+        self.assertEqual(buf.bytes(0, 6000), b"two" * 2000)
+        self.assertEqual(s.batch_get_session_start([key]), [0])
+        self.assertEqual(s.remove(key), -706)  # the session's lease
+        self.assertEqual(s.remove(key, force=True), 0)
+        self.assertEqual(s.get_into(key, buf.ptr, buf.size), -704)
+        self.assertEqual(s.batch_get_session_end([key]), 0)
 
     @unittest.skipUnless(hasattr(kvstash.MooncakeDistributedStore, "batch_put_session_start"),
                          "the put session calls are not implemented yet (issue 25 remains open)")

@@ -431,6 +431,8 @@ class MooncakeDistributedStore(_kvstash.MooncakeDistributedStore):
             out.append(row)
         if keys:
             res = self.batch_get_into_multi_buffer_ranges(keys, ptrs, sizes, offs)
+            if len(res) != len(keys):  # not set up: [] from the native call
+                res = [INVALID_PARAMS] * len(keys)
             for (i, j), r, sz in zip(where, res, sizes):
                 out[i][j] = list(sz) if r >= 0 else [r] * len(sz)
         return out
