@@ -52,7 +52,8 @@ typedef struct {
      * Clients of two tenants never see, list or remove each other's objects; segments (space)
      * are shared. NULL, "" or "default": the default tenant, which clients of protocol version 3
      * and the CLI use. Default: $KVS_TENANT. A named tenant needs a master of protocol version
-     * 4 or later (KVS_UNSUPPORTED otherwise). */
+     * 4 or later (KVS_UNSUPPORTED otherwise). Tenants are namespaces, not access control: any
+     * client that proves the cluster's token may name any tenant (as in Mooncake). */
     const char *tenant;
 } kvs_client_config_t;
 
