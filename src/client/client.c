@@ -527,11 +527,15 @@ static uint32_t batch_len(const batch_req_t *b)
 }
 
 /* The first `count` elements from `first` fit one frame's payload. */
+/* put_start_req's fixed fields since version 4 (soft_pin_action, soft_pin_ttl_ms), which the
+ * version-3 minimum leaves out: a frame of the longest keys must still fit with them. */
+#define PUT_START_V4_BYTES (4u + 8u)
+
 static uint32_t batch_fit(const batch_req_t *b, uint32_t first)
 {
-    uint64_t bytes =
-        b->keys ? KVS__MIN_BYTES_keys_req
-                : KVS__MIN_BYTES_put_start_req + b->put->node.len + b->put->preferred_segment.len;
+    uint64_t bytes = b->keys ? KVS__MIN_BYTES_keys_req
+                             : KVS__MIN_BYTES_put_start_req + PUT_START_V4_BYTES +
+                                   b->put->node.len + b->put->preferred_segment.len;
     if (b->keys && first == 0)
         bytes += releases_bytes(b->keys, 0, b->keys->nreleased);
     uint32_t n = batch_len(b), i = first;
