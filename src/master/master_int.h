@@ -15,11 +15,11 @@ typedef enum {
 } kvs__obj_state_t;
 
 typedef struct {
-    uint64_t lease_ms;             /* read lease granted by each lookup (default 10 s) */
-    uint64_t heartbeat_timeout_ms; /* owner silent this long loses its segments (10 s) */
-    uint64_t put_discard_ms;       /* a put not ended this long is revoked (30 s) */
-    double high_watermark;         /* segment fill ratio that triggers eviction (0.90) */
-    double evict_ratio;            /* share of the segment freed per eviction (0.05) */
+    uint64_t lease_ms;                /* read lease granted by each lookup (default 10 s) */
+    uint64_t heartbeat_timeout_ms;    /* owner silent this long loses its segments (10 s) */
+    uint64_t put_discard_ms;          /* a put not ended this long is revoked (30 s) */
+    double high_watermark;            /* segment fill ratio that triggers eviction (0.90) */
+    double evict_ratio;               /* share of the segment freed per eviction (0.05) */
     uint64_t default_soft_pin_ttl_ms; /* a soft pin's time-to-live when the put names none */
     uint64_t max_soft_pin_ttl_ms;     /* the longest a put may ask for (24 h) */
     bool allow_evict_soft_pinned;     /* soft-pinned objects may go after every unpinned one */

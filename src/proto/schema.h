@@ -93,7 +93,7 @@
     X(R, STR, node, 2, KVS_MAX_NAME_LEN, 0) /* the peer's host, for same-node placement */         \
     X(R, U64, client_id, 2, 0, 0)           /* 0 on first contact, else the id received before */  \
     X(R, BLOB, auth_nonce, 3, KVS_AUTH_NONCE_LEN, 0) /* fresh per connection */                    \
-    X(R, STR, tenant, 4, KVS_MAX_TENANT_LEN, 0) /* the keys' namespace; empty: "default" */        \
+    X(R, STR, tenant, 4, KVS_MAX_TENANT_LEN, 0)      /* the keys' namespace; empty: "default" */   \
     X(R, U64, next_probe, KVS_PROTO_V_NEXT_, 0, 0)
 
 #define KVS_FIELDS_hello_rsp(X, R)                                                                 \

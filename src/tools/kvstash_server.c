@@ -312,7 +312,8 @@ int main(int argc, char **argv)
             break;
         case O_PIN_EVICT:
             if (strcmp(optarg, "1") != 0 && strcmp(optarg, "0") != 0) {
-                fprintf(stderr, "kvstash-server: --allow-evict-soft-pinned wants 1 or 0, got '%s'\n",
+                fprintf(stderr,
+                        "kvstash-server: --allow-evict-soft-pinned wants 1 or 0, got '%s'\n",
                         optarg);
                 return 2;
             }
