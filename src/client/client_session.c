@@ -108,6 +108,22 @@ static sess_t **sess_slot(kvs__sessions_t *s, kvs__str_t key, uint64_t hash)
     return p;
 }
 
+/* Takes the entry at *slot out of the table (the caller holds the lock). An entry reads still
+ * use is detached: they free it and its lease expires. Returns the lease to release now, or 0. */
+static uint64_t sess_unlink_locked(kvs__sessions_t *s, sess_t **slot)
+{
+    sess_t *e = *slot;
+    *slot = e->next;
+    s->n--;
+    if (e->inflight > 0) {
+        e->detached = true;
+        return 0;
+    }
+    uint64_t lease = e->lease_id;
+    sess_free(e);
+    return lease;
+}
+
 static kvs__str_t str_dup(kvs__str_t s, bool *ok)
 {
     char *p = kvs__strndup(s.ptr ? s.ptr : "", s.len);
@@ -270,15 +286,7 @@ int kvs_client_read_session_end(kvs_client_t *c, size_t n, const char *const key
         pthread_mutex_lock(&s->lock);
         sess_t **slot = sess_slot(s, k, kvs__hash64(k.ptr, k.len));
         if (*slot != NULL && --(*slot)->refs == 0) {
-            sess_t *e = *slot;
-            *slot = e->next;
-            s->n--;
-            if (e->inflight > 0) {
-                e->detached = true; /* reads still use it: they free it, the lease expires */
-            } else {
-                lease = e->lease_id;
-                sess_free(e);
-            }
+            lease = sess_unlink_locked(s, slot);
         }
         pthread_mutex_unlock(&s->lock);
         if (lease != 0)
@@ -303,17 +311,8 @@ void kvs__sessions_forget(kvs_client_t *c, size_t n, const char *const keys[], c
             return;
         }
         sess_t **slot = sess_slot(s, k, kvs__hash64(k.ptr, k.len));
-        sess_t *e = *slot;
-        if (e != NULL) {
-            *slot = e->next;
-            s->n--;
-            if (e->inflight > 0) {
-                e->detached = true;
-            } else {
-                lease = e->lease_id;
-                sess_free(e);
-            }
-        }
+        if (*slot != NULL)
+            lease = sess_unlink_locked(s, slot);
         pthread_mutex_unlock(&s->lock);
         if (lease != 0)
             kvs__client_release_later(c, 1, &k, &lease);
