@@ -883,8 +883,12 @@ static void test_writes_end_with_the_put(void)
     kvs__arena_t a;
     kvs__arena_init(&a);
     kvs__rpc_begin(rpc, &req, KVS_MSG_PUT_START);
-    kvs__put_item_t it = {kvs__str_c("a"), 4096};
-    kvs__put_start_req_t ps = {kvs__str_c("n"), 1, kvs__str_c(""), 0, 1, &it, 0, 0};
+    kvs__put_item_t it = {.key = kvs__str_c("a"), .size = 4096};
+    kvs__put_start_req_t ps = {.node = kvs__str_c("n"),
+                               .replica_num = 1,
+                               .preferred_segment = kvs__str_c(""),
+                               .nitems = 1,
+                               .items = &it};
     kvs__put_start_req_encode(&req, &ps);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
     CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
@@ -927,7 +931,7 @@ static void test_writes_end_with_the_put(void)
     kvs__rpc_begin(rpc, &req, KVS_MSG_PUT_END);
     kvs__str_t k = kvs__str_c("a");
     kvs__put_token_t tok = {d.token};
-    kvs__keys_req_t kr = {0, 1, &k, 0, NULL, 1, &tok};
+    kvs__keys_req_t kr = {.nkeys = 1, .keys = &k, .ntokens = 1, .tokens = &tok};
     kvs__keys_req_encode(&req, &kr);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
     CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);

@@ -432,7 +432,11 @@ static void frame_keys(kvs__wbuf_t *w, uint16_t type, uint32_t flags, const char
     kvs__frame_begin(w, type, REQ_ID, KVS_PROTO_VERSION_MAX);
     kvs__str_t k = kvs__str_c(key);
     kvs__put_token_t t = {token};
-    kvs__keys_req_t r = {flags, 1, &k, 0, NULL, token ? 1 : 0, token ? &t : NULL};
+    kvs__keys_req_t r = {.flags = flags,
+                         .nkeys = 1,
+                         .keys = &k,
+                         .ntokens = token ? 1 : 0,
+                         .tokens = token ? &t : NULL};
     kvs__keys_req_encode(w, &r);
     CHECK_STATUS(kvs__frame_end(w), KVS_OK);
 }
@@ -440,8 +444,12 @@ static void frame_keys(kvs__wbuf_t *w, uint16_t type, uint32_t flags, const char
 static void frame_put_start(kvs__wbuf_t *w, const char *key, uint64_t size)
 {
     kvs__frame_begin(w, KVS_MSG_PUT_START, REQ_ID, KVS_PROTO_VERSION_MAX);
-    kvs__put_item_t it = {kvs__str_c(key), size};
-    kvs__put_start_req_t r = {kvs__str_c("hostile"), 1, kvs__str_c(SEG_NAME), 0, 1, &it, 0, 0};
+    kvs__put_item_t it = {.key = kvs__str_c(key), .size = size};
+    kvs__put_start_req_t r = {.node = kvs__str_c("hostile"),
+                              .replica_num = 1,
+                              .preferred_segment = kvs__str_c(SEG_NAME),
+                              .nitems = 1,
+                              .items = &it};
     kvs__put_start_req_encode(w, &r);
     CHECK_STATUS(kvs__frame_end(w), KVS_OK);
 }

@@ -142,10 +142,14 @@ static int writer_call(kvs__rpc_t *rpc, uint16_t type, const char *key)
     kvs__arena_t a;
     kvs__arena_init(&a);
     kvs__rpc_begin(rpc, &req, type);
-    kvs__put_item_t it = {kvs__str_c(key), 4096};
-    kvs__put_start_req_t ps = {kvs__str_c("n"), 1, kvs__str_c(""), 0, 1, &it, 0, 0};
+    kvs__put_item_t it = {.key = kvs__str_c(key), .size = 4096};
+    kvs__put_start_req_t ps = {.node = kvs__str_c("n"),
+                               .replica_num = 1,
+                               .preferred_segment = kvs__str_c(""),
+                               .nitems = 1,
+                               .items = &it};
     kvs__str_t k = kvs__str_c(key);
-    kvs__keys_req_t kr = {0, 1, &k, 0, NULL, 0, NULL};
+    kvs__keys_req_t kr = {.nkeys = 1, .keys = &k};
     if (type == KVS_MSG_PUT_START)
         kvs__put_start_req_encode(&req, &ps);
     else

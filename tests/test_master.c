@@ -51,9 +51,13 @@ static int put_start_ex(fx_t *f, const char *key, uint64_t size, uint32_t replic
                         const char *node, const char *preferred, uint32_t flags,
                         kvs__obj_desc_t *d_p)
 {
-    kvs__put_item_t it = {kvs__str_c(key), size};
-    kvs__put_start_req_t req = {
-        kvs__str_c(node), replicas, kvs__str_c(preferred), flags, 1, &it, 0, 0};
+    kvs__put_item_t it = {.key = kvs__str_c(key), .size = size};
+    kvs__put_start_req_t req = {.node = kvs__str_c(node),
+                                .replica_num = replicas,
+                                .preferred_segment = kvs__str_c(preferred),
+                                .flags = flags,
+                                .nitems = 1,
+                                .items = &it};
     kvs__placement_rsp_t rsp;
     CHECK_STATUS(kvs__master_put_start(f->m, f->now, f->client, &req, &f->arena, &rsp), KVS_OK);
     CHECK_EQ_INT(rsp.nobjs, 1);
@@ -73,7 +77,7 @@ typedef int (*keys_fn)(kvs__master_t *, uint64_t, const kvs__keys_req_t *, kvs__
 static int key_op(fx_t *f, keys_fn fn, const char *key, uint32_t flags)
 {
     kvs__str_t k = kvs__str_c(key);
-    kvs__keys_req_t req = {flags, 1, &k, 0, NULL, 0, NULL};
+    kvs__keys_req_t req = {.flags = flags, .nkeys = 1, .keys = &k};
     kvs__status_list_rsp_t rsp;
     CHECK_STATUS(fn(f->m, f->now, &req, &f->arena, &rsp), KVS_OK);
     CHECK_EQ_INT(rsp.nresults, 1);
@@ -87,7 +91,7 @@ typedef int (*writer_fn)(kvs__master_t *, uint64_t, uint64_t, const kvs__keys_re
 static int writer_op(fx_t *f, writer_fn fn, const char *key, uint64_t client)
 {
     kvs__str_t k = kvs__str_c(key);
-    kvs__keys_req_t req = {0, 1, &k, 0, NULL, 0, NULL};
+    kvs__keys_req_t req = {.nkeys = 1, .keys = &k};
     kvs__status_list_rsp_t rsp;
     CHECK_STATUS(fn(f->m, f->now, client, &req, &f->arena, &rsp), KVS_OK);
     CHECK_EQ_INT(rsp.nresults, 1);
@@ -102,7 +106,7 @@ static int writer_op(fx_t *f, writer_fn fn, const char *key, uint64_t client)
 static int lookup(fx_t *f, const char *key, kvs__obj_desc_t *d_p)
 {
     kvs__str_t k = kvs__str_c(key);
-    kvs__keys_req_t req = {0, 1, &k, 0, NULL, 0, NULL};
+    kvs__keys_req_t req = {.nkeys = 1, .keys = &k};
     kvs__placement_rsp_t rsp;
     CHECK_STATUS(kvs__master_lookup(f->m, f->now, f->client, &req, &f->arena, &rsp), KVS_OK);
     if (d_p)
@@ -255,9 +259,15 @@ static void test_bad_input(void)
     uint64_t s1 = mount(&f, f.client, "s1", "n", 1 << 20);
     /* Bad keys fail alone; good keys of the same batch proceed. A NUL byte is only valid as
      * the end of a tenant's name (the server makes those keys; "a b" is no tenant name). */
-    kvs__put_item_t items[4] = {
-        {{"", 0}, 10}, {{"a b\0c", 5}, 10}, {kvs__str_c("good"), 10}, {kvs__str_c("zero"), 0}};
-    kvs__put_start_req_t req = {kvs__str_c("n"), 1, kvs__str_c(""), 0, 4, items, 0, 0};
+    kvs__put_item_t items[4] = {{.key = {"", 0}, .size = 10},
+                                {.key = {"a b\0c", 5}, .size = 10},
+                                {.key = kvs__str_c("good"), .size = 10},
+                                {.key = kvs__str_c("zero")}};
+    kvs__put_start_req_t req = {.node = kvs__str_c("n"),
+                                .replica_num = 1,
+                                .preferred_segment = kvs__str_c(""),
+                                .nitems = 4,
+                                .items = items};
     kvs__placement_rsp_t rsp;
     CHECK_STATUS(kvs__master_put_start(f.m, f.now, f.client, &req, &f.arena, &rsp), KVS_OK);
     CHECK_STATUS(rsp.objs[0].status, KVS_INVALID_PARAMS);
@@ -271,8 +281,14 @@ static void test_bad_input(void)
     CHECK_STATUS(rsp.objs[2].status, KVS_INVALID_PARAMS);
     CHECK_STATUS(lookup(&f, "other", NULL), KVS_OBJECT_NOT_FOUND);
     CHECK_EQ_INT(EXISTS(&f, ""), KVS_INVALID_PARAMS);
-    kvs__put_item_t ns[3] = {{{"\0k", 2}, 10}, {{"t\0", 2}, 10}, {{"t\0k", 3}, 10}};
-    kvs__put_start_req_t nsreq = {kvs__str_c("n"), 1, kvs__str_c(""), 0, 3, ns, 0, 0};
+    kvs__put_item_t ns[3] = {{.key = {"\0k", 2}, .size = 10},
+                             {.key = {"t\0", 2}, .size = 10},
+                             {.key = {"t\0k", 3}, .size = 10}};
+    kvs__put_start_req_t nsreq = {.node = kvs__str_c("n"),
+                                  .replica_num = 1,
+                                  .preferred_segment = kvs__str_c(""),
+                                  .nitems = 3,
+                                  .items = ns};
     CHECK_STATUS(kvs__master_put_start(f.m, f.now, f.client, &nsreq, &f.arena, &rsp), KVS_OK);
     CHECK_STATUS(rsp.objs[0].status, KVS_INVALID_PARAMS); /* no tenant name */
     CHECK_STATUS(rsp.objs[1].status, KVS_INVALID_PARAMS); /* no key */
@@ -366,8 +382,15 @@ static void test_eviction_order_at_watermark(void)
 static int put_pinned(fx_t *f, const char *key, uint64_t size, uint32_t flags, uint32_t action,
                       uint64_t ttl_ms)
 {
-    kvs__put_item_t it = {kvs__str_c(key), size};
-    kvs__put_start_req_t req = {kvs__str_c("n"), 1, kvs__str_c(""), flags, 1, &it, action, ttl_ms};
+    kvs__put_item_t it = {.key = kvs__str_c(key), .size = size};
+    kvs__put_start_req_t req = {.node = kvs__str_c("n"),
+                                .replica_num = 1,
+                                .preferred_segment = kvs__str_c(""),
+                                .flags = flags,
+                                .nitems = 1,
+                                .items = &it,
+                                .soft_pin_action = action,
+                                .soft_pin_ttl_ms = ttl_ms};
     kvs__placement_rsp_t rsp;
     CHECK_STATUS(kvs__master_put_start(f->m, f->now, f->client, &req, &f->arena, &rsp), KVS_OK);
     if (rsp.objs[0].status != KVS_OK)
@@ -621,10 +644,14 @@ static void test_placement(void)
     char keys[5][8];
     for (int i = 0; i < 5; i++) {
         snprintf(keys[i], sizeof(keys[i]), "b%d", i);
-        items[i] = (kvs__put_item_t){kvs__str_c(keys[i]), 8192};
+        items[i] = (kvs__put_item_t){.key = kvs__str_c(keys[i]), .size = 8192};
     }
-    kvs__put_start_req_t req = {
-        kvs__str_c("nodeB"), 1, kvs__str_c(""), KVS_PUT_FLAG_SAME_NODE, 5, items, 0, 0};
+    kvs__put_start_req_t req = {.node = kvs__str_c("nodeB"),
+                                .replica_num = 1,
+                                .preferred_segment = kvs__str_c(""),
+                                .flags = KVS_PUT_FLAG_SAME_NODE,
+                                .nitems = 5,
+                                .items = items};
     kvs__placement_rsp_t rsp;
     CHECK_STATUS(kvs__master_put_start(f.m, f.now, f.client, &req, &f.arena, &rsp), KVS_OK);
     for (int i = 0; i < 5; i++) {
@@ -868,8 +895,12 @@ static void test_pending_remove_waits_for_the_writer(void)
     uint64_t s1 = mount(&f, f.client, "s1", "n", 1 << 20);
     uint64_t writer = kvs__master_new_client(f.m);
     for (int how = 0; how < 2; how++) {
-        kvs__put_item_t it = {kvs__str_c("p"), 1 << 20};
-        kvs__put_start_req_t ps = {kvs__str_c("n"), 1, kvs__str_c(""), 0, 1, &it, 0, 0};
+        kvs__put_item_t it = {.key = kvs__str_c("p"), .size = 1 << 20};
+        kvs__put_start_req_t ps = {.node = kvs__str_c("n"),
+                                   .replica_num = 1,
+                                   .preferred_segment = kvs__str_c(""),
+                                   .nitems = 1,
+                                   .items = &it};
         kvs__placement_rsp_t pr;
         CHECK_STATUS(kvs__master_put_start(f.m, f.now, writer, &ps, &f.arena, &pr), KVS_OK);
         CHECK_STATUS(pr.objs[0].status, KVS_OK);
@@ -921,7 +952,7 @@ static void release(fx_t *f, uint64_t client, const char *key, uint64_t lease_id
 static uint64_t lookup_as(fx_t *f, uint64_t client, const char *key)
 {
     kvs__str_t k = kvs__str_c(key);
-    kvs__keys_req_t req = {0, 1, &k, 0, NULL, 0, NULL};
+    kvs__keys_req_t req = {.nkeys = 1, .keys = &k};
     kvs__placement_rsp_t rsp;
     CHECK_STATUS(kvs__master_lookup(f->m, f->now, client, &req, &f->arena, &rsp), KVS_OK);
     CHECK_STATUS(rsp.objs[0].status, KVS_OK);
@@ -1033,6 +1064,177 @@ static void test_repeated_pauses_grace_a_dead_owner_once(void)
     fx_fini(&f);
 }
 
+/* A put of `key` with a group and preferred segments (NULL: none). */
+static int put_start_grouped(fx_t *f, const char *key, uint64_t size, uint32_t replicas,
+                             const char *group, const char *const *pref, uint32_t npref,
+                             kvs__obj_desc_t *d_p)
+{
+    kvs__str_t ps[KVS_MAX_REPLICAS];
+    for (uint32_t i = 0; i < npref; i++)
+        ps[i] = kvs__str_c(pref[i]);
+    kvs__put_item_t it = {
+        .key = kvs__str_c(key), .size = size, .group = kvs__str_c(group ? group : "")};
+    kvs__put_start_req_t req = {.node = kvs__str_c("n"),
+                                .replica_num = replicas,
+                                .preferred_segment = kvs__str_c(""),
+                                .nitems = 1,
+                                .items = &it,
+                                .npreferred_segments = npref,
+                                .preferred_segments = ps};
+    kvs__placement_rsp_t rsp;
+    CHECK_STATUS(kvs__master_put_start(f->m, f->now, f->client, &req, &f->arena, &rsp), KVS_OK);
+    if (d_p)
+        *d_p = rsp.objs[0];
+    return rsp.objs[0].status;
+}
+
+static int replica_clear(fx_t *f, uint64_t client, const char *key, const char *segment)
+{
+    kvs__str_t k = kvs__str_c(key);
+    kvs__keys_req_t req = {.nkeys = 1, .keys = &k, .segment = kvs__str_c(segment)};
+    kvs__status_list_rsp_t rsp;
+    CHECK_STATUS(kvs__master_replica_clear(f->m, f->now, client, &req, &f->arena, &rsp), KVS_OK);
+    return rsp.results[0];
+}
+
+static uint64_t seg_used(fx_t *f, uint64_t id)
+{
+    kvs__stat_rsp_t st;
+    CHECK_STATUS(kvs__master_stat(f->m, f->now, &f->arena, &st), KVS_OK);
+    for (uint32_t i = 0; i < st.nsegs; i++) {
+        if (st.segs[i].id == id)
+            return st.segs[i].used;
+    }
+    CHECK(!"segment not in STAT");
+    return 0;
+}
+
+/* Mooncake's BatchReplicaClear: only the writer's own objects, never pending or leased ones;
+ * one segment's replicas or the whole object, and the space returns at once. */
+static void test_replica_clear(void)
+{
+    fx_t f;
+    fx_init(&f, 100);
+    uint64_t s1 = mount(&f, f.client, "s1", "n", 1 << 20);
+    uint64_t s2 = mount(&f, f.client, "s2", "n", 1 << 20);
+    uint64_t other = kvs__master_new_client(f.m);
+    kvs__obj_desc_t d;
+    CHECK_STATUS(put_start_ex(&f, "k", 4096, 2, "n", "", 0, &d), KVS_OK);
+    CHECK_EQ_INT(d.nreps, 2);
+    CHECK_STATUS(replica_clear(&f, f.client, "k", ""), KVS_REPLICA_IS_NOT_READY);
+    CHECK_STATUS(END(&f, "k"), KVS_OK);
+    CHECK_STATUS(replica_clear(&f, other, "k", ""), KVS_INVALID_PARAMS);
+    CHECK_STATUS(replica_clear(&f, f.client, "absent", ""), KVS_OBJECT_NOT_FOUND);
+    CHECK_STATUS(lookup(&f, "k", NULL), KVS_OK); /* a read lease for 100 ms */
+    CHECK_STATUS(replica_clear(&f, f.client, "k", "s1"), KVS_OBJECT_HAS_LEASE);
+    f.now += 101 * MS;
+    CHECK(seg_used(&f, s1) > 0);
+    CHECK_STATUS(replica_clear(&f, f.client, "k", "nowhere"), KVS_SEGMENT_NOT_FOUND);
+    CHECK_STATUS(replica_clear(&f, f.client, "k", "s1"), KVS_OK);
+    CHECK_EQ_U64(seg_used(&f, s1), 0);
+    CHECK(seg_used(&f, s2) > 0);
+    CHECK_STATUS(lookup(&f, "k", &d), KVS_OK);
+    CHECK_EQ_INT(d.nreps, 1);
+    CHECK_EQ_U64(d.reps[0].segment_id, s2);
+    f.now += 101 * MS;
+    CHECK_STATUS(replica_clear(&f, f.client, "k", "s1"), KVS_SEGMENT_NOT_FOUND);
+    /* Its last replica goes: the object goes. */
+    CHECK_STATUS(replica_clear(&f, f.client, "k", "s2"), KVS_OK);
+    CHECK_STATUS(lookup(&f, "k", NULL), KVS_OBJECT_NOT_FOUND);
+    CHECK_EQ_U64(seg_used(&f, s2), 0);
+    /* The whole object. */
+    CHECK_STATUS(put_start_ex(&f, "w", 4096, 2, "n", "", 0, NULL), KVS_OK);
+    CHECK_STATUS(END(&f, "w"), KVS_OK);
+    CHECK_STATUS(replica_clear(&f, f.client, "w", ""), KVS_OK);
+    CHECK_STATUS(lookup(&f, "w", NULL), KVS_OBJECT_NOT_FOUND);
+    CHECK_EQ_U64(seg_used(&f, s1) + seg_used(&f, s2), 0);
+    CHECK_EQ_U64(counter(&f, "replicas_cleared"), 3);
+    /* An object with an upsert open is not ready. */
+    CHECK_STATUS(put_start_ex(&f, "u", 4096, 1, "n", "", 0, NULL), KVS_OK);
+    CHECK_STATUS(END(&f, "u"), KVS_OK);
+    CHECK_STATUS(put_start_ex(&f, "u", 4096, 1, "n", "", KVS_PUT_FLAG_UPSERT, NULL), KVS_OK);
+    CHECK_STATUS(replica_clear(&f, f.client, "u", ""), KVS_REPLICA_IS_NOT_READY);
+    fx_fini(&f);
+}
+
+/* Objects of a group follow its first object, even where spread placement would not; the
+ * group lives while it has objects. */
+static void test_group_placement(void)
+{
+    fx_t f;
+    fx_init(&f, 100);
+    uint64_t ids[3] = {mount(&f, f.client, "s1", "n", 1 << 20),
+                       mount(&f, f.client, "s2", "n", 1 << 20),
+                       mount(&f, f.client, "s3", "n", 1 << 20)};
+    kvs__obj_desc_t d;
+    CHECK_STATUS(put_start_grouped(&f, "g0", 64 * KIB, 1, "req-1", NULL, 0, &d), KVS_OK);
+    uint64_t home = d.reps[0].segment_id;
+    CHECK_EQ_U64(counter(&f, "groups"), 1);
+    /* Spread placement alone would now pick another (emptier) segment for each. */
+    for (int i = 1; i < 8; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "g%d", i);
+        CHECK_STATUS(put_start_grouped(&f, key, 64 * KIB, 1, "req-1", NULL, 0, &d), KVS_OK);
+        CHECK_EQ_U64(d.reps[0].segment_id, home);
+    }
+    CHECK_STATUS(put_start_grouped(&f, "x", 64 * KIB, 1, NULL, NULL, 0, &d), KVS_OK);
+    CHECK(d.reps[0].segment_id != home);
+    CHECK_STATUS(put_start_grouped(&f, "h0", 64 * KIB, 1, "req-2", NULL, 0, &d), KVS_OK);
+    CHECK(d.reps[0].segment_id != home);
+    CHECK_EQ_U64(counter(&f, "groups"), 2);
+    /* A full home: the group's objects go elsewhere rather than fail. */
+    CHECK_STATUS(put_start_grouped(&f, "big", 900 * KIB, 1, "req-1", NULL, 0, &d), KVS_OK);
+    CHECK(d.reps[0].segment_id != home);
+    /* An explicit preference beats the group. */
+    uint64_t other = ids[0] == home ? ids[1] : ids[0];
+    const char *other_name = ids[0] == home ? "s2" : "s1";
+    CHECK_STATUS(put_start_grouped(&f, "p", 4096, 1, "req-1", &other_name, 1, &d), KVS_OK);
+    CHECK_EQ_U64(d.reps[0].segment_id, other);
+    /* Revoked and removed objects drop their group; the last one frees it. */
+    const char *mine[] = {"g0", "g1", "g2", "g3", "g4", "g5", "g6", "g7", "big", "p"};
+    for (size_t i = 0; i < KVS_ARRAY_SIZE(mine); i++)
+        CHECK_STATUS(REVOKE(&f, mine[i]), KVS_OK);
+    CHECK_EQ_U64(counter(&f, "groups"), 1);
+    CHECK_STATUS(END(&f, "h0"), KVS_OK);
+    CHECK_STATUS(REMOVE(&f, "h0", 0), KVS_OK);
+    CHECK_EQ_U64(counter(&f, "groups"), 0);
+    /* A group that failed to place anything leaves nothing behind. */
+    CHECK_STATUS(put_start_grouped(&f, "huge", 8 << 20, 1, "req-3", NULL, 0, NULL),
+                 KVS_NO_AVAILABLE_HANDLE);
+    CHECK_EQ_U64(counter(&f, "groups"), 0);
+    fx_fini(&f);
+}
+
+/* preferred_segments name a segment for each copy, in order. */
+static void test_preferred_segments_for_every_copy(void)
+{
+    fx_t f;
+    fx_init(&f, 100);
+    uint64_t ids[4];
+    const char *names[4] = {"s1", "s2", "s3", "s4"};
+    for (int i = 0; i < 4; i++)
+        ids[i] = mount(&f, f.client, names[i], "n", (uint64_t)(i + 1) << 20);
+    kvs__obj_desc_t d;
+    /* s1 and s2 are the fullest-last in spread order; asked for, they are taken in order. */
+    const char *pref[] = {"s2", "s1", "s3"};
+    CHECK_STATUS(put_start_grouped(&f, "a", 4096, 3, NULL, pref, 3, &d), KVS_OK);
+    CHECK_EQ_INT(d.nreps, 3);
+    CHECK_EQ_U64(d.reps[0].segment_id, ids[1]);
+    CHECK_EQ_U64(d.reps[1].segment_id, ids[0]);
+    CHECK_EQ_U64(d.reps[2].segment_id, ids[2]);
+    /* Fewer preferences than copies: the rest by free space (s4 is the emptiest). */
+    CHECK_STATUS(put_start_grouped(&f, "b", 4096, 2, NULL, pref, 1, &d), KVS_OK);
+    CHECK_EQ_U64(d.reps[0].segment_id, ids[1]);
+    CHECK_EQ_U64(d.reps[1].segment_id, ids[3]);
+    /* Unknown names are skipped; bad names are refused. */
+    const char *unknown[] = {"nope", "s1"};
+    CHECK_STATUS(put_start_grouped(&f, "c", 4096, 1, NULL, unknown, 2, &d), KVS_OK);
+    CHECK_EQ_U64(d.reps[0].segment_id, ids[0]);
+    const char *bad[] = {""};
+    CHECK_STATUS(put_start_grouped(&f, "d", 4096, 1, NULL, bad, 1, NULL), KVS_INVALID_PARAMS);
+    fx_fini(&f);
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
@@ -1055,6 +1257,9 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_liveness),
         KVS_TEST_CASE(test_put_discard),
         KVS_TEST_CASE(test_placement),
+        KVS_TEST_CASE(test_replica_clear),
+        KVS_TEST_CASE(test_group_placement),
+        KVS_TEST_CASE(test_preferred_segments_for_every_copy),
         KVS_TEST_CASE(test_unmount_and_list),
         KVS_TEST_CASE(test_list_pages_cover_the_largest_listing),
         KVS_TEST_CASE(test_list_pages_of_one_entry),

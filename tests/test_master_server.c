@@ -52,8 +52,12 @@ static void mount_and_put(kvs__rpc_t *rpc, const char *seg, const char *key)
     CHECK_STATUS(kvs__mount_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &mr), KVS_OK);
     CHECK_STATUS(mr.status, KVS_OK);
 
-    kvs__put_item_t it = {kvs__str_c(key), 5000};
-    kvs__put_start_req_t ps = {kvs__str_c("testnode"), 1, kvs__str_c(""), 0, 1, &it, 0, 0};
+    kvs__put_item_t it = {.key = kvs__str_c(key), .size = 5000};
+    kvs__put_start_req_t ps = {.node = kvs__str_c("testnode"),
+                               .replica_num = 1,
+                               .preferred_segment = kvs__str_c(""),
+                               .nitems = 1,
+                               .items = &it};
     kvs__rpc_begin(rpc, &req, KVS_MSG_PUT_START);
     kvs__put_start_req_encode(&req, &ps);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
@@ -64,7 +68,7 @@ static void mount_and_put(kvs__rpc_t *rpc, const char *seg, const char *key)
     CHECK_EQ_U64(pr.segs[0].id, mr.segment_id);
 
     kvs__str_t k = kvs__str_c(key);
-    kvs__keys_req_t kr = {0, 1, &k, 0, NULL, 0, NULL};
+    kvs__keys_req_t kr = {.nkeys = 1, .keys = &k};
     kvs__rpc_begin(rpc, &req, KVS_MSG_PUT_END);
     kvs__keys_req_encode(&req, &kr);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
@@ -92,7 +96,7 @@ static int32_t keys_call_one(kvs__rpc_t *rpc, uint16_t type, const char *key)
     kvs__wbuf_init(&req);
     kvs__wbuf_init(&rsp);
     kvs__str_t k = kvs__str_c(key);
-    kvs__keys_req_t kr = {0, 1, &k, 0, NULL, 0, NULL};
+    kvs__keys_req_t kr = {.nkeys = 1, .keys = &k};
     kvs__rpc_begin(rpc, &req, type);
     kvs__keys_req_encode(&req, &kr);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
@@ -406,8 +410,12 @@ static void test_identity_comes_from_the_connection(void)
     kvs__wbuf_t req, rsp;
     kvs__wbuf_init(&req);
     kvs__wbuf_init(&rsp);
-    kvs__put_item_t it = {kvs__str_c("open"), 100};
-    kvs__put_start_req_t ps = {kvs__str_c("testnode"), 1, kvs__str_c(""), 0, 1, &it, 0, 0};
+    kvs__put_item_t it = {.key = kvs__str_c("open"), .size = 100};
+    kvs__put_start_req_t ps = {.node = kvs__str_c("testnode"),
+                               .replica_num = 1,
+                               .preferred_segment = kvs__str_c(""),
+                               .nitems = 1,
+                               .items = &it};
     kvs__rpc_begin(a, &req, KVS_MSG_PUT_START);
     kvs__put_start_req_encode(&req, &ps);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);

@@ -425,7 +425,7 @@ static void test_encoder_limits(void)
     char key[KVS_MAX_KEY_LEN + 1];
     memset(key, 'k', sizeof(key));
     kvs__str_t k = {key, sizeof(key)};
-    kvs__keys_req_t kr = {0, 1, &k, 0, NULL, 0, NULL};
+    kvs__keys_req_t kr = {.nkeys = 1, .keys = &k};
     kvs__wbuf_t w;
     kvs__wbuf_init(&w);
     kvs__frame_begin(&w, KVS_MSG_LOOKUP, 1, KVS_PROTO_VERSION_MAX);

@@ -106,6 +106,10 @@ typedef enum {
     KVS_SOFT_PIN_DISABLE = 2,  /* no pin */
 } kvs_soft_pin_action_t;
 
+/* Placement: copies go to distinct segments, the first to the most favoured that has room:
+ * preferred_segment, then preferred_segments in order, then the segments of the object's
+ * group, then (prefer_alloc_in_same_node) the batch's first segment and the writer's node,
+ * then the segments with the most free space. */
 typedef struct {
     uint32_t replica_num;           /* copies on distinct segments (default 1, at most 16) */
     const char *preferred_segment;  /* segment name to place the first copy on, or NULL */
@@ -115,6 +119,15 @@ typedef struct {
     bool soft_pin_ttl_set;                 /* false: ENABLE takes the master's default TTL */
     uint64_t soft_pin_ttl_ms;              /* at most the master's --max-soft-pin-ttl-ms */
     bool with_hard_pin;                    /* never evicted (explicit removes still work) */
+    /* Segment names for the copies, in order (after preferred_segment); at most 16. */
+    const char *const *preferred_segments;
+    size_t npreferred_segments;
+    /* Placement groups (Mooncake's group_ids): the objects of a group are placed on the
+     * segments where the group's first object still present went, while those have room. One
+     * group: every key of the call; as many as the call's keys: key i's is group_ids[i]; none
+     * (NULL, 0): no group. Names are 1..256 bytes without NUL, in the client's tenant. */
+    const char *const *group_ids;
+    size_t ngroup_ids;
 } kvs_replicate_config_t;
 
 /* Defaults: one replica, no preferred segment, spread placement. */
@@ -136,6 +149,11 @@ int kvs_client_put(kvs_client_t *client, const char *key, const void *data, size
 int kvs_client_put_from(kvs_client_t *client, const char *key, const void *buf, size_t size,
                         const kvs_replicate_config_t *rc);
 
+/* `n` objects from any memory, each one contiguous buffer, in one batch (one PUT_START and one
+ * PUT_END for the lot); one result per key. */
+int kvs_client_batch_put(kvs_client_t *client, size_t n, const char *const keys[],
+                         const kvs_buf_t bufs[], const kvs_replicate_config_t *rc, int results[]);
+
 /* `n` objects from registered memory, each one contiguous buffer; one result per key. */
 int kvs_client_batch_put_from(kvs_client_t *client, size_t n, const char *const keys[],
                               const kvs_buf_t bufs[], const kvs_replicate_config_t *rc,
@@ -156,6 +174,9 @@ int kvs_client_upsert(kvs_client_t *client, const char *key, const void *data, s
                       const kvs_replicate_config_t *rc);
 int kvs_client_upsert_from(kvs_client_t *client, const char *key, const void *buf, size_t size,
                            const kvs_replicate_config_t *rc);
+int kvs_client_batch_upsert(kvs_client_t *client, size_t n, const char *const keys[],
+                            const kvs_buf_t bufs[], const kvs_replicate_config_t *rc,
+                            int results[]);
 int kvs_client_batch_upsert_from(kvs_client_t *client, size_t n, const char *const keys[],
                                  const kvs_buf_t bufs[], const kvs_replicate_config_t *rc,
                                  int results[]);
@@ -300,6 +321,16 @@ int64_t kvs_client_remove_all(kvs_client_t *client, bool force);
  * std::regex: the common forms (^prefix, .*, [a-z]+, alternation) mean the same. A bad pattern
  * is KVS_INVALID_PARAMS with the reason. */
 int64_t kvs_client_remove_by_regex(kvs_client_t *client, const char *pattern, bool force);
+
+/* Mooncake's batch_replica_clear: frees the space of objects this client wrote (as identified
+ * by its client id) once they are complete and no read lease is left on them. With `segment`
+ * NULL or "", each object goes whole; otherwise only its replicas on that segment go, and an
+ * object left without replicas goes. results[i] is 0 when key i was cleared, else why not:
+ * KVS_OBJECT_NOT_FOUND, KVS_INVALID_PARAMS (another client's object), KVS_REPLICA_IS_NOT_READY
+ * (a put or upsert in progress), KVS_OBJECT_HAS_LEASE, KVS_SEGMENT_NOT_FOUND (no replica on
+ * `segment`). Needs a master of protocol version 4 (else KVS_UNSUPPORTED). */
+int kvs_client_batch_replica_clear(kvs_client_t *client, size_t n, const char *const keys[],
+                                   const char *segment, int results[]);
 
 /* ---- statistics ----------------------------------------------------------------------------- */
 

@@ -526,23 +526,36 @@ static uint32_t batch_len(const batch_req_t *b)
     return b->keys ? b->keys->nkeys : b->put->nitems;
 }
 
-/* The first `count` elements from `first` fit one frame's payload. */
-/* put_start_req's fixed fields since version 4 (soft_pin_action, soft_pin_ttl_ms), which the
- * version-3 minimum leaves out: a frame of the longest keys must still fit with them. */
-#define PUT_START_V4_BYTES (4u + 8u)
+/* The fields since version 4, which the minimum encodings (of version 3) leave out: a frame
+ * of the longest keys must still fit with them. put_start_req: soft_pin_action,
+ * soft_pin_ttl_ms and the count of preferred_segments; keys_req: segment's length; put_item:
+ * group's length. */
+#define PUT_START_V4_BYTES (4u + 8u + 4u)
+#define KEYS_V4_BYTES      4u
+#define PUT_ITEM_V4_BYTES  4u
 
+static uint64_t put_start_fixed_bytes(const kvs__put_start_req_t *ps)
+{
+    uint64_t b = KVS__MIN_BYTES_put_start_req + PUT_START_V4_BYTES + ps->node.len +
+                 ps->preferred_segment.len;
+    for (uint32_t i = 0; i < ps->npreferred_segments; i++)
+        b += 4u + ps->preferred_segments[i].len;
+    return b;
+}
+
+/* The first `count` elements from `first` fit one frame's payload. */
 static uint32_t batch_fit(const batch_req_t *b, uint32_t first)
 {
-    uint64_t bytes = b->keys ? KVS__MIN_BYTES_keys_req
-                             : KVS__MIN_BYTES_put_start_req + PUT_START_V4_BYTES +
-                                   b->put->node.len + b->put->preferred_segment.len;
+    uint64_t bytes = b->keys ? KVS__MIN_BYTES_keys_req + KEYS_V4_BYTES + b->keys->segment.len
+                             : put_start_fixed_bytes(b->put);
     if (b->keys && first == 0)
         bytes += releases_bytes(b->keys, 0, b->keys->nreleased);
     uint32_t n = batch_len(b), i = first;
     for (; i < n; i++) {
         bytes +=
             b->keys ? 4u + b->keys->keys[i].len + (b->keys->ntokens ? KVS__MIN_BYTES_put_token : 0u)
-                    : KVS__MIN_BYTES_put_item + b->put->items[i].key.len;
+                    : KVS__MIN_BYTES_put_item + PUT_ITEM_V4_BYTES + b->put->items[i].key.len +
+                          b->put->items[i].group.len;
         if (bytes > KVS_FRAME_MAX_PAYLOAD)
             break;
     }
@@ -744,7 +757,7 @@ static void releases_flush(kvs_client_t *c)
         uint32_t n = releases_take(c, &rel);
         if (n == 0)
             return;
-        kvs__keys_req_t kr = {0, 0, NULL, n, rel, 0, NULL};
+        kvs__keys_req_t kr = {.nreleased = n, .released = rel};
         batch_req_t b = {KVS_MSG_RELEASE, &kr, NULL};
         kvs__arena_t arena;
         kvs__arena_init(&arena);
@@ -757,19 +770,33 @@ static void releases_flush(kvs_client_t *c)
     }
 }
 
+static int keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, kvs__str_t segment, uint32_t n,
+                     const kvs__str_t *keys, const kvs__put_token_t *tokens, kvs__arena_t *arena,
+                     kvs__status_list_rsp_t *sl, kvs__placement_rsp_t *pr, uint64_t deadline_ns)
+{
+    kvs__lease_release_t *rel;
+    uint32_t nrel = releases_take(c, &rel);
+    kvs__keys_req_t kr = {.flags = flags,
+                          .segment = segment,
+                          .nkeys = n,
+                          .keys = (kvs__str_t *)keys,
+                          .nreleased = nrel,
+                          .released = rel,
+                          .ntokens = tokens ? n : 0,
+                          .tokens = (kvs__put_token_t *)tokens};
+    batch_req_t b = {type, &kr, NULL};
+    int rc = batch_call(c, &b, arena, sl, pr, deadline_ns);
+    releases_free(rel, nrel); /* sent, or lost with the call: the leases then expire */
+    return rc;
+}
+
 int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32_t n,
                           const kvs__str_t *keys, const kvs__put_token_t *tokens,
                           kvs__arena_t *arena, kvs__status_list_rsp_t *sl, kvs__placement_rsp_t *pr,
                           uint64_t deadline_ns)
 {
-    kvs__lease_release_t *rel;
-    uint32_t nrel = releases_take(c, &rel);
-    kvs__keys_req_t kr = {
-        flags, n, (kvs__str_t *)keys, nrel, rel, tokens ? n : 0, (kvs__put_token_t *)tokens};
-    batch_req_t b = {type, &kr, NULL};
-    int rc = batch_call(c, &b, arena, sl, pr, deadline_ns);
-    releases_free(rel, nrel); /* sent, or lost with the call: the leases then expire */
-    return rc;
+    return keys_call(c, type, flags, (kvs__str_t){"", 0}, n, keys, tokens, arena, sl, pr,
+                     deadline_ns);
 }
 
 int kvs__client_put_start(kvs_client_t *c, const kvs__put_start_req_t *ps, kvs__arena_t *arena,
@@ -781,6 +808,13 @@ int kvs__client_put_start(kvs_client_t *c, const kvs__put_start_req_t *ps, kvs__
 
 int kvs__client_status_list_call(kvs_client_t *c, uint16_t type, uint32_t flags, size_t n,
                                  const char *const keys[], int results[])
+{
+    return kvs__client_status_list_call_seg(c, type, flags, "", n, keys, results);
+}
+
+int kvs__client_status_list_call_seg(kvs_client_t *c, uint16_t type, uint32_t flags,
+                                     const char *segment, size_t n, const char *const keys[],
+                                     int results[])
 {
     if (n == 0 || n > KVS_MAX_BATCH || keys == NULL || results == NULL)
         return kvs__fail(KVS_INVALID_PARAMS, "%s: 1..%u keys and a results array are required",
@@ -799,8 +833,8 @@ int kvs__client_status_list_call(kvs_client_t *c, uint16_t type, uint32_t flags,
     kvs__arena_t arena;
     kvs__arena_init(&arena);
     kvs__status_list_rsp_t sl;
-    int rc = kvs__client_keys_call(c, type, flags, (uint32_t)n, ks, NULL, &arena, &sl, NULL,
-                                   kvs__client_rpc_deadline(c));
+    int rc = keys_call(c, type, flags, kvs__str_c(segment), (uint32_t)n, ks, NULL, &arena, &sl,
+                       NULL, kvs__client_rpc_deadline(c));
     if (rc == KVS_OK) {
         for (size_t i = 0; i < n; i++)
             results[i] = sl.results[i];

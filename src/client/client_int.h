@@ -159,6 +159,10 @@ int kvs__client_endpoint(kvs_client_t *c, kvs_transport_t *t, const char *name,
 /* A keys call whose answer is one status per key (REMOVE, EXISTS): results[i] for keys[i]. */
 int kvs__client_status_list_call(kvs_client_t *c, uint16_t type, uint32_t flags, size_t n,
                                  const char *const keys[], int results[]);
+/* The same with keys_req.segment set (REPLICA_CLEAR). */
+int kvs__client_status_list_call_seg(kvs_client_t *c, uint16_t type, uint32_t flags,
+                                     const char *segment, size_t n, const char *const keys[],
+                                     int results[]);
 /* The deadline of a metadata call starting now (rpc_timeout_ms). */
 uint64_t kvs__client_rpc_deadline(const kvs_client_t *c);
 /* Master calls over a batch, split into as many frames as the frame limit needs and joined

@@ -329,17 +329,79 @@ static void put_finish(kvs_client_t *c, call_t *k, const size_t *idx,
     kvs__free(ks);
 }
 
-static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rcfg)
+static bool name_ok(const char *s)
 {
-    kvs_replicate_config_t defaults;
-    kvs_replicate_config_init(&defaults);
-    const kvs_replicate_config_t *rc_ = rcfg ? rcfg : &defaults;
+    return s != NULL && s[0] != '\0' && strlen(s) <= KVS_MAX_NAME_LEN;
+}
+
+/* The PUT_START request for a call of `ncall` keys with config `rc_` (NULL: defaults), checked;
+ * `pref` holds the preferred segments' names. Items are the caller's (put_item_group). */
+static int put_start_init(kvs_client_t *c, const char *op, const kvs_replicate_config_t *rc_,
+                          bool upsert, size_t ncall, kvs__str_t pref[KVS_MAX_REPLICAS],
+                          kvs__put_start_req_t *ps)
+{
+    static const kvs_replicate_config_t defaults = {.replica_num = 1};
+    if (rc_ == NULL)
+        rc_ = &defaults;
     if (rc_->replica_num == 0 || rc_->replica_num > KVS_MAX_REPLICAS ||
         (unsigned)rc_->soft_pin_action > KVS_SOFT_PIN_DISABLE ||
         (rc_->preferred_segment != NULL && strlen(rc_->preferred_segment) > KVS_MAX_NAME_LEN))
         return kvs__fail(KVS_INVALID_PARAMS,
-                         "put: replica_num must be 1..%u and preferred_segment at most %u bytes",
+                         "%s: replica_num must be 1..%u and preferred_segment at most %u bytes", op,
                          KVS_MAX_REPLICAS, KVS_MAX_NAME_LEN);
+    if (rc_->npreferred_segments > KVS_MAX_REPLICAS ||
+        (rc_->npreferred_segments > 0 && rc_->preferred_segments == NULL))
+        return kvs__fail(KVS_INVALID_PARAMS, "%s: at most %u preferred_segments", op,
+                         KVS_MAX_REPLICAS);
+    for (size_t i = 0; i < rc_->npreferred_segments; i++) {
+        if (!name_ok(rc_->preferred_segments[i]))
+            return kvs__fail(KVS_INVALID_PARAMS, "%s: preferred_segments[%zu] must be 1..%u bytes",
+                             op, i, KVS_MAX_NAME_LEN);
+        pref[i] = kvs__str_c(rc_->preferred_segments[i]);
+    }
+    if ((rc_->ngroup_ids > 0 && rc_->group_ids == NULL) ||
+        (rc_->ngroup_ids > 1 && rc_->ngroup_ids != ncall))
+        return kvs__fail(KVS_INVALID_PARAMS,
+                         "%s: group_ids must name one group or one per key (%zu given for %zu "
+                         "keys)",
+                         op, rc_->ngroup_ids, ncall);
+    for (size_t i = 0; i < rc_->ngroup_ids; i++) {
+        const char *g = rc_->group_ids[i];
+        if (!name_ok(g) || kvs__key_check(g, strlen(g)) != KVS_OK)
+            return kvs__fail(KVS_INVALID_PARAMS, "%s: group_ids[%zu] must be 1..%u bytes", op, i,
+                             KVS_MAX_NAME_LEN);
+    }
+    *ps = (kvs__put_start_req_t){
+        .node = kvs__str_c(c->node),
+        .replica_num = rc_->replica_num,
+        .preferred_segment = kvs__str_c(rc_->preferred_segment ? rc_->preferred_segment : ""),
+        .flags = (rc_->prefer_alloc_in_same_node ? KVS_PUT_FLAG_SAME_NODE : 0) |
+                 (upsert ? KVS_PUT_FLAG_UPSERT : 0) |
+                 (rc_->with_hard_pin ? KVS_PUT_FLAG_HARD_PIN : 0) |
+                 (rc_->soft_pin_ttl_set ? KVS_PUT_FLAG_PIN_TTL : 0),
+        .soft_pin_action = (uint32_t)rc_->soft_pin_action,
+        .soft_pin_ttl_ms = rc_->soft_pin_ttl_ms,
+        .npreferred_segments = (uint32_t)rc_->npreferred_segments,
+        .preferred_segments = pref,
+    };
+    return KVS_OK;
+}
+
+/* The group of the call's key i (checked by put_start_init). */
+static kvs__str_t put_item_group(const kvs_replicate_config_t *rc_, size_t i)
+{
+    if (rc_ == NULL || rc_->ngroup_ids == 0)
+        return (kvs__str_t){"", 0};
+    return kvs__str_c(rc_->group_ids[rc_->ngroup_ids == 1 ? 0 : i]);
+}
+
+static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc_)
+{
+    kvs__str_t pref[KVS_MAX_REPLICAS];
+    kvs__put_start_req_t ps;
+    int prc = put_start_init(c, "put", rc_, k->upsert, k->n, pref, &ps);
+    if (prc != KVS_OK)
+        return prc;
     kvs__str_t *ks = NULL;
     size_t *map = NULL;
     uint32_t m = 0;
@@ -359,20 +421,10 @@ static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc
     if (m == 0)
         goto out;
     for (uint32_t j = 0; j < m; j++)
-        items[j] = (kvs__put_item_t){ks[j], k->total[map[j]]};
-    kvs__put_start_req_t ps = {
-        .node = kvs__str_c(c->node),
-        .replica_num = rc_->replica_num,
-        .preferred_segment = kvs__str_c(rc_->preferred_segment ? rc_->preferred_segment : ""),
-        .flags = (rc_->prefer_alloc_in_same_node ? KVS_PUT_FLAG_SAME_NODE : 0) |
-                 (k->upsert ? KVS_PUT_FLAG_UPSERT : 0) |
-                 (rc_->with_hard_pin ? KVS_PUT_FLAG_HARD_PIN : 0) |
-                 (rc_->soft_pin_ttl_set ? KVS_PUT_FLAG_PIN_TTL : 0),
-        .soft_pin_action = (uint32_t)rc_->soft_pin_action,
-        .soft_pin_ttl_ms = rc_->soft_pin_ttl_ms,
-        .nitems = m,
-        .items = items,
-    };
+        items[j] = (kvs__put_item_t){
+            .key = ks[j], .size = k->total[map[j]], .group = put_item_group(rc_, map[j])};
+    ps.nitems = m;
+    ps.items = items;
     kvs__placement_rsp_t pr;
     rc = kvs__client_put_start(c, &ps, &arena, &pr, k->deadline);
     if (rc != KVS_OK) {
@@ -567,15 +619,15 @@ int kvs_client_put_from(kvs_client_t *c, const char *key, const void *buf, size_
 }
 
 static int batch_single_put(kvs_client_t *c, const char *op, size_t n, const char *const keys[],
-                            const kvs_buf_t bufs[], const kvs_replicate_config_t *rc, bool upsert,
-                            int results[])
+                            const kvs_buf_t bufs[], bool registered,
+                            const kvs_replicate_config_t *rc, bool upsert, int results[])
 {
     const kvs_buf_t **ptrs;
     size_t *counts;
     int r = one_buf_each(n, bufs, &ptrs, &counts);
     if (r != KVS_OK)
         return kvs__fail(r, "%s: 1..%u keys with buffers are required", op, KVS_MAX_BATCH);
-    r = put_run(c, op, n, keys, ptrs, counts, true, rc, upsert, results);
+    r = put_run(c, op, n, keys, ptrs, counts, registered, rc, upsert, results);
     kvs__free(ptrs);
     kvs__free(counts);
     return r;
@@ -585,7 +637,19 @@ int kvs_client_batch_put_from(kvs_client_t *c, size_t n, const char *const keys[
                               const kvs_buf_t bufs[], const kvs_replicate_config_t *rc,
                               int results[])
 {
-    return batch_single_put(c, "batch_put_from", n, keys, bufs, rc, false, results);
+    return batch_single_put(c, "batch_put_from", n, keys, bufs, true, rc, false, results);
+}
+
+int kvs_client_batch_put(kvs_client_t *c, size_t n, const char *const keys[],
+                         const kvs_buf_t bufs[], const kvs_replicate_config_t *rc, int results[])
+{
+    return batch_single_put(c, "batch_put", n, keys, bufs, false, rc, false, results);
+}
+
+int kvs_client_batch_upsert(kvs_client_t *c, size_t n, const char *const keys[],
+                            const kvs_buf_t bufs[], const kvs_replicate_config_t *rc, int results[])
+{
+    return batch_single_put(c, "batch_upsert", n, keys, bufs, false, rc, true, results);
 }
 
 int kvs_client_batch_put_from_multi(kvs_client_t *c, size_t n, const char *const keys[],
@@ -611,7 +675,7 @@ int kvs_client_batch_upsert_from(kvs_client_t *c, size_t n, const char *const ke
                                  const kvs_buf_t bufs[], const kvs_replicate_config_t *rc,
                                  int results[])
 {
-    return batch_single_put(c, "batch_upsert_from", n, keys, bufs, rc, true, results);
+    return batch_single_put(c, "batch_upsert_from", n, keys, bufs, true, rc, true, results);
 }
 
 int kvs_client_batch_upsert_from_multi(kvs_client_t *c, size_t n, const char *const keys[],
@@ -1354,13 +1418,11 @@ int kvs_client_put_session_start(kvs_client_t *c, size_t n, const char *const ke
                          "put_session_start: a client, 1..%u keys, their "
                          "sizes and a results array are required",
                          KVS_MAX_BATCH);
-    kvs_replicate_config_t defaults;
-    kvs_replicate_config_init(&defaults);
-    const kvs_replicate_config_t *rc_ = rc ? rc : &defaults;
-    if (rc_->replica_num == 0 || rc_->replica_num > KVS_MAX_REPLICAS ||
-        (unsigned)rc_->soft_pin_action > KVS_SOFT_PIN_DISABLE ||
-        (rc_->preferred_segment != NULL && strlen(rc_->preferred_segment) > KVS_MAX_NAME_LEN))
-        return kvs__fail(KVS_INVALID_PARAMS, "put_session_start: bad replicate config");
+    kvs__str_t pref[KVS_MAX_REPLICAS];
+    kvs__put_start_req_t ps;
+    int prc = put_start_init(c, "put_session_start", rc, false, n, pref, &ps);
+    if (prc != KVS_OK)
+        return prc;
     kvs__put_item_t *items = kvs__malloc(n * sizeof(*items));
     size_t *map = kvs__malloc(n * sizeof(*map));
     if (items == NULL || map == NULL) {
@@ -1387,7 +1449,8 @@ int kvs_client_put_session_start(kvs_client_t *c, size_t n, const char *const ke
                                        "put_session_start: '%s' is in the call twice", keys[i]);
         }
         if (results[i] == KVS_OK) {
-            items[m] = (kvs__put_item_t){kvs__str_c(keys[i]), sizes[i]};
+            items[m] = (kvs__put_item_t){
+                .key = kvs__str_c(keys[i]), .size = sizes[i], .group = put_item_group(rc, i)};
             map[m++] = i;
         }
     }
@@ -1396,18 +1459,8 @@ int kvs_client_put_session_start(kvs_client_t *c, size_t n, const char *const ke
     kvs__arena_t arena;
     kvs__arena_init(&arena);
     if (m > 0) {
-        kvs__put_start_req_t ps = {
-            .node = kvs__str_c(c->node),
-            .replica_num = rc_->replica_num,
-            .preferred_segment = kvs__str_c(rc_->preferred_segment ? rc_->preferred_segment : ""),
-            .flags = (rc_->prefer_alloc_in_same_node ? KVS_PUT_FLAG_SAME_NODE : 0) |
-                     (rc_->with_hard_pin ? KVS_PUT_FLAG_HARD_PIN : 0) |
-                     (rc_->soft_pin_ttl_set ? KVS_PUT_FLAG_PIN_TTL : 0),
-            .nitems = m,
-            .items = items,
-            .soft_pin_action = (uint32_t)rc_->soft_pin_action,
-            .soft_pin_ttl_ms = rc_->soft_pin_ttl_ms,
-        };
+        ps.nitems = m;
+        ps.items = items;
         kvs__placement_rsp_t pr;
         rc2 = kvs__client_put_start(c, &ps, &arena, &pr, kvs__client_rpc_deadline(c));
         if (rc2 != KVS_OK)

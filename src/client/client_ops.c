@@ -26,6 +26,32 @@ int kvs_client_batch_remove(kvs_client_t *c, size_t n, const char *const keys[],
     return rc;
 }
 
+int kvs_client_batch_replica_clear(kvs_client_t *c, size_t n, const char *const keys[],
+                                   const char *segment, int results[])
+{
+    if (c == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS, "batch_replica_clear: client is NULL");
+    if (segment == NULL)
+        segment = "";
+    if (strlen(segment) > KVS_MAX_NAME_LEN)
+        return kvs__fail(KVS_INVALID_PARAMS,
+                         "batch_replica_clear: segment names are at most %u bytes",
+                         KVS_MAX_NAME_LEN);
+    if (kvs__rpc_version(c->rpc) < 4)
+        return kvs__fail(KVS_UNSUPPORTED,
+                         "batch_replica_clear: the master speaks protocol version %u "
+                         "(4 or later is needed)",
+                         kvs__rpc_version(c->rpc));
+    kvs__client_enter(c);
+    atomic_fetch_add(&c->st.remove_calls, 1);
+    int rc =
+        kvs__client_status_list_call_seg(c, KVS_MSG_REPLICA_CLEAR, 0, segment, n, keys, results);
+    if (rc == KVS_OK)
+        kvs__sessions_forget(c, n, keys, results);
+    kvs__client_leave(c);
+    return rc;
+}
+
 typedef struct {
     char **keys;
     size_t n, cap;

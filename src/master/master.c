@@ -24,6 +24,7 @@
     X(upserts_started)                                                                             \
     X(upserts_ended)                                                                               \
     X(soft_pin_evictions)                                                                          \
+    X(replicas_cleared)                                                                            \
     X(evicted_bytes)
 
 typedef struct {
@@ -70,6 +71,18 @@ typedef struct reader {
     uint64_t until_ns;
 } reader_t;
 
+/* A placement group (put_item.group): its objects go where its first one went, while there is
+ * room. It lives while it has objects (pending or complete). */
+typedef struct group {
+    struct group *hnext;
+    uint64_t hash;
+    uint64_t refs;                      /* its objects */
+    uint64_t seg_ids[KVS_MAX_REPLICAS]; /* where its first object's copies went */
+    uint32_t nsegs;
+    uint32_t name_len;
+    char name[];
+} group_t;
+
 /* Intrusive list link; it is an object's first member, so a link is also its object. */
 typedef struct link {
     struct link *prev, *next;
@@ -100,6 +113,7 @@ typedef struct obj {
     uint8_t pin_action;         /* pending: KVS_SOFT_PIN_* */
     uint64_t pin_ttl_ns;        /* pending: the TTL ENABLE sets */
     uint64_t soft_pin_until_ns; /* 0: no soft pin */
+    group_t *group;             /* NULL: none */
     uint32_t key_len;
     uint32_t state;
     char key[];
@@ -150,6 +164,8 @@ struct kvs__master {
     link_t pending;   /* sentinel; pending.next is the oldest put */
     seg_t **segs;
     uint32_t nseg, cap_seg;
+    group_t **groups; /* chained table of placement groups */
+    size_t ngroup_buckets, ngroups;
     counters_t c;
 };
 
@@ -294,6 +310,69 @@ static void table_remove(kvs__master_t *m, obj_t *o)
     m->nobjs--;
 }
 
+/* ---- placement groups ------------------------------------------------------------------- */
+
+static group_t *group_find(kvs__master_t *m, kvs__str_t name, uint64_t hash)
+{
+    for (group_t *g = m->groups[hash & (m->ngroup_buckets - 1)]; g != NULL; g = g->hnext) {
+        if (g->hash == hash && g->name_len == name.len && memcmp(g->name, name.ptr, name.len) == 0)
+            return g;
+    }
+    return NULL;
+}
+
+static void groups_grow(kvs__master_t *m)
+{
+    size_t n = m->ngroup_buckets * 2;
+    group_t **b = kvs__calloc(n, sizeof(*b));
+    if (b == NULL)
+        return; /* chains get longer; correctness is unaffected */
+    for (size_t i = 0; i < m->ngroup_buckets; i++) {
+        for (group_t *g = m->groups[i], *next; g != NULL; g = next) {
+            next = g->hnext;
+            g->hnext = b[g->hash & (n - 1)];
+            b[g->hash & (n - 1)] = g;
+        }
+    }
+    kvs__free(m->groups);
+    m->groups = b;
+    m->ngroup_buckets = n;
+}
+
+/* The group named `name`, created empty when absent; NULL on no memory. */
+static group_t *group_get(kvs__master_t *m, kvs__str_t name)
+{
+    uint64_t hash = kvs__hash64(name.ptr, name.len);
+    group_t *g = group_find(m, name, hash);
+    if (g != NULL)
+        return g;
+    if ((g = kvs__calloc(1, sizeof(*g) + name.len)) == NULL)
+        return NULL;
+    g->hash = hash;
+    g->name_len = name.len;
+    memcpy(g->name, name.ptr, name.len);
+    if (m->ngroups >= m->ngroup_buckets)
+        groups_grow(m);
+    group_t **slot = &m->groups[hash & (m->ngroup_buckets - 1)];
+    g->hnext = *slot;
+    *slot = g;
+    m->ngroups++;
+    return g;
+}
+
+/* Frees a group that has no objects (a new one whose first put failed, or its last went). */
+static void group_put(kvs__master_t *m, group_t *g)
+{
+    if (g == NULL || g->refs > 0)
+        return;
+    group_t **p = &m->groups[g->hash & (m->ngroup_buckets - 1)];
+    while (*p != g)
+        p = &(*p)->hnext;
+    *p = g->hnext;
+    m->ngroups--;
+    kvs__free(g);
+}
+
 /* Unlinks an object everywhere, frees its space in every segment, and frees it. */
 static void obj_destroy(kvs__master_t *m, obj_t *o)
 {
@@ -311,6 +390,10 @@ static void obj_destroy(kvs__master_t *m, obj_t *o)
         o->parent->next = NULL;
     if (o->in_table)
         table_remove(m, o);
+    if (o->group != NULL) {
+        o->group->refs--;
+        group_put(m, o->group);
+    }
     list_unlink(o);
     kvs__free(o->reps);
     kvs__free(o->readers);
@@ -576,7 +659,11 @@ int kvs__master_create(const kvs__master_config_t *cfg, kvs__master_t **master_p
     m->cfg = *cfg;
     m->nbuckets = 1024;
     m->buckets = kvs__calloc(m->nbuckets, sizeof(*m->buckets));
-    if (m->buckets == NULL) {
+    m->ngroup_buckets = 64;
+    m->groups = kvs__calloc(m->ngroup_buckets, sizeof(*m->groups));
+    if (m->buckets == NULL || m->groups == NULL) {
+        kvs__free(m->buckets);
+        kvs__free(m->groups);
         kvs__free(m);
         return KVS_NO_MEMORY;
     }
@@ -624,6 +711,13 @@ void kvs__master_destroy(kvs__master_t *m)
         }
     }
     kvs__free(m->buckets);
+    for (size_t i = 0; i < m->ngroup_buckets; i++) {
+        for (group_t *g = m->groups[i], *next; g != NULL; g = next) {
+            next = g->hnext;
+            kvs__free(g);
+        }
+    }
+    kvs__free(m->groups);
     limbo_sweep(m, 0, true);
     kvs__free(m->clients);
     for (uint32_t i = 0; i < m->nseg; i++)
@@ -972,16 +1066,29 @@ static int cmp_free_desc(const void *a, const void *b)
     return fa < fb ? 1 : fa > fb ? -1 : 0;
 }
 
-/* Orders candidate segments for one object: the preferred segment, then (same-node puts) the
- * batch's segment and the writer's node, then the rest by free space, most first. */
+/* Moves `s` (if a candidate) to the front of out[0..n), keeping the others' order. */
+static void promote(seg_t **out, uint32_t n, const seg_t *s)
+{
+    for (uint32_t i = 0; s != NULL && i < n; i++) {
+        if (out[i] == s) {
+            memmove(&out[1], &out[0], i * sizeof(*out));
+            out[0] = (seg_t *)s;
+            return;
+        }
+    }
+}
+
+/* Orders candidate segments for one object, copy i going to the i-th that has room: the
+ * preferred segment and then the preferred segments, in the caller's order; then the
+ * segments of the object's group; then (same-node puts) the batch's segment and the writer's
+ * node; then the rest by free space, most first. */
 static uint32_t order_candidates(kvs__master_t *m, const kvs__put_start_req_t *req,
-                                 seg_t *batch_seg, seg_t **out)
+                                 const group_t *g, seg_t *batch_seg, seg_t **out)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < m->nseg; i++)
         out[n++] = m->segs[i];
     qsort(out, n, sizeof(*out), cmp_free_desc);
-    /* Stable promotion of the favoured segments to the front, last promoted ends first. */
     bool same_node = (req->flags & KVS_PUT_FLAG_SAME_NODE) != 0;
     if (same_node) {
         uint32_t w = 0;
@@ -993,17 +1100,19 @@ static uint32_t order_candidates(kvs__master_t *m, const kvs__put_start_req_t *r
             }
         }
     }
-    seg_t *first[2] = {same_node ? batch_seg : NULL,
-                       req->preferred_segment.len ? seg_by_name(m, req->preferred_segment) : NULL};
-    for (int k = 0; k < 2; k++) {
-        for (uint32_t i = 0; first[k] != NULL && i < n; i++) {
-            if (out[i] == first[k]) {
-                memmove(&out[1], &out[0], i * sizeof(*out));
-                out[0] = first[k];
-                break;
-            }
-        }
-    }
+    /* The favoured segments, most favoured first, promoted last. */
+    const seg_t *fav[2 * KVS_MAX_REPLICAS + 2];
+    uint32_t nfav = 0;
+    if (req->preferred_segment.len)
+        fav[nfav++] = seg_by_name(m, req->preferred_segment);
+    for (uint32_t i = 0; i < req->npreferred_segments && i < KVS_MAX_REPLICAS; i++)
+        fav[nfav++] = seg_by_name(m, req->preferred_segments[i]);
+    for (uint32_t i = 0; g != NULL && i < g->nsegs; i++)
+        fav[nfav++] = seg_by_id(m, g->seg_ids[i]);
+    if (same_node)
+        fav[nfav++] = batch_seg;
+    while (nfav-- > 0)
+        promote(out, n, fav[nfav]);
     return n;
 }
 
@@ -1069,12 +1178,15 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, uint64_t writer,
     obj_t *o = kvs__calloc(1, sizeof(*o) + it->key.len + 1);
     mrep_t *reps = kvs__calloc(want, sizeof(*reps));
     d->reps = kvs__arena_alloc(arena, want * sizeof(*d->reps));
-    if (o == NULL || reps == NULL || d->reps == NULL) {
+    group_t *g = it->group.len ? group_get(m, it->group) : NULL;
+    if (o == NULL || reps == NULL || d->reps == NULL || (it->group.len && g == NULL)) {
         kvs__free(o);
         kvs__free(reps);
         return KVS_NO_MEMORY;
     }
-    uint32_t ncand = order_candidates(m, req, *batch_seg, cand), got = 0;
+    if (g != NULL)
+        g->refs++; /* held while placing (eviction may take its other objects) */
+    uint32_t ncand = order_candidates(m, req, g, *batch_seg, cand), got = 0;
     int last_rc = KVS_NO_AVAILABLE_HANDLE;
     for (uint32_t i = 0; i < ncand && got < want; i++) {
         int rc = alloc_on(m, now_ns, cand[i], it->size, &reps[got]);
@@ -1086,9 +1198,20 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, uint64_t writer,
     if (got == 0) {
         kvs__free(o);
         kvs__free(reps);
+        if (g != NULL) {
+            g->refs--;
+            group_put(m, g);
+        }
         m->c.puts_no_space++;
         return last_rc;
     }
+    if (g != NULL && g->nsegs == 0) {
+        /* The group's first object: where its copies went is where the group goes. */
+        for (uint32_t i = 0; i < got; i++)
+            g->seg_ids[i] = reps[i].seg->id;
+        g->nsegs = got;
+    }
+    o->group = g;
     memcpy(o->key, it->key.ptr, it->key.len);
     o->key_len = it->key.len;
     o->hash = hash;
@@ -1129,11 +1252,11 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, uint64_t writer,
     d->cap_epoch = o->cap_epoch;
     d->nreps = got;
     for (uint32_t i = 0; i < got; i++) {
-        const seg_t *g = reps[i].seg;
-        uint64_t cap = g->cap ? kvs__cap_ctx_compute(g->cap, g->id, reps[i].offset, it->size,
-                                                     o->token, o->cap_epoch)
-                              : 0;
-        d->reps[i] = (kvs__replica_t){g->id, reps[i].offset, cap};
+        const seg_t *rs = reps[i].seg;
+        uint64_t cap = rs->cap ? kvs__cap_ctx_compute(rs->cap, rs->id, reps[i].offset, it->size,
+                                                      o->token, o->cap_epoch)
+                               : 0;
+        d->reps[i] = (kvs__replica_t){rs->id, reps[i].offset, cap};
     }
     return KVS_OK;
 }
@@ -1150,11 +1273,14 @@ int kvs__master_put_start(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
     int rc = placement_rsp_init(m, req->nitems, arena, rsp);
     if (rc != KVS_OK)
         return rc;
-    bool bad =
-        req->replica_num == 0 || req->replica_num > KVS_MAX_REPLICAS ||
-        (req->preferred_segment.len && !name_ok(req->preferred_segment)) ||
-        req->soft_pin_action > PIN_DISABLE ||
-        ((req->flags & KVS_PUT_FLAG_PIN_TTL) && req->soft_pin_ttl_ms > m->cfg.max_soft_pin_ttl_ms);
+    bool bad = req->replica_num == 0 || req->replica_num > KVS_MAX_REPLICAS ||
+               (req->preferred_segment.len && !name_ok(req->preferred_segment)) ||
+               req->soft_pin_action > PIN_DISABLE ||
+               ((req->flags & KVS_PUT_FLAG_PIN_TTL) &&
+                req->soft_pin_ttl_ms > m->cfg.max_soft_pin_ttl_ms) ||
+               (req->flags & ~KVS_PUT_FLAGS_ALL_) != 0;
+    for (uint32_t i = 0; i < req->npreferred_segments; i++)
+        bad |= !name_ok(req->preferred_segments[i]);
     seg_t **cand = kvs__arena_alloc(arena, (size_t)m->nseg * sizeof(*cand));
     if (cand == NULL)
         return KVS_NO_MEMORY;
@@ -1205,6 +1331,7 @@ typedef struct {
     uint32_t flags;
     uint64_t client_id; /* the connection's */
     uint64_t token;     /* PUT_END/PUT_REVOKE: the put the key's entry names (0: any) */
+    kvs__str_t segment; /* REPLICA_CLEAR: the segment (empty: every replica) */
 } key_ctx_t;
 
 typedef int (*key_op_fn)(kvs__master_t *m, const key_ctx_t *k, obj_t *o);
@@ -1313,13 +1440,56 @@ static int op_remove(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
     return rc;
 }
 
+/* Mooncake's replica clear: only the writer's own objects, complete and unleased. */
+static int op_replica_clear(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
+{
+    if (o->writer != k->client_id)
+        return KVS_INVALID_PARAMS;
+    if (o->state != KVS_OBJ_COMPLETE || o->next != NULL)
+        return KVS_REPLICA_IS_NOT_READY;
+    if (obj_leased(o, k->now_ns))
+        return KVS_OBJECT_HAS_LEASE;
+    if (k->segment.len == 0) {
+        obj_destroy(m, o); /* unleased: no reader may rely on its bytes any more */
+        m->c.replicas_cleared++;
+        return KVS_OK;
+    }
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < o->nrep; i++) {
+        if (kvs__str_eq(kvs__str_c(o->reps[i].seg->name), k->segment))
+            kvs__seg_alloc_free(o->reps[i].seg->alloc, o->reps[i].handle);
+        else
+            o->reps[kept++] = o->reps[i];
+    }
+    if (kept == o->nrep)
+        return KVS_SEGMENT_NOT_FOUND;
+    m->c.replicas_cleared += o->nrep - kept;
+    o->nrep = kept;
+    if (kept == 0)
+        obj_destroy(m, o);
+    return KVS_OK;
+}
+
+int kvs__master_replica_clear(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
+                              const kvs__keys_req_t *req, kvs__arena_t *arena,
+                              kvs__status_list_rsp_t *rsp)
+{
+    if (req != NULL && req->segment.len > 0 && !name_ok(req->segment))
+        return KVS_INVALID_PARAMS;
+    key_ctx_t k = {.now_ns = now_ns,
+                   .flags = req ? req->flags : 0,
+                   .client_id = client_id,
+                   .segment = req ? req->segment : (kvs__str_t){0}};
+    return for_each_key(m, &k, req, arena, rsp, op_replica_clear);
+}
+
 /* PUT_END or PUT_REVOKE by the writer `client_id`: the op per key, after which the writer is
  * known to be done with those keys (it ends or revokes them only after its transfers). */
 static int writer_keys(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
                        const kvs__keys_req_t *req, kvs__arena_t *arena, kvs__status_list_rsp_t *rsp,
                        key_op_fn fn)
 {
-    key_ctx_t k = {now_ns, req ? req->flags : 0, client_id, 0};
+    key_ctx_t k = {.now_ns = now_ns, .flags = req ? req->flags : 0, .client_id = client_id};
     int rc = for_each_key(m, &k, req, arena, rsp, fn);
     for (uint32_t i = 0; rc == KVS_OK && m->limbo_writers > 0 && i < req->nkeys; i++)
         limbo_writer_done(m, now_ns, client_id, &req->keys[i],
@@ -1369,14 +1539,14 @@ int kvs__master_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
 int kvs__master_remove(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
                        kvs__arena_t *arena, kvs__status_list_rsp_t *rsp)
 {
-    key_ctx_t k = {now_ns, req ? req->flags : 0, 0, 0};
+    key_ctx_t k = {.now_ns = now_ns, .flags = req ? req->flags : 0};
     return for_each_key(m, &k, req, arena, rsp, op_remove);
 }
 
 int kvs__master_exists(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
                        kvs__arena_t *arena, kvs__status_list_rsp_t *rsp)
 {
-    key_ctx_t k = {now_ns, req ? req->flags : 0, 0, 0};
+    key_ctx_t k = {.now_ns = now_ns, .flags = req ? req->flags : 0};
     int rc = for_each_key(m, &k, req, arena, rsp, op_exists);
     /* A missing object is an answer (0), not an error. */
     for (uint32_t i = 0; rc == KVS_OK && i < rsp->nresults; i++) {
@@ -1505,7 +1675,7 @@ int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs
         return KVS_INVALID_PARAMS;
     KVS_UNUSED(now_ns);
     memset(rsp, 0, sizeof(*rsp));
-    uint32_t ngauges = 5, n = (uint32_t)KVS_ARRAY_SIZE(counter_descs) + ngauges;
+    uint32_t ngauges = 6, n = (uint32_t)KVS_ARRAY_SIZE(counter_descs) + ngauges;
     rsp->counters = kvs__arena_alloc(arena, n * sizeof(*rsp->counters));
     rsp->segs = kvs__arena_alloc(arena, (size_t)m->nseg * sizeof(*rsp->segs));
     if (rsp->counters == NULL || rsp->segs == NULL)
@@ -1526,6 +1696,7 @@ int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs
     c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c("segments"), m->nseg};
     c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c("capacity_bytes"), cap};
     c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c("used_bytes"), used};
+    c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c("groups"), m->ngroups};
     for (size_t i = 0; i < KVS_ARRAY_SIZE(counter_descs); i++) {
         uint64_t v;
         memcpy(&v, (const char *)&m->c + counter_descs[i].offset, sizeof(v));

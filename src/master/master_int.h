@@ -102,6 +102,11 @@ int kvs__master_exists(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t 
  * KVS_KEYS_FLAG_FORCE. */
 int kvs__master_remove(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t *req,
                        kvs__arena_t *arena, kvs__status_list_rsp_t *rsp);
+
+/* REPLICA_CLEAR by `client_id` (see schema.h): one status per key in `rsp`. */
+int kvs__master_replica_clear(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
+                              const kvs__keys_req_t *req, kvs__arena_t *arena,
+                              kvs__status_list_rsp_t *rsp);
 int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t *arena,
                      kvs__list_rsp_t *rsp);
 int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs__stat_rsp_t *rsp);

@@ -558,7 +558,6 @@ static void conn_bind(kvs__master_server_t *s, conn_t *c, uint64_t now)
     kvs__master_client_connected(s->master, now, c->client_id);
 }
 
-/* Decodes and serves one request; the response (or an ERROR frame) goes to the output. */
 /* A client key as the master stores it for this connection's tenant (in `arena`). A key that
  * is not valid (a NUL byte among them: it could name another tenant's key) becomes the empty
  * key, which the state machine refuses as invalid. */
@@ -593,6 +592,7 @@ static int ns_keys_req(const conn_t *c, kvs__arena_t *arena, kvs__keys_req_t *re
     return KVS_OK;
 }
 
+/* Decodes and serves one request; the response (or an ERROR frame) goes to the output. */
 static void dispatch(kvs__master_server_t *s, conn_t *c)
 {
     const uint8_t *p = c->payload;
@@ -754,8 +754,17 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
         kvs__put_start_req_t req;
         kvs__placement_rsp_t rsp;
         rc = kvs__put_start_req_decode(p, len, ver, &arena, &req);
-        for (uint32_t i = 0; rc == KVS_OK && i < req.nitems; i++)
-            rc = ns_key(c, &arena, &req.items[i].key) ? KVS_OK : KVS_NO_MEMORY;
+        /* Keys and groups both live in the tenant's namespace; an item with a group that is
+         * not a valid name is refused (its key made invalid). */
+        for (uint32_t i = 0; rc == KVS_OK && i < req.nitems; i++) {
+            kvs__put_item_t *it = &req.items[i];
+            if (it->group.len > 0 && kvs__key_check(it->group.ptr, it->group.len) != KVS_OK)
+                it->key = (kvs__str_t){"", 0};
+            rc =
+                ns_key(c, &arena, &it->key) && (it->group.len == 0 || ns_key(c, &arena, &it->group))
+                    ? KVS_OK
+                    : KVS_NO_MEMORY;
+        }
         if (rc != KVS_OK || (rc = kvs__master_put_start(s->master, now, c->client_id, &req, &arena,
                                                         &rsp)) != KVS_OK)
             break;
@@ -778,6 +787,7 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     case KVS_MSG_PUT_REVOKE:
     case KVS_MSG_EXISTS:
     case KVS_MSG_REMOVE:
+    case KVS_MSG_REPLICA_CLEAR:
     case KVS_MSG_RELEASE: {
         kvs__keys_req_t req;
         kvs__status_list_rsp_t rsp = {0};
@@ -790,6 +800,10 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
             break;
         if (type == KVS_MSG_RELEASE)
             rc = req.nkeys == 0 ? KVS_OK : KVS_PROTOCOL_ERROR;
+        else if (type == KVS_MSG_REPLICA_CLEAR)
+            rc = ver < 4
+                     ? KVS_UNSUPPORTED
+                     : kvs__master_replica_clear(s->master, now, c->client_id, &req, &arena, &rsp);
         else if (type == KVS_MSG_PUT_END)
             rc = kvs__master_put_end(s->master, now, c->client_id, &req, &arena, &rsp);
         else if (type == KVS_MSG_PUT_REVOKE)

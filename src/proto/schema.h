@@ -70,9 +70,12 @@
     X(R, U64, cap_epoch, 3, 0, 0) /* PUT_START: the epoch its capabilities were made in */         \
     X(R, U32, next_probe, KVS_PROTO_V_NEXT_, 0, 0)
 
+/* `group` (Mooncake's group_ids): objects of one group are placed together, on the segments
+ * the group's first live object went to, while they have room. Empty: no group. */
 #define KVS_FIELDS_put_item(X, R)                                                                  \
     X(R, STR, key, 2, KVS_MAX_KEY_LEN, 0)                                                          \
-    X(R, U64, size, 2, 0, 0)
+    X(R, U64, size, 2, 0, 0)                                                                       \
+    X(R, STR, group, 4, KVS_MAX_NAME_LEN, 0)
 
 #define KVS_FIELDS_list_entry(X, R)                                                                \
     X(R, STR, key, 2, KVS_MAX_KEY_LEN, 0)                                                          \
@@ -175,7 +178,8 @@
     X(R, U32, flags, 2, 0, 0)                                                                      \
     X(R, STRS, keys, 2, KVS_MAX_KEY_LEN, KVS_MAX_BATCH)                                            \
     X(R, ARR, released, 2, lease_release, KVS_MAX_RELEASES)                                        \
-    X(R, ARR, tokens, 2, put_token, KVS_MAX_BATCH)
+    X(R, ARR, tokens, 2, put_token, KVS_MAX_BATCH)                                                 \
+    X(R, STR, segment, 4, KVS_MAX_NAME_LEN, 0) /* REPLICA_CLEAR: its segment; else empty */
 
 /* One status per key, and the status of the request itself. */
 #define KVS_FIELDS_status_list_rsp(X, R)                                                           \
@@ -189,7 +193,8 @@
     X(R, U32, flags, 2, 0, 0)                            /* KVS_PUT_FLAG_* */                      \
     X(R, ARR, items, 2, put_item, KVS_MAX_BATCH)                                                   \
     X(R, U32, soft_pin_action, 4, 0, 0) /* KVS_SOFT_PIN_* at the put's end */                      \
-    X(R, U64, soft_pin_ttl_ms, 4, 0, 0) /* with KVS_PUT_FLAG_PIN_TTL; else the master's default */
+    X(R, U64, soft_pin_ttl_ms, 4, 0, 0) /* with KVS_PUT_FLAG_PIN_TTL; else the master's default */ \
+    X(R, STRS, preferred_segments, 4, KVS_MAX_NAME_LEN, KVS_MAX_REPLICAS) /* copy i on the i-th */
 
 /* PUT_START and LOOKUP replies: the segments referenced, then one descriptor per key. */
 #define KVS_FIELDS_placement_rsp(X, R)                                                             \
@@ -312,7 +317,8 @@
     M(DATA_READ, 14, data_req, data_status, KVS_MSG_RAW_RSP)                                       \
     M(DATA_WRITE, 15, data_req, data_status, KVS_MSG_RAW_REQ)                                      \
     M(RELEASE, 16, keys_req, status_list_rsp, 0) /* only releases; no keys */                      \
-    M(AUTH, 17, auth_req, auth_rsp, 0)
+    M(AUTH, 17, auth_req, auth_rsp, 0)                                                             \
+    M(REPLICA_CLEAR, 18, keys_req, status_list_rsp, 0) /* version 4 */
 
 /* hello_rsp.auth and shm_hello.auth. */
 #define KVS_HELLO_AUTH_NONE 0u /* the server has no secret: requests may follow at once */
@@ -332,5 +338,13 @@
 #define KVS_PUT_FLAG_HARD_PIN 0x4u
 /* PUT_START (version 4): soft_pin_ttl_ms is given (else ENABLE takes the master's default). */
 #define KVS_PUT_FLAG_PIN_TTL 0x8u
+#define KVS_PUT_FLAGS_ALL_                                                                         \
+    (KVS_PUT_FLAG_SAME_NODE | KVS_PUT_FLAG_UPSERT | KVS_PUT_FLAG_HARD_PIN | KVS_PUT_FLAG_PIN_TTL)
+
+/* REPLICA_CLEAR (version 4, Mooncake's BatchReplicaClear): per key, an object this client
+ * wrote that is complete and unleased loses its replicas on keys_req.segment, or (segment
+ * empty) goes whole; an object left without replicas goes. Results per key: OK (cleared),
+ * OBJECT_NOT_FOUND, INVALID_PARAMS (another client's object), REPLICA_IS_NOT_READY (pending
+ * or being upserted), OBJECT_HAS_LEASE, SEGMENT_NOT_FOUND (no replica on that segment). */
 
 #endif

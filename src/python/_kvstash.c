@@ -29,11 +29,41 @@
  * read by name, so subclasses work. */
 static PyObject *config_class;
 
-/* A put's placement converted for C: the strings it points to live here. */
+/* A put's placement converted for C: the strings it points to live here (the lists' strings
+ * are held in tuples of their own, so a list changed by another thread during the call frees
+ * nothing in use). rc_release() after every rc_convert(). */
 typedef struct {
     kvs_replicate_config_t rc;
     char seg[KVS_MAX_NAME_LEN + 1];
+    const char *pref[KVS_MAX_REPLICAS];
+    const char **groups; /* PyMem */
+    PyObject *hold_pref, *hold_groups;
 } rc_holder_t;
+
+static void rc_release(rc_holder_t *h)
+{
+    PyMem_Free(h->groups);
+    h->groups = NULL;
+    Py_CLEAR(h->hold_pref);
+    Py_CLEAR(h->hold_groups);
+}
+
+/* A list or tuple of str as a tuple of its own whose strings' UTF-8 is made (so that
+ * PyUnicode_AsUTF8 cannot fail on them after); NULL with TypeError naming `what` otherwise. */
+static PyObject *str_tuple(PyObject *seq, const char *what)
+{
+    PyObject *t = PyList_Check(seq) || PyTuple_Check(seq) ? PySequence_Tuple(seq) : NULL;
+    for (Py_ssize_t i = 0; t != NULL && i < PyTuple_GET_SIZE(t); i++) {
+        PyObject *it = PyTuple_GET_ITEM(t, i);
+        if (!PyUnicode_Check(it) || PyUnicode_AsUTF8(it) == NULL)
+            Py_CLEAR(t);
+    }
+    if (t == NULL) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "ReplicateConfig.%s must be a list of str", what);
+    }
+    return t;
+}
 
 /* Reads one int field; -1 with an exception on a wrong type. */
 static int rc_int(PyObject *obj, const char *name, long long lo, long long hi, long long *out)
@@ -57,12 +87,24 @@ static int rc_int(PyObject *obj, const char *name, long long lo, long long hi, l
 /* Converts an optional ReplicateConfig (None: defaults). Returns 0, -1 with an exception set (a
  * wrong type), or RC_REFUSED for a value kvstash refuses (logged; the call answers -600). */
 #define RC_REFUSED 1
+static int rc_convert_fields(PyObject *obj, rc_holder_t *h);
 static int rc_convert(PyObject *obj, rc_holder_t *h)
 {
     kvs_replicate_config_t *rc = &h->rc;
     kvs_replicate_config_init(rc);
+    h->groups = NULL;
+    h->hold_pref = h->hold_groups = NULL;
     if (obj == NULL || obj == Py_None)
         return 0;
+    int r = rc_convert_fields(obj, h);
+    if (r != 0)
+        rc_release(h);
+    return r;
+}
+
+static int rc_convert_fields(PyObject *obj, rc_holder_t *h)
+{
+    kvs_replicate_config_t *rc = &h->rc;
     if (config_class == NULL || PyObject_IsInstance(obj, config_class) != 1) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_TypeError, "config must be a kvstash.ReplicateConfig or None");
@@ -110,28 +152,23 @@ static int rc_convert(PyObject *obj, rc_holder_t *h)
         kvs_warn("ReplicateConfig: preferred_segment is longer than %u bytes", KVS_MAX_NAME_LEN);
         return RC_REFUSED;
     }
-    /* preferred_segments: the first copy's segment when preferred_segment is empty. */
+    /* preferred_segments: a segment for each copy, in order (after preferred_segment). */
     PyObject *segs = PyObject_GetAttrString(obj, "preferred_segments");
     if (segs == NULL)
         return -1;
-    int bad = !PyList_Check(segs) && !PyTuple_Check(segs);
-    if (!bad && rc->preferred_segment == NULL && PySequence_Size(segs) > 0) {
-        PyObject *first = PySequence_GetItem(segs, 0);
-        const char *f = first && PyUnicode_Check(first) ? PyUnicode_AsUTF8AndSize(first, &n) : NULL;
-        if (f != NULL && n > 0 && (size_t)n < sizeof(h->seg)) {
-            memcpy(h->seg, f, (size_t)n + 1);
-            rc->preferred_segment = h->seg;
-        }
-        bad = f == NULL;
-        Py_XDECREF(first);
-    }
+    h->hold_pref = str_tuple(segs, "preferred_segments");
     Py_DECREF(segs);
-    if (bad) {
-        PyErr_Clear();
-        PyErr_SetString(PyExc_TypeError,
-                        "ReplicateConfig.preferred_segments must be a list of str");
+    if (h->hold_pref == NULL)
         return -1;
+    n = PyTuple_GET_SIZE(h->hold_pref);
+    if (n > (Py_ssize_t)KVS_MAX_REPLICAS) {
+        kvs_warn("ReplicateConfig: at most %u preferred_segments", KVS_MAX_REPLICAS);
+        return RC_REFUSED;
     }
+    for (Py_ssize_t i = 0; i < n; i++)
+        h->pref[i] = PyUnicode_AsUTF8(PyTuple_GET_ITEM(h->hold_pref, i));
+    rc->preferred_segments = h->pref;
+    rc->npreferred_segments = (size_t)n;
     long long action;
     if (rc_int(obj, "soft_pin_action", 0, 2, &action) != 0)
         return -1;
@@ -165,15 +202,27 @@ static int rc_convert(PyObject *obj, rc_holder_t *h)
     if (on < 0)
         return -1;
     rc->with_hard_pin = on != 0;
+    /* group_ids: one group for every key of the call, or one per key. */
     PyObject *groups = PyObject_GetAttrString(obj, "group_ids");
     if (groups == NULL)
         return -1;
-    bad = groups != Py_None && !PyList_Check(groups) && !PyTuple_Check(groups);
+    if (groups == Py_None) {
+        Py_DECREF(groups);
+        return 0;
+    }
+    h->hold_groups = str_tuple(groups, "group_ids");
     Py_DECREF(groups);
-    if (bad) {
-        PyErr_SetString(PyExc_TypeError, "ReplicateConfig.group_ids must be None or a list of str");
+    if (h->hold_groups == NULL)
+        return -1;
+    Py_ssize_t ng = PyTuple_GET_SIZE(h->hold_groups);
+    if ((h->groups = PyMem_Calloc((size_t)ng + 1, sizeof(*h->groups))) == NULL) {
+        PyErr_NoMemory();
         return -1;
     }
+    for (Py_ssize_t i = 0; i < ng; i++)
+        h->groups[i] = PyUnicode_AsUTF8(PyTuple_GET_ITEM(h->hold_groups, i));
+    rc->group_ids = h->groups;
+    rc->ngroup_ids = (size_t)ng;
     return 0;
 }
 
@@ -562,7 +611,7 @@ static PyObject *value_put(store_t *self, PyObject *args, PyObject *kw, bool ups
     PyObject *cfg = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "sy*|O", names, &key, &value, &cfg))
         return NULL;
-    rc_holder_t h;
+    rc_holder_t h = {0};
     int r = rc_convert(cfg, &h);
     if (r < 0) {
         PyBuffer_Release(&value);
@@ -578,6 +627,7 @@ static PyObject *value_put(store_t *self, PyObject *args, PyObject *kw, bool ups
         r = KVS_INVALID_PARAMS;
     }
     PyBuffer_Release(&value);
+    rc_release(&h);
     return PyLong_FromLong(r);
 }
 
@@ -614,21 +664,24 @@ static PyObject *store_put_from(store_t *self, PyObject *args, PyObject *kw)
     PyObject *cfg = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "sKK|O", names, &key, &ptr, &size, &cfg))
         return NULL;
-    rc_holder_t h;
+    rc_holder_t h = {0};
     int r = rc_convert(cfg, &h);
     if (r < 0)
         return NULL;
     if (r != 0)
         return PyLong_FromLong(KVS_INVALID_PARAMS);
-    if (size == 0)
-        return PyLong_FromLong(0); /* Mooncake: nothing to store is a success */
-    kvs_client_t *c = store_enter(self);
-    if (c == NULL)
-        return PyLong_FromLong(NOT_SET_UP);
-    Py_BEGIN_ALLOW_THREADS r =
-        kvs_client_put_from(c, key, (const void *)(uintptr_t)ptr, (size_t)size, &h.rc);
-    Py_END_ALLOW_THREADS store_leave(self);
-    return PyLong_FromLong(put_code(r));
+    kvs_client_t *c = size == 0 ? NULL : store_enter(self);
+    if (size == 0) {
+        r = 0; /* Mooncake: nothing to store is a success */
+    } else if (c == NULL) {
+        r = NOT_SET_UP;
+    } else {
+        Py_BEGIN_ALLOW_THREADS r = put_code(
+            kvs_client_put_from(c, key, (const void *)(uintptr_t)ptr, (size_t)size, &h.rc));
+        Py_END_ALLOW_THREADS store_leave(self);
+    }
+    rc_release(&h);
+    return PyLong_FromLong(r);
 }
 
 static PyObject *store_get_into(store_t *self, PyObject *args)
@@ -666,15 +719,17 @@ static PyObject *batch_single(store_t *self, PyObject *keys_o, PyObject *ptrs_o,
                               PyObject *cfg, int op)
 {
     bool put = op != OP_GET;
-    rc_holder_t h;
+    rc_holder_t h = {0};
     int cr = put ? rc_convert(cfg, &h) : 0;
     if (cr < 0)
         return NULL;
     Py_ssize_t n;
     PyObject *hold = NULL;
     const char **keys = keys_from(keys_o, &n, &hold);
-    if (keys == NULL)
+    if (keys == NULL) {
+        rc_release(&h);
         return NULL;
+    }
     if (cr != 0) {
         PyMem_Free(keys);
         Py_DECREF(hold);
@@ -714,6 +769,7 @@ static PyObject *batch_single(store_t *self, PyObject *keys_o, PyObject *ptrs_o,
     Py_END_ALLOW_THREADS store_leave(self);
     out = batch_results(r, n, res, ires, put);
 done:
+    rc_release(&h);
     PyMem_Free(keys);
     Py_XDECREF(hold);
     PyMem_Free(ptrs);
@@ -755,15 +811,17 @@ static PyObject *store_batch_get_into(store_t *self, PyObject *args, PyObject *k
 static PyObject *batch_multi(store_t *self, PyObject *keys_o, PyObject *ptrs_o, PyObject *sizes_o,
                              PyObject *cfg, bool put, bool same_node)
 {
-    rc_holder_t h;
+    rc_holder_t h = {0};
     int cr = put ? rc_convert(cfg, &h) : 0;
     if (cr < 0)
         return NULL;
     Py_ssize_t n;
     PyObject *hold = NULL;
     const char **keys = keys_from(keys_o, &n, &hold);
-    if (keys == NULL)
+    if (keys == NULL) {
+        rc_release(&h);
         return NULL;
+    }
     if (cr != 0) {
         PyMem_Free(keys);
         Py_DECREF(hold);
@@ -839,6 +897,7 @@ static PyObject *batch_multi(store_t *self, PyObject *keys_o, PyObject *ptrs_o, 
     Py_END_ALLOW_THREADS store_leave(self);
     out = batch_results(r, n, res, ires, put);
 done:
+    rc_release(&h);
     PyMem_Free(keys);
     Py_XDECREF(hold);
     PyMem_Free(bufs);
@@ -1123,26 +1182,30 @@ static PyObject *store_put_with_metadata(store_t *self, PyObject *args, PyObject
     if (!PyArg_ParseTupleAndKeywords(args, kw, "sKKKK|O", names, &key, &ptr, &mptr, &size, &msize,
                                      &cfg))
         return NULL;
-    rc_holder_t h;
+    rc_holder_t h = {0};
     int r = rc_convert(cfg, &h);
     if (r < 0)
         return NULL;
     if (r != 0)
         return PyLong_FromLong(KVS_INVALID_PARAMS);
-    if (size == 0)
-        return PyLong_FromLong(0); /* Mooncake: no data, nothing stored */
     kvs_buf_t frags[2] = {{(void *)(uintptr_t)mptr, (size_t)msize},
                           {(void *)(uintptr_t)ptr, (size_t)size}};
     const kvs_buf_t *one = msize > 0 ? &frags[0] : &frags[1];
     size_t nfrags = msize > 0 ? 2 : 1;
-    kvs_client_t *c = store_enter(self);
-    if (c == NULL)
-        return PyLong_FromLong(NOT_SET_UP);
+    kvs_client_t *c = size == 0 ? NULL : store_enter(self);
     int res = 0;
-    Py_BEGIN_ALLOW_THREADS r =
-        kvs_client_batch_put_from_multi(c, 1, &key, &one, &nfrags, &h.rc, &res);
-    Py_END_ALLOW_THREADS store_leave(self);
-    return PyLong_FromLong(put_code(r == KVS_OK ? res : r));
+    if (size == 0) {
+        r = 0; /* Mooncake: no data, nothing stored */
+    } else if (c == NULL) {
+        r = NOT_SET_UP;
+    } else {
+        Py_BEGIN_ALLOW_THREADS r =
+            kvs_client_batch_put_from_multi(c, 1, &key, &one, &nfrags, &h.rc, &res);
+        Py_END_ALLOW_THREADS store_leave(self);
+        r = put_code(r == KVS_OK ? res : r);
+    }
+    rc_release(&h);
+    return PyLong_FromLong(r);
 }
 
 static int add_u64(PyObject *d, const char *k, uint64_t v)
@@ -1233,20 +1296,23 @@ static PyObject *store_upsert_from(store_t *self, PyObject *args, PyObject *kw)
     PyObject *cfg = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "sKK|O", names, &key, &ptr, &size, &cfg))
         return NULL;
-    rc_holder_t h;
+    rc_holder_t h = {0};
     int r = rc_convert(cfg, &h);
     if (r < 0)
         return NULL;
     if (r != 0)
         return PyLong_FromLong(KVS_INVALID_PARAMS);
-    if (size == 0)
-        return PyLong_FromLong(0);
-    kvs_client_t *c = store_enter(self);
-    if (c == NULL)
-        return PyLong_FromLong(NOT_SET_UP);
-    Py_BEGIN_ALLOW_THREADS r =
-        kvs_client_upsert_from(c, key, (const void *)(uintptr_t)ptr, (size_t)size, &h.rc);
-    Py_END_ALLOW_THREADS store_leave(self);
+    kvs_client_t *c = size == 0 ? NULL : store_enter(self);
+    if (size == 0) {
+        r = 0;
+    } else if (c == NULL) {
+        r = NOT_SET_UP;
+    } else {
+        Py_BEGIN_ALLOW_THREADS r =
+            kvs_client_upsert_from(c, key, (const void *)(uintptr_t)ptr, (size_t)size, &h.rc);
+        Py_END_ALLOW_THREADS store_leave(self);
+    }
+    rc_release(&h);
     return PyLong_FromLong(r);
 }
 
@@ -1258,7 +1324,7 @@ static PyObject *values_batch(store_t *self, PyObject *args, PyObject *kw, bool 
     PyObject *keys_o, *vals_o, *cfg = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O", names, &keys_o, &vals_o, &cfg))
         return NULL;
-    rc_holder_t h;
+    rc_holder_t h = {0};
     int r = rc_convert(cfg, &h);
     if (r < 0)
         return NULL;
@@ -1267,13 +1333,17 @@ static PyObject *values_batch(store_t *self, PyObject *args, PyObject *kw, bool 
     Py_ssize_t n;
     PyObject *hold = NULL;
     const char **keys = keys_from(keys_o, &n, &hold);
-    if (keys == NULL)
+    if (keys == NULL) {
+        rc_release(&h);
         return NULL;
+    }
     PyObject *vals = PySequence_Fast(vals_o, "values must be a list of bytes-like objects");
     Py_buffer *views = vals ? PyMem_Calloc((size_t)n + 1, sizeof(*views)) : NULL;
+    kvs_buf_t *bufs = PyMem_Calloc((size_t)n + 1, sizeof(*bufs));
+    int *ires = PyMem_Calloc((size_t)n + 1, sizeof(*ires));
     Py_ssize_t got = 0;
     PyObject *out = NULL;
-    if (vals == NULL || views == NULL) {
+    if (vals == NULL || views == NULL || bufs == NULL || ires == NULL) {
         if (vals != NULL)
             PyErr_NoMemory();
         goto done;
@@ -1292,22 +1362,26 @@ static PyObject *values_batch(store_t *self, PyObject *args, PyObject *kw, bool 
         out = PyLong_FromLong(NOT_SET_UP);
         goto done;
     }
+    /* One batch: one PUT_START and one PUT_END for all the keys. */
     int first = KVS_OK;
-    Py_BEGIN_ALLOW_THREADS for (Py_ssize_t i = 0; i < n; i++)
-    {
-        int one =
-            upsert
-                ? kvs_client_upsert(c, keys[i], views[i].buf, (size_t)views[i].len, &h.rc)
-                : put_code(kvs_client_put(c, keys[i], views[i].buf, (size_t)views[i].len, &h.rc));
-        if (first == KVS_OK)
-            first = one;
-    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        bufs[i] = (kvs_buf_t){views[i].buf, (size_t)views[i].len};
+    Py_BEGIN_ALLOW_THREADS first =
+        upsert ? kvs_client_batch_upsert(c, (size_t)n, keys, bufs, &h.rc, ires)
+               : kvs_client_batch_put(c, (size_t)n, keys, bufs, &h.rc, ires);
     Py_END_ALLOW_THREADS store_leave(self);
+    for (Py_ssize_t i = 0; first == KVS_OK && i < n; i++) {
+        if (put_code(ires[i]) != KVS_OK)
+            first = put_code(ires[i]); /* Mooncake: the first failing key's code */
+    }
     out = PyLong_FromLong(first);
 done:
     for (Py_ssize_t i = 0; i < got; i++)
         PyBuffer_Release(&views[i]);
     PyMem_Free(views);
+    PyMem_Free(bufs);
+    PyMem_Free(ires);
+    rc_release(&h);
     Py_XDECREF(vals);
     PyMem_Free(keys);
     Py_XDECREF(hold);
@@ -1408,6 +1482,23 @@ static PyObject *store_batch_remove(store_t *self, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p", names, &keys, &force))
         return NULL;
     return keys_status_call(self, keys, batch_remove_fn, &force, NOT_SET_UP);
+}
+
+static int replica_clear_fn(kvs_client_t *c, size_t n, const char *const *keys, const void *arg,
+                            int *results)
+{
+    return kvs_client_batch_replica_clear(c, n, keys, (const char *)arg, results);
+}
+
+/* _replica_clear(keys, segment_name) -> [status per key] (the package makes Mooncake's list of
+ * cleared keys of it). */
+static PyObject *store_replica_clear(store_t *self, PyObject *args)
+{
+    PyObject *keys;
+    const char *segment;
+    if (!PyArg_ParseTuple(args, "Os", &keys, &segment))
+        return NULL;
+    return keys_status_call(self, keys, replica_clear_fn, segment, NOT_SET_UP);
 }
 
 /* Per-key lists of (address, size, offset) fragments: all_buffer_ptrs, all_sizes and one of
@@ -1629,16 +1720,16 @@ static PyObject *store_put_session_start(store_t *self, PyObject *args, PyObject
     PyObject *keys, *sizes_o, *cfg = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O", names, &keys, &sizes_o, &cfg))
         return NULL;
-    rc_holder_t h;
+    rc_holder_t h = {0};
     int cr = rc_convert(cfg, &h);
     if (cr < 0)
         return NULL;
     Py_ssize_t n = PySequence_Size(keys);
-    if (n < 0)
-        return NULL;
-    uint64_t *sizes = PyMem_Calloc((size_t)n + 1, sizeof(*sizes));
-    if (sizes == NULL)
-        return PyErr_NoMemory();
+    uint64_t *sizes = n < 0 ? NULL : PyMem_Calloc((size_t)n + 1, sizeof(*sizes));
+    if (sizes == NULL) {
+        rc_release(&h);
+        return n < 0 ? NULL : PyErr_NoMemory();
+    }
     int st = ints_from(sizes_o, n, "sizes", sizes);
     PyObject *out;
     if (st < 0)
@@ -1650,6 +1741,7 @@ static PyObject *store_put_session_start(store_t *self, PyObject *args, PyObject
         out = keys_status_call(self, keys, put_session_start_fn, &a, 0);
     }
     PyMem_Free(sizes);
+    rc_release(&h);
     return out;
 }
 
@@ -1814,6 +1906,8 @@ static PyMethodDef store_methods[] = {
      "remove_by_regex(regex_pattern, force=False) -> int: objects whose key matches the POSIX "
      "extended regular expression (anywhere in the key unless anchored) removed, or -600 for "
      "a bad pattern."},
+    {"_replica_clear", (PyCFunction)store_replica_clear, METH_VARARGS,
+     "_replica_clear(keys, segment_name) -> [status per key]"},
     {"batch_remove", (PyCFunction)(void (*)(void))store_batch_remove, METH_VARARGS | METH_KEYWORDS,
      "batch_remove(keys, force=False) -> list[int]: 0 or a negative code per key."},
     {"batch_get_session_start", (PyCFunction)store_get_session_start, METH_O,

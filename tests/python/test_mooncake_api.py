@@ -1,6 +1,6 @@
 """Mooncake's store API, method by method, with its codes, against real kvstash-server processes.
 
-Each test names the convention it checks (docs/mooncake_api.md and the README table say which
+Each test names the convention it checks (the README table of Mooncake methods says which
 calls follow Mooncake exactly and where kvstash differs)."""
 import gc
 import threading
@@ -318,8 +318,6 @@ class RemovalTest(Base):
         self.assertEqual(s.is_exist(key), 0)
         self.assertEqual(s.batch_get_session_end([key]), 0)
 
-    @unittest.skipUnless(hasattr(kvstash.MooncakeDistributedStore, "batch_replica_clear"),
-                         "batch_replica_clear is not implemented yet (issue 25 remains open)")
     def test_replica_clear(self):
         owner = self.open(local_hostname="127.0.0.1:17011", global_segment_size="8MiB")
         key = self.k("clear")
@@ -332,6 +330,78 @@ class RemovalTest(Base):
         self.assertEqual(owner.batch_replica_clear([key]), [key])
         self.assertEqual(owner.is_exist(key), 0)
         self.assertEqual(self.store.batch_replica_clear([]), [])
+        # Only the writer's own objects: another client's call skips them.
+        self.assertEqual(owner.put(key, b"w" * 9000), 0)
+        self.assertEqual(self.store.batch_replica_clear([key]), [])
+        self.assertEqual(owner.get(key), b"w" * 9000)
+        # One segment of two: the other copy stays, and reads still get every byte.
+        peer = self.open(local_hostname="127.0.0.1:17012", global_segment_size="8MiB")
+        two = self.k("two")
+        cfg = kvstash.ReplicateConfig(replica_num=2,
+                                      preferred_segments=["127.0.0.1:17011", "127.0.0.1:17012"])
+        self.assertEqual(owner.put(two, pattern(two, 20000), cfg), 0)
+        self.assertEqual(owner.batch_replica_clear([two], "127.0.0.1:17011"), [two])
+        self.assertEqual([d.segment_name for d in owner.get_replica_desc(two)],
+                         ["127.0.0.1:17012"])
+        self.assertEqual(peer.get(two), pattern(two, 20000))
+        self.assertEqual(owner.batch_replica_clear([two], "127.0.0.1:17011"), [])
+        with self.assertRaises(TypeError):
+            owner.batch_replica_clear([two], None)
+
+
+class PlacementTest(Base):
+    def test_group_ids_place_together(self):
+        a = self.open(local_hostname="127.0.0.1:17041", global_segment_size="8MiB")
+        self.open(local_hostname="127.0.0.1:17042", global_segment_size="8MiB")
+        first = self.k("g0")
+        self.assertEqual(a.put(first, b"0" * 4096, kvstash.ReplicateConfig(
+            preferred_segment="127.0.0.1:17041", group_ids=["req-A"])), 0)
+        # Spread placement alone would pick the server's emptier 64 MiB segment; the group
+        # keeps every later object beside its first, from any client.
+        keys = [self.k(f"g{i}") for i in range(1, 6)]
+        vals = [pattern(k, 5000) for k in keys]
+        self.assertEqual(self.store.put_batch(keys, vals,
+                                              kvstash.ReplicateConfig(group_ids=["req-A"])), 0)
+        for k in keys:
+            self.assertEqual([d.segment_name for d in self.store.get_replica_desc(k)],
+                             ["127.0.0.1:17041"], k)
+        self.assertEqual(self.store.get_batch(keys), vals)
+        # Without the group: elsewhere.
+        loose = self.k("loose")
+        self.assertEqual(self.store.put(loose, b"l" * 5000), 0)
+        self.assertNotEqual([d.segment_name for d in self.store.get_replica_desc(loose)],
+                            ["127.0.0.1:17041"])
+        # One group per key, or one for all; any other count is -600.
+        per = [self.k("p0"), self.k("p1")]
+        cfg = kvstash.ReplicateConfig(group_ids=["req-A", "req-B"])
+        self.assertEqual(self.store.put_batch(per, [b"p" * 100, b"q" * 100], cfg), 0)
+        self.assertEqual([d.segment_name for d in self.store.get_replica_desc(per[0])],
+                         ["127.0.0.1:17041"])
+        three = kvstash.ReplicateConfig(group_ids=["x", "y", "z"])
+        self.assertEqual(self.store.put_batch([self.k("t0"), self.k("t1")], [b"a", b"b"], three),
+                         -600)
+        with self.assertRaises(TypeError):
+            self.store.put(self.k("bad"), b"x", kvstash.ReplicateConfig(group_ids=[1]))
+
+    def test_preferred_segments_for_every_copy(self):
+        self.open(local_hostname="127.0.0.1:17051", global_segment_size="8MiB")
+        self.open(local_hostname="127.0.0.1:17052", global_segment_size="8MiB")
+        key = self.k("two")
+        cfg = kvstash.ReplicateConfig(replica_num=2,
+                                      preferred_segments=["127.0.0.1:17052", "127.0.0.1:17051"])
+        self.assertEqual(self.store.put(key, pattern(key, 3000), cfg), 0)
+        self.assertEqual([d.segment_name for d in self.store.get_replica_desc(key)],
+                         ["127.0.0.1:17052", "127.0.0.1:17051"])
+        self.assertEqual(self.store.get(key), pattern(key, 3000))
+        # preferred_segment comes first, then the list.
+        k2 = self.k("three")
+        cfg = kvstash.ReplicateConfig(replica_num=2, preferred_segment="127.0.0.1:17051",
+                                      preferred_segments=["127.0.0.1:17052"])
+        self.assertEqual(self.store.put(k2, b"3" * 100, cfg), 0)
+        self.assertEqual([d.segment_name for d in self.store.get_replica_desc(k2)],
+                         ["127.0.0.1:17051", "127.0.0.1:17052"])
+        too_many = kvstash.ReplicateConfig(preferred_segments=["s"] * 17)
+        self.assertEqual(self.store.put(self.k("many"), b"x", too_many), -600)
 
 
 class SessionTest(Base):

@@ -382,6 +382,18 @@ class MooncakeDistributedStore(_kvstash.MooncakeDistributedStore):
 
     # -- inspection ---------------------------------------------------------------------------
 
+    def batch_replica_clear(self, keys, segment_name=""):
+        """Frees the space of this client's own objects among `keys` that are complete and not
+        leased by a reader: their replicas on `segment_name`, or whole objects when it is "".
+        Returns the keys cleared (the others are skipped, as in Mooncake)."""
+        if not isinstance(segment_name, str):
+            raise TypeError("segment_name must be a str")
+        keys = list(keys)
+        if not keys:
+            return []
+        res = self._replica_clear(keys, segment_name)
+        return [k for k, r in zip(keys, res) if r == 0]
+
     def batch_get_replica_desc(self, keys):
         """{key: [ReplicaDescriptor, ...]} for the keys found complete; others are left out."""
         out = {}
