@@ -1148,7 +1148,7 @@ static void test_replica_clear(void)
     CHECK_STATUS(replica_clear(&f, f.client, "w", ""), KVS_OK);
     CHECK_STATUS(lookup(&f, "w", NULL), KVS_OBJECT_NOT_FOUND);
     CHECK_EQ_U64(seg_used(&f, s1) + seg_used(&f, s2), 0);
-    CHECK_EQ_U64(counter(&f, "replicas_cleared"), 3);
+    CHECK_EQ_U64(counter(&f, "replicas_cleared"), 4); /* copies: 1 + 1, then 2 */
     /* An object with an upsert open is not ready. */
     CHECK_STATUS(put_start_ex(&f, "u", 4096, 1, "n", "", 0, NULL), KVS_OK);
     CHECK_STATUS(END(&f, "u"), KVS_OK);
@@ -1182,16 +1182,19 @@ static void test_group_placement(void)
     CHECK_STATUS(put_start_grouped(&f, "h0", 64 * KIB, 1, "req-2", NULL, 0, &d), KVS_OK);
     CHECK(d.reps[0].segment_id != home);
     CHECK_EQ_U64(counter(&f, "groups"), 2);
-    /* A full home: the group's objects go elsewhere rather than fail. */
+    /* A full home: the group's objects go elsewhere, and it follows them there. */
     CHECK_STATUS(put_start_grouped(&f, "big", 900 * KIB, 1, "req-1", NULL, 0, &d), KVS_OK);
     CHECK(d.reps[0].segment_id != home);
+    uint64_t spill = d.reps[0].segment_id;
+    CHECK_STATUS(put_start_grouped(&f, "after", 4096, 1, "req-1", NULL, 0, &d), KVS_OK);
+    CHECK_EQ_U64(d.reps[0].segment_id, spill);
     /* An explicit preference beats the group. */
     uint64_t other = ids[0] == home ? ids[1] : ids[0];
     const char *other_name = ids[0] == home ? "s2" : "s1";
     CHECK_STATUS(put_start_grouped(&f, "p", 4096, 1, "req-1", &other_name, 1, &d), KVS_OK);
     CHECK_EQ_U64(d.reps[0].segment_id, other);
     /* Revoked and removed objects drop their group; the last one frees it. */
-    const char *mine[] = {"g0", "g1", "g2", "g3", "g4", "g5", "g6", "g7", "big", "p"};
+    const char *mine[] = {"g0", "g1", "g2", "g3", "g4", "g5", "g6", "g7", "big", "after", "p"};
     for (size_t i = 0; i < KVS_ARRAY_SIZE(mine); i++)
         CHECK_STATUS(REVOKE(&f, mine[i]), KVS_OK);
     CHECK_EQ_U64(counter(&f, "groups"), 1);
@@ -1202,6 +1205,39 @@ static void test_group_placement(void)
     CHECK_STATUS(put_start_grouped(&f, "huge", 8 << 20, 1, "req-3", NULL, 0, NULL),
                  KVS_NO_AVAILABLE_HANDLE);
     CHECK_EQ_U64(counter(&f, "groups"), 0);
+    fx_fini(&f);
+}
+
+/* A favoured segment that is full is passed over while another has room: its complete
+ * objects are not evicted for the newcomer. (A group's second object evicted its first.) */
+static void test_full_favoured_segment_is_not_evicted(void)
+{
+    fx_t f;
+    fx_init(&f, 100);
+    uint64_t s1 = mount(&f, f.client, "s1", "n", 1 << 20);
+    uint64_t s2 = mount(&f, f.client, "s2", "n", 1 << 20);
+    kvs__obj_desc_t d;
+    const char *pref = "s1";
+    CHECK_STATUS(put_start_grouped(&f, "a", 600 * KIB, 1, "g", &pref, 1, &d), KVS_OK);
+    CHECK_EQ_U64(d.reps[0].segment_id, s1);
+    CHECK_STATUS(END(&f, "a"), KVS_OK);
+    CHECK_STATUS(put_start_grouped(&f, "b", 600 * KIB, 1, "g", NULL, 0, &d), KVS_OK);
+    CHECK_EQ_U64(d.reps[0].segment_id, s2);
+    CHECK_STATUS(END(&f, "b"), KVS_OK);
+    CHECK_EQ_U64(counter(&f, "evictions"), 0);
+    CHECK_STATUS(lookup(&f, "a", NULL), KVS_OK);
+    /* The same for an explicit preference. */
+    uint64_t s3 = mount(&f, f.client, "s3", "n", 1 << 20);
+    CHECK_STATUS(put_start_grouped(&f, "c", 500 * KIB, 1, NULL, &pref, 1, &d), KVS_OK);
+    CHECK_EQ_U64(d.reps[0].segment_id, s3);
+    CHECK_EQ_U64(counter(&f, "evictions"), 0);
+    /* With no room anywhere, eviction makes it, in the same order (s1 first). */
+    CHECK_STATUS(END(&f, "c"), KVS_OK);
+    f.now += 101 * MS; /* a's lease from the lookup ends */
+    CHECK_STATUS(put_start_grouped(&f, "e", 600 * KIB, 1, NULL, &pref, 1, &d), KVS_OK);
+    CHECK_EQ_U64(d.reps[0].segment_id, s1);
+    CHECK_EQ_U64(counter(&f, "evictions"), 1);
+    CHECK_STATUS(lookup(&f, "a", NULL), KVS_OBJECT_NOT_FOUND);
     fx_fini(&f);
 }
 
@@ -1260,6 +1296,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_replica_clear),
         KVS_TEST_CASE(test_group_placement),
         KVS_TEST_CASE(test_preferred_segments_for_every_copy),
+        KVS_TEST_CASE(test_full_favoured_segment_is_not_evicted),
         KVS_TEST_CASE(test_unmount_and_list),
         KVS_TEST_CASE(test_list_pages_cover_the_largest_listing),
         KVS_TEST_CASE(test_list_pages_of_one_entry),

@@ -114,7 +114,8 @@ typedef struct {
     uint32_t replica_num;           /* copies on distinct segments (default 1, at most 16) */
     const char *preferred_segment;  /* segment name to place the first copy on, or NULL */
     bool prefer_alloc_in_same_node; /* place a batch's objects together on one segment */
-    /* Fields below need a master of protocol version 4 (a version 3 master ignores them). */
+    /* Fields below need a master of protocol version 4 (with a version 3 master a put that
+     * sets them is KVS_UNSUPPORTED). */
     kvs_soft_pin_action_t soft_pin_action; /* default PRESERVE */
     bool soft_pin_ttl_set;                 /* false: ENABLE takes the master's default TTL */
     uint64_t soft_pin_ttl_ms;              /* at most the master's --max-soft-pin-ttl-ms */
@@ -123,9 +124,10 @@ typedef struct {
     const char *const *preferred_segments;
     size_t npreferred_segments;
     /* Placement groups (Mooncake's group_ids): the objects of a group are placed on the
-     * segments where the group's first object still present went, while those have room. One
-     * group: every key of the call; as many as the call's keys: key i's is group_ids[i]; none
-     * (NULL, 0): no group. Names are 1..256 bytes without NUL, in the client's tenant. */
+     * segments where the group's latest object went, while those have room (else where there
+     * is room). One group: every key of the call; as many as the call's keys: key i's is
+     * group_ids[i]; none (NULL, 0): no group. Names are 1..256 bytes without NUL, in the
+     * client's tenant. */
     const char *const *group_ids;
     size_t ngroup_ids;
 } kvs_replicate_config_t;

@@ -371,6 +371,14 @@ static int put_start_init(kvs_client_t *c, const char *op, const kvs_replicate_c
             return kvs__fail(KVS_INVALID_PARAMS, "%s: group_ids[%zu] must be 1..%u bytes", op, i,
                              KVS_MAX_NAME_LEN);
     }
+    /* A version 3 master would drop these fields and place or keep the objects otherwise. */
+    bool v4 = rc_->ngroup_ids > 0 || rc_->npreferred_segments > 0 || rc_->with_hard_pin ||
+              rc_->soft_pin_ttl_set || rc_->soft_pin_action != KVS_SOFT_PIN_PRESERVE;
+    if (v4 && kvs__rpc_version(c->rpc) < 4)
+        return kvs__fail(KVS_UNSUPPORTED,
+                         "%s: groups, preferred_segments and pins need a master of protocol "
+                         "version 4 or later (this one speaks %u)",
+                         op, kvs__rpc_version(c->rpc));
     *ps = (kvs__put_start_req_t){
         .node = kvs__str_c(c->node),
         .replica_num = rc_->replica_num,

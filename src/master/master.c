@@ -71,13 +71,13 @@ typedef struct reader {
     uint64_t until_ns;
 } reader_t;
 
-/* A placement group (put_item.group): its objects go where its first one went, while there is
+/* A placement group (put_item.group): its objects go where its latest one went, while there is
  * room. It lives while it has objects (pending or complete). */
 typedef struct group {
     struct group *hnext;
     uint64_t hash;
     uint64_t refs;                      /* its objects */
-    uint64_t seg_ids[KVS_MAX_REPLICAS]; /* where its first object's copies went */
+    uint64_t seg_ids[KVS_MAX_REPLICAS]; /* where its latest object's copies went */
     uint32_t nsegs;
     uint32_t name_len;
     char name[];
@@ -1116,10 +1116,11 @@ static uint32_t order_candidates(kvs__master_t *m, const kvs__put_start_req_t *r
     return n;
 }
 
-static int alloc_on(kvs__master_t *m, uint64_t now_ns, seg_t *s, uint64_t size, mrep_t *rep)
+static int alloc_on(kvs__master_t *m, uint64_t now_ns, seg_t *s, uint64_t size, bool may_evict,
+                    mrep_t *rep)
 {
     int rc = kvs__seg_alloc_alloc(s->alloc, size, &rep->offset, &rep->handle);
-    if (rc == KVS_NO_AVAILABLE_HANDLE && size <= s->size) {
+    if (rc == KVS_NO_AVAILABLE_HANDLE && may_evict && size <= s->size) {
         uint64_t want = KVS_MAX(size, (uint64_t)(m->cfg.evict_ratio * (double)s->size));
         if (evict_from(m, now_ns, s, want) > 0)
             rc = kvs__seg_alloc_alloc(s->alloc, size, &rep->offset, &rep->handle);
@@ -1178,7 +1179,7 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, uint64_t writer,
     obj_t *o = kvs__calloc(1, sizeof(*o) + it->key.len + 1);
     mrep_t *reps = kvs__calloc(want, sizeof(*reps));
     d->reps = kvs__arena_alloc(arena, want * sizeof(*d->reps));
-    group_t *g = it->group.len ? group_get(m, it->group) : NULL;
+    group_t *g = o && reps && d->reps && it->group.len ? group_get(m, it->group) : NULL;
     if (o == NULL || reps == NULL || d->reps == NULL || (it->group.len && g == NULL)) {
         kvs__free(o);
         kvs__free(reps);
@@ -1188,12 +1189,22 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, uint64_t writer,
         g->refs++; /* held while placing (eviction may take its other objects) */
     uint32_t ncand = order_candidates(m, req, g, *batch_seg, cand), got = 0;
     int last_rc = KVS_NO_AVAILABLE_HANDLE;
-    for (uint32_t i = 0; i < ncand && got < want; i++) {
-        int rc = alloc_on(m, now_ns, cand[i], it->size, &reps[got]);
-        if (rc == KVS_OK)
-            got++;
-        else if (rc != KVS_NO_AVAILABLE_HANDLE)
-            last_rc = rc;
+    /* Copies go where there is room, in the candidates' order; only when that is not enough
+     * does eviction make room, again in that order (so a favoured segment that is full does
+     * not lose objects while another has space). */
+    for (int pass = 0; pass < 2 && got < want; pass++) {
+        for (uint32_t i = 0; i < ncand && got < want; i++) {
+            bool used = false;
+            for (uint32_t j = 0; j < got; j++)
+                used |= reps[j].seg == cand[i];
+            if (used)
+                continue;
+            int rc = alloc_on(m, now_ns, cand[i], it->size, pass == 1, &reps[got]);
+            if (rc == KVS_OK)
+                got++;
+            else if (rc != KVS_NO_AVAILABLE_HANDLE)
+                last_rc = rc;
+        }
     }
     if (got == 0) {
         kvs__free(o);
@@ -1205,8 +1216,8 @@ static int put_start_one(kvs__master_t *m, uint64_t now_ns, uint64_t writer,
         m->c.puts_no_space++;
         return last_rc;
     }
-    if (g != NULL && g->nsegs == 0) {
-        /* The group's first object: where its copies went is where the group goes. */
+    if (g != NULL) {
+        /* Where this object's copies went is where the group's next objects go. */
         for (uint32_t i = 0; i < got; i++)
             g->seg_ids[i] = reps[i].seg->id;
         g->nsegs = got;
@@ -1450,8 +1461,8 @@ static int op_replica_clear(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
     if (obj_leased(o, k->now_ns))
         return KVS_OBJECT_HAS_LEASE;
     if (k->segment.len == 0) {
+        m->c.replicas_cleared += o->nrep;
         obj_destroy(m, o); /* unleased: no reader may rely on its bytes any more */
-        m->c.replicas_cleared++;
         return KVS_OK;
     }
     uint32_t kept = 0;

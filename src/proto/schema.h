@@ -71,7 +71,7 @@
     X(R, U32, next_probe, KVS_PROTO_V_NEXT_, 0, 0)
 
 /* `group` (Mooncake's group_ids): objects of one group are placed together, on the segments
- * the group's first live object went to, while they have room. Empty: no group. */
+ * the group's latest object went to, while they have room. Empty: no group. */
 #define KVS_FIELDS_put_item(X, R)                                                                  \
     X(R, STR, key, 2, KVS_MAX_KEY_LEN, 0)                                                          \
     X(R, U64, size, 2, 0, 0)                                                                       \
