@@ -11,7 +11,8 @@
 #   scatter-bench  the benchmark only
 #   gpu-direct     GPU destinations and sources over tcp and shm (tests), `kvstash bench gpu`
 #   gpu-staging    staging with the CUDA backend (tests, and the same under memcheck)
-#   torch          a PyTorch paged KV cache through the Python module, all four read modes
+#   torch          a PyTorch paged KV cache through the Python module, all four read modes;
+#                  the tensor API (CPU and CUDA tensors) and its 1 GiB bf16 benchmark
 #   gpu-tests      the GPU scatter, path and staging tests only (no memcheck, no benchmark)
 #   mooncake       the Python module's Mooncake API and engine replay tests on this build
 #   store          `kvstash bench store` (the store benchmark); $STORE_ARGS adds its options
@@ -107,6 +108,13 @@ for suite in "$@"; do
             step torch_test bash -c 'cd tests/python && python3 -m unittest -v test_torch_paged_kv'
         PYTHONPATH=$PWD/build-gpu/python step torch_example bash -c \
             'time python3 examples/paged_kv_cache.py --server build-gpu/kvstash-server'
+        # The tensor API on the CPU and into CUDA tensors, then 1 GiB of 1 MiB bf16 tensors
+        # against the pinned host-to-device copy.
+        PYTHONPATH=$PWD/build-gpu/python KVS_SERVER_PATH=$PWD/build-gpu/kvstash-server \
+            step tensor_test bash -c \
+            'cd tests/python && python3 -m unittest -v test_tensor test_tensor_cuda'
+        PYTHONPATH=$PWD/build-gpu/python step tensor_bench python3 bench/tensor_cuda.py \
+            --server build-gpu/kvstash-server --total 1GiB --tensor 1MiB --reps 5
         ;;
     mooncake)
         PYTHONPATH=$PWD/build-gpu/python KVS_SERVER_PATH=$PWD/build-gpu/kvstash-server \

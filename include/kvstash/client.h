@@ -161,6 +161,13 @@ int kvs_client_batch_put_from(kvs_client_t *client, size_t n, const char *const 
                               const kvs_buf_t bufs[], const kvs_replicate_config_t *rc,
                               int results[]);
 
+/* `n` objects from any memory, object i gathered in order from the `nbufs[i]` fragments
+ * `bufs[i]` (a key's fragments all host memory, or all on one GPU in CUDA builds); `upsert`
+ * replaces existing objects as kvs_client_upsert does. */
+int kvs_client_batch_put_multi(kvs_client_t *client, size_t n, const char *const keys[],
+                               const kvs_buf_t *const bufs[], const size_t nbufs[],
+                               const kvs_replicate_config_t *rc, bool upsert, int results[]);
+
 /* `n` objects, object i gathered in order from the `nbufs[i]` fragments `bufs[i]`. */
 int kvs_client_batch_put_from_multi(kvs_client_t *client, size_t n, const char *const keys[],
                                     const kvs_buf_t *const bufs[], const size_t nbufs[],

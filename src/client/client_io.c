@@ -660,6 +660,14 @@ int kvs_client_batch_upsert(kvs_client_t *c, size_t n, const char *const keys[],
     return batch_single_put(c, "batch_upsert", n, keys, bufs, false, rc, true, results);
 }
 
+int kvs_client_batch_put_multi(kvs_client_t *c, size_t n, const char *const keys[],
+                               const kvs_buf_t *const bufs[], const size_t nbufs[],
+                               const kvs_replicate_config_t *rc, bool upsert, int results[])
+{
+    return put_run(c, upsert ? "batch_upsert_multi" : "batch_put_multi", n, keys, bufs, nbufs,
+                   false, rc, upsert, results);
+}
+
 int kvs_client_batch_put_from_multi(kvs_client_t *c, size_t n, const char *const keys[],
                                     const kvs_buf_t *const bufs[], const size_t nbufs[],
                                     const kvs_replicate_config_t *rc, int results[])

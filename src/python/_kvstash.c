@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "client/client_int.h"
 #include "common/common_int.h"
 #include "proto/schema.h"
 
@@ -236,6 +237,19 @@ static PyObject *mod_register_config(PyObject *m, PyObject *cls)
     }
     Py_XSETREF(config_class, Py_NewRef(cls));
     Py_RETURN_NONE;
+}
+
+/* _memory_device(address) -> -1 for host memory, else the CUDA device ordinal it is on (the
+ * tensor calls read headers only from host memory). */
+static PyObject *mod_memory_device(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    unsigned long long p = PyLong_AsUnsignedLongLong(arg);
+    if (p == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    int dom = KVS_DOMAIN_HOST;
+    kvs__classify_memory((const void *)(uintptr_t)p, &dom);
+    return PyLong_FromLong(dom == KVS_DOMAIN_HOST ? -1 : dom);
 }
 
 /* A size string ("16MB", "4GiB") as an int; -1 when it is not one. */
@@ -808,9 +822,13 @@ static PyObject *store_batch_get_into(store_t *self, PyObject *args, PyObject *k
 }
 
 /* keys + a list of fragments per key. */
+/* op: OP_GET, OP_PUT (registered memory), or OP_PUT_ANY / OP_UPSERT_ANY (any memory). */
+enum { OP_PUT_ANY = OP_UPSERT + 1, OP_UPSERT_ANY };
+
 static PyObject *batch_multi(store_t *self, PyObject *keys_o, PyObject *ptrs_o, PyObject *sizes_o,
-                             PyObject *cfg, bool put, bool same_node)
+                             PyObject *cfg, int op, bool same_node)
 {
+    bool put = op != OP_GET;
     rc_holder_t h = {0};
     int cr = put ? rc_convert(cfg, &h) : 0;
     if (cr < 0)
@@ -890,8 +908,10 @@ static PyObject *batch_multi(store_t *self, PyObject *keys_o, PyObject *ptrs_o, 
         goto done;
     }
     int r;
-    Py_BEGIN_ALLOW_THREADS if (put) r =
+    Py_BEGIN_ALLOW_THREADS if (op == OP_PUT) r =
         kvs_client_batch_put_from_multi(c, (size_t)n, keys, bufs, nbufs, &h.rc, ires);
+    else if (put) r = kvs_client_batch_put_multi(c, (size_t)n, keys, bufs, nbufs, &h.rc,
+                                                 op == OP_UPSERT_ANY, ires);
     else r =
         kvs_client_batch_get_into_multi_buffers(c, (size_t)n, keys, bufs, nbufs, same_node, res);
     Py_END_ALLOW_THREADS store_leave(self);
@@ -910,13 +930,26 @@ done:
     return out;
 }
 
+/* _put_frags(keys, all_buffer_ptrs, all_sizes, config=None, upsert=False) -> [code per key]:
+ * object i gathered from its fragments in any memory (the tensor calls' header and payload),
+ * with Mooncake's put codes (0 for an existing key unless upserting). */
+static PyObject *store_put_frags(store_t *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"keys", "all_buffer_ptrs", "all_sizes", "config", "upsert", NULL};
+    PyObject *k, *p, *s, *cfg = NULL;
+    int upsert = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|Op", names, &k, &p, &s, &cfg, &upsert))
+        return NULL;
+    return batch_multi(self, k, p, s, cfg, upsert ? OP_UPSERT_ANY : OP_PUT_ANY, false);
+}
+
 static PyObject *store_batch_put_multi(store_t *self, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"keys", "all_buffer_ptrs", "all_sizes", "config", NULL};
     PyObject *k, *p, *s, *cfg = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O", names, &k, &p, &s, &cfg))
         return NULL;
-    return batch_multi(self, k, p, s, cfg, true, false);
+    return batch_multi(self, k, p, s, cfg, OP_PUT, false);
 }
 
 static PyObject *store_batch_get_multi(store_t *self, PyObject *args, PyObject *kw)
@@ -927,7 +960,7 @@ static PyObject *store_batch_get_multi(store_t *self, PyObject *args, PyObject *
     int same = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|p", names, &k, &p, &s, &same))
         return NULL;
-    return batch_multi(self, k, p, s, NULL, false, same != 0);
+    return batch_multi(self, k, p, s, NULL, OP_GET, same != 0);
 }
 
 /* ---- registration and metadata --------------------------------------------------------------- */
@@ -1906,6 +1939,8 @@ static PyMethodDef store_methods[] = {
      "remove_by_regex(regex_pattern, force=False) -> int: objects whose key matches the POSIX "
      "extended regular expression (anywhere in the key unless anchored) removed, or -600 for "
      "a bad pattern."},
+    {"_put_frags", (PyCFunction)(void (*)(void))store_put_frags, METH_VARARGS | METH_KEYWORDS,
+     "_put_frags(keys, all_buffer_ptrs, all_sizes, config=None, upsert=False) -> [code]"},
     {"_replica_clear", (PyCFunction)store_replica_clear, METH_VARARGS,
      "_replica_clear(keys, segment_name) -> [status per key]"},
     {"batch_remove", (PyCFunction)(void (*)(void))store_batch_remove, METH_VARARGS | METH_KEYWORDS,
@@ -1954,6 +1989,8 @@ static PyTypeObject store_type = {
 static PyMethodDef module_methods[] = {
     {"_register_config", mod_register_config, METH_O,
      "_register_config(cls): the ReplicateConfig class puts accept (the package's)."},
+    {"_memory_device", mod_memory_device, METH_O,
+     "_memory_device(address) -> -1 (host memory) or the CUDA device it is on"},
     {"_parse_size", mod_parse_size, METH_O,
      "_parse_size(text) -> int: '16MB', '4GiB', '4096' as bytes; -1 if not a size."},
     {NULL, NULL, 0, NULL},

@@ -18,6 +18,7 @@ import socket
 import threading
 
 from . import _kvstash
+from . import _tensor
 from ._kvstash import BufferHandle, __version__
 
 __all__ = [
@@ -379,6 +380,85 @@ class MooncakeDistributedStore(_kvstash.MooncakeDistributedStore):
         """As put_parts, replacing an existing value (atomically: see upsert())."""
         data = self._join_parts(parts)
         return 0 if not data else self.upsert(key, data, config)
+
+    # -- tensors (Mooncake's tensor API; kvstash/_tensor.py, docs/tensor_format.md) ------------
+
+    def put_tensor(self, key, tensor):
+        return _tensor.put_tensor(self, key, tensor)
+
+    def get_tensor(self, key):
+        return _tensor.get_tensor(self, key)
+
+    def batch_put_tensor(self, keys, tensors_list):
+        return _tensor.batch_put_tensor(self, keys, tensors_list)
+
+    def batch_get_tensor(self, keys):
+        return _tensor.batch_get_tensor(self, keys)
+
+    def get_tensor_into(self, key, buffer_ptr, size):
+        return _tensor.get_tensor_into(self, key, buffer_ptr, size)
+
+    def batch_get_tensor_into(self, keys, buffer_ptrs, sizes):
+        return _tensor.batch_get_tensor_into(self, keys, buffer_ptrs, sizes)
+
+    def get_tensor_into_cuda(self, key, tensor):
+        return _tensor.get_tensor_into_cuda(self, key, tensor)
+
+    def batch_get_tensor_into_cuda(self, keys, tensors_list):
+        return _tensor.batch_get_tensor_into_cuda(self, keys, tensors_list)
+
+    def put_tensor_from(self, key, buffer_ptr, size):
+        return _tensor.put_tensor_from(self, key, buffer_ptr, size)
+
+    def batch_put_tensor_from(self, keys, buffer_ptrs, sizes):
+        return _tensor.batch_put_tensor_from(self, keys, buffer_ptrs, sizes)
+
+    def upsert_tensor(self, key, tensor):
+        return _tensor.upsert_tensor(self, key, tensor)
+
+    def upsert_tensor_from(self, key, buffer_ptr, size):
+        return _tensor.upsert_tensor_from(self, key, buffer_ptr, size)
+
+    def batch_upsert_tensor(self, keys, tensors_list):
+        return _tensor.batch_put_tensor(self, keys, tensors_list, upsert=True)
+
+    def batch_upsert_tensor_from(self, keys, buffer_ptrs, sizes):
+        return _tensor.batch_put_tensor_from(self, keys, buffer_ptrs, sizes, upsert=True)
+
+    def pub_tensor(self, key, tensor, config=None):
+        return _tensor.pub_tensor(self, key, tensor, config)
+
+    def batch_pub_tensor(self, keys, tensors_list, config=None):
+        return _tensor.batch_put_tensor(self, keys, tensors_list, config)
+
+    def put_tensor_with_tp(self, key, tensor, tp_rank=0, tp_size=1, split_dim=0):
+        return _tensor.put_tensor_with_tp(self, key, tensor, tp_rank, tp_size, split_dim)
+
+    def get_tensor_with_tp(self, key, tp_rank=0, tp_size=1, split_dim=0):
+        return _tensor.get_tensor_with_tp(self, key, tp_rank, tp_size, split_dim)
+
+    def batch_put_tensor_with_tp(self, base_keys, tensors_list, tp_rank=0, tp_size=1,
+                                 split_dim=0):
+        return _tensor.batch_put_tensor_with_tp(self, base_keys, tensors_list, tp_rank, tp_size,
+                                                split_dim)
+
+    def batch_get_tensor_with_tp(self, base_keys, tp_rank=0, tp_size=1):
+        return _tensor.batch_get_tensor_with_tp(self, base_keys, tp_rank, tp_size)
+
+    def get_tensor_with_tp_into(self, key, buffer_ptr, size, tp_rank=0, tp_size=1, split_dim=0):
+        return _tensor.get_tensor_with_tp_into(self, key, buffer_ptr, size, tp_rank, tp_size,
+                                               split_dim)
+
+    def batch_get_tensor_with_tp_into(self, base_keys, buffer_ptrs, sizes, tp_rank=0, tp_size=1,
+                                      split_dim=0):
+        return _tensor.batch_get_tensor_with_tp_into(self, base_keys, buffer_ptrs, sizes,
+                                                     tp_rank, tp_size, split_dim)
+
+    def save_tensor_to_safetensor(self, key, file_name=None):
+        return _tensor.save_tensor_to_safetensor(self, key, file_name)
+
+    def load_tensor_from_safetensor(self, key=None, file_name=None):
+        return _tensor.load_tensor_from_safetensor(self, key, file_name)
 
     # -- inspection ---------------------------------------------------------------------------
 
