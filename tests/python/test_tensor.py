@@ -196,6 +196,21 @@ class TensorTest(unittest.TestCase):
                                                     [sizes[1], sizes[0]]), [0, 0])
         self.assertSame(s.get_tensor(k2[0]), ts[1])
 
+    def test_with_buffer_pool(self):
+        # A BufferPool lease is registered memory the _into and _from calls take as it is.
+        s = self.s
+        t = sample(torch.bfloat16, (128, 64), 9)
+        self.assertEqual(s.put_tensor(self.k("pool"), t), 0)
+        pool = kvstash.BufferPool(s, max_bytes=1 << 20, min_size_class=64 << 10,
+                                  alignment=64 << 10)
+        self.addCleanup(pool.close)
+        with pool.buffer(304 + t.numel() * 2) as lease:
+            got = s.get_tensor_into(self.k("pool"), lease.ptr, lease.size)
+            self.assertSame(got, t)
+            self.assertEqual(s.put_tensor_from(self.k("pool2"), lease.ptr, lease.size), 0)
+            del got
+        self.assertSame(s.get_tensor(self.k("pool2")), t)
+
     def test_into_registered_tensors(self):
         # The call GPU destinations use, here with host tensors registered as they would be.
         s = self.s

@@ -19,15 +19,23 @@ import threading
 
 from . import _kvstash
 from . import _tensor
+from ._pool import (BufferLease, BufferLeaseView, BufferPool, RegisteredBufferLease,
+                    RegisteredBufferLeaseView, RegisteredBufferPool)
 from ._kvstash import BufferHandle, __version__
 
 __all__ = [
     "BufferHandle",
+    "BufferLease",
+    "BufferLeaseView",
+    "BufferPool",
     "Descriptor",
     "DiskDescriptor",
     "MemoryDescriptor",
     "MooncakeDistributedStore",
     "MooncakeHostMemAllocator",
+    "RegisteredBufferLease",
+    "RegisteredBufferLeaseView",
+    "RegisteredBufferPool",
     "ReplicaDescriptor",
     "ReplicaStatus",
     "ReplicateConfig",
@@ -307,8 +315,10 @@ class MooncakeDistributedStore(_kvstash.MooncakeDistributedStore):
         if seg is None:
             return _refuse(f"global_segment_size {global_segment_size!r} is not a size such as "
                            f"4096, '16MB' or '4GiB' (no percentages)")
-        if _size(local_buffer_size, "local_buffer_size") is None:
+        local = _size(local_buffer_size, "local_buffer_size")
+        if local is None:
             return _refuse(f"local_buffer_size {local_buffer_size!r} is not a size")
+        self._local_buffer_size = local  # a BufferPool's default capacity is twice this
         if enable_ssd_offload:
             return _refuse("enable_ssd_offload: kvstash keeps objects in memory only (no SSD "
                            "tier); set it to False")
