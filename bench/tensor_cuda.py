@@ -9,31 +9,15 @@ host-to-device copy of the same bytes (torch, one pinned tensor, non_blocking).
 import argparse
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 import torch
 
 import kvstash
 
-
-def start_server(path, segment):
-    d = tempfile.mkdtemp()
-    port_file = os.path.join(d, "port")
-    proc = subprocess.Popen([path, "--port", "0", "--port-file", port_file, "--segment-size",
-                             segment, "--log-level", "warn"], stdout=subprocess.DEVNULL)
-    for _ in range(1000):
-        if os.path.exists(port_file):
-            with open(port_file) as f:
-                port = f.read().strip()
-            if port:
-                return proc, "127.0.0.1:" + port
-        if proc.poll() is not None:
-            raise RuntimeError("kvstash-server exited")
-        time.sleep(0.01)
-    raise RuntimeError("kvstash-server did not start")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from paged_kv_cache import start_server  # noqa: E402  (the example's server start-up)
 
 
 def size(text):
