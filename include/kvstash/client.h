@@ -91,6 +91,10 @@ int kvs_client_ping(kvs_client_t *client);
  * stays the caller's. */
 int kvs_client_register_buffer(kvs_client_t *client, void *addr, size_t len);
 
+/* Where [ptr, ptr + len) is, when one registered buffer holds all of it: -1 for host memory,
+ * else the CUDA device ordinal; KVS_INVALID_PARAMS (-600) when no registered buffer does. */
+int kvs_client_buffer_domain(kvs_client_t *client, const void *ptr, size_t len);
+
 /* Unregisters the buffer registered at `addr`, waiting first for in-flight calls that use it
  * (bounded by their transfer deadline). KVS_INVALID_PARAMS if nothing is registered there. */
 int kvs_client_unregister_buffer(kvs_client_t *client, void *addr);

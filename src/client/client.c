@@ -413,6 +413,21 @@ int kvs_client_unregister_buffer(kvs_client_t *c, void *addr)
     return KVS_OK;
 }
 
+int kvs_client_buffer_domain(kvs_client_t *c, const void *ptr, size_t len)
+{
+    uintptr_t p = (uintptr_t)ptr;
+    if (c == NULL || ptr == NULL || len == 0 || p > UINTPTR_MAX - len)
+        return kvs__fail(KVS_INVALID_PARAMS, "buffer_domain: a client and a non-empty range "
+                                             "are required");
+    pthread_rwlock_rdlock(&c->reg_lock);
+    size_t i = reg_upper_locked(c, p);
+    int rc = i == 0 || c->regs[i - 1]->end < p + len     ? KVS_INVALID_PARAMS
+             : c->regs[i - 1]->domain == KVS_DOMAIN_HOST ? -1
+                                                         : c->regs[i - 1]->domain;
+    pthread_rwlock_unlock(&c->reg_lock);
+    return rc;
+}
+
 bool kvs__reg_pin_locked(kvs_client_t *c, const void *ptr, size_t len, kvs__pinset_t *ps,
                          int *domain_p)
 {

@@ -15,7 +15,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "client/client_int.h"
 #include "common/common_int.h"
 #include "proto/schema.h"
 
@@ -237,19 +236,6 @@ static PyObject *mod_register_config(PyObject *m, PyObject *cls)
     }
     Py_XSETREF(config_class, Py_NewRef(cls));
     Py_RETURN_NONE;
-}
-
-/* _memory_device(address) -> -1 for host memory, else the CUDA device ordinal it is on (the
- * tensor calls read headers only from host memory). */
-static PyObject *mod_memory_device(PyObject *m, PyObject *arg)
-{
-    (void)m;
-    unsigned long long p = PyLong_AsUnsignedLongLong(arg);
-    if (p == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    int dom = KVS_DOMAIN_HOST;
-    kvs__classify_memory((const void *)(uintptr_t)p, &dom);
-    return PyLong_FromLong(dom == KVS_DOMAIN_HOST ? -1 : dom);
 }
 
 /* A size string ("16MB", "4GiB") as an int; -1 when it is not one. */
@@ -1523,6 +1509,26 @@ static int replica_clear_fn(kvs_client_t *c, size_t n, const char *const *keys, 
     return kvs_client_batch_replica_clear(c, n, keys, (const char *)arg, results);
 }
 
+/* _buffer_domain(ptr, size) -> -1 (registered host memory), the CUDA device of registered
+ * device memory, or -600 (not inside one registered buffer, or not set up). */
+static PyObject *store_buffer_domain(store_t *self, PyObject *args)
+{
+    unsigned long long ptr, size;
+    if (!PyArg_ParseTuple(args, "KK", &ptr, &size)) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError) &&
+            !PyErr_ExceptionMatches(PyExc_TypeError))
+            return NULL;
+        PyErr_Clear(); /* an address or size no memory has */
+        return PyLong_FromLong(KVS_INVALID_PARAMS);
+    }
+    kvs_client_t *c = store_enter(self);
+    if (c == NULL)
+        return PyLong_FromLong(KVS_INVALID_PARAMS);
+    int r = kvs_client_buffer_domain(c, (const void *)(uintptr_t)ptr, (size_t)size);
+    store_leave(self);
+    return PyLong_FromLong(r);
+}
+
 /* _replica_clear(keys, segment_name) -> [status per key] (the package makes Mooncake's list of
  * cleared keys of it). */
 static PyObject *store_replica_clear(store_t *self, PyObject *args)
@@ -1941,6 +1947,8 @@ static PyMethodDef store_methods[] = {
      "a bad pattern."},
     {"_put_frags", (PyCFunction)(void (*)(void))store_put_frags, METH_VARARGS | METH_KEYWORDS,
      "_put_frags(keys, all_buffer_ptrs, all_sizes, config=None, upsert=False) -> [code]"},
+    {"_buffer_domain", (PyCFunction)store_buffer_domain, METH_VARARGS,
+     "_buffer_domain(ptr, size) -> -1 host, >= 0 CUDA device, -600 not registered"},
     {"_replica_clear", (PyCFunction)store_replica_clear, METH_VARARGS,
      "_replica_clear(keys, segment_name) -> [status per key]"},
     {"batch_remove", (PyCFunction)(void (*)(void))store_batch_remove, METH_VARARGS | METH_KEYWORDS,
@@ -1989,8 +1997,6 @@ static PyTypeObject store_type = {
 static PyMethodDef module_methods[] = {
     {"_register_config", mod_register_config, METH_O,
      "_register_config(cls): the ReplicateConfig class puts accept (the package's)."},
-    {"_memory_device", mod_memory_device, METH_O,
-     "_memory_device(address) -> -1 (host memory) or the CUDA device it is on"},
     {"_parse_size", mod_parse_size, METH_O,
      "_parse_size(text) -> int: '16MB', '4GiB', '4096' as bytes; -1 if not a size."},
     {NULL, NULL, 0, NULL},

@@ -5,6 +5,7 @@ into registered tensors that GPU destinations use (here with host tensors)."""
 import ctypes
 import os
 import tempfile
+import threading
 import unittest
 
 import kvstash
@@ -16,7 +17,7 @@ try:
 except ImportError as e:  # the test command installs python3-torch; say so where it cannot
     raise unittest.SkipTest(f"PyTorch is not importable here ({e}): tensor tests skipped")
 
-DTYPES = [getattr(torch, n) for n in _tensor._DTYPE_NAMES
+DTYPES = [getattr(torch, n) for n in _tensor._DTYPE_NAMES.values()
           if isinstance(getattr(torch, n, None), torch.dtype)]
 
 
@@ -42,7 +43,9 @@ def sample(dtype, shape, seed=0):
 class TensorTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = Server(segment="64MiB")
+        # Room for the upsert race's tombstones (each lasts its reader's lease, 10 s) beside
+        # the other cases' objects, so that none of them is evicted meanwhile.
+        cls.server = Server(segment="512MiB")
 
     @classmethod
     def tearDownClass(cls):
@@ -237,6 +240,102 @@ class TensorTest(unittest.TestCase):
         self.assertLess(s.get_tensor_into_cuda(keys[0], loose), 0)
         self.assertEqual(s.batch_get_tensor_into_cuda(keys, dst[:1]), [-600] * 3)
         self.assertEqual(s.get_tensor_into_cuda(keys[0], dst[0].t()), -600)  # not contiguous
+
+    def test_into_registered_tensors_never_mixes_versions(self):
+        # Upserts racing the reads, alternating a float32 tensor and an int32 one of the same
+        # size: a read that took the header of one and the elements of the other would give
+        # float32 values other than 1.0 (or shapes that lie). Each read is one version.
+        s = self.s
+        key = self.k("race")
+        a = torch.full((64, 64), 1.0, dtype=torch.float32)
+        b = torch.full((64, 64), 7, dtype=torch.int32)
+        self.assertEqual(s.put_tensor(key, a), 0)
+        dst = torch.empty_like(a)
+        self.assertEqual(s.register_buffer(dst.data_ptr(), dst.numel() * 4), 0)
+        self.addCleanup(s.unregister_buffer, dst.data_ptr())
+        w = kvstash.MooncakeDistributedStore()  # another client, and this one too
+        self.assertEqual(w.setup("localhost", "", 0, 0, "tcp", "", self.server.master), 0)
+        self.addCleanup(w.close)
+        stop = threading.Event()
+
+        def writer():
+            i = 0
+            while not stop.is_set():
+                (w if i % 2 else s).upsert_tensor(key, b if i % 2 else a)
+                i += 1
+
+        t = threading.Thread(target=writer)
+        t.start()
+        outcomes = {"a": 0, "b": 0}
+        try:
+            for _ in range(3000):
+                r = s.get_tensor_into_cuda(key, dst)
+                if r == a.numel() * 4:
+                    self.assertTrue(bool((dst == 1.0).all()), "a read mixed two versions")
+                    outcomes["a"] += 1
+                elif r == -600:
+                    outcomes["b"] += 1  # the int32 version: not this destination's dtype
+        finally:
+            stop.set()
+            t.join(30)
+        self.assertGreater(outcomes["a"], 0)
+        self.assertGreater(outcomes["b"], 0)
+
+    def test_bad_pointers_and_destinations(self):
+        s = self.s
+        t = sample(torch.float32, (4, 4))
+        self.assertEqual(s.put_tensor(self.k("t"), t), 0)
+        # Pointers that are not registered memory are refused, never read.
+        for p in (4096, 0, -1, 1 << 70, "x"):
+            self.assertEqual(s.put_tensor_from(self.k("p"), p, 400), -600)
+            self.assertEqual(s.upsert_tensor_from(self.k("p"), p, 400), -600)
+        self.assertEqual(s.batch_put_tensor_from([self.k("p")], [4096], [400]), [-600])
+        loose = ctypes.create_string_buffer(4096)
+        self.assertIsNone(s.get_tensor_into(self.k("t"), ctypes.addressof(loose), 4096))
+        # Destinations that are views over other bytes, or of no memory.
+        c = torch.zeros(4, 4, dtype=torch.complex64)
+        self.assertEqual(s.register_buffer(c.data_ptr(), c.numel() * 8), 0)
+        self.addCleanup(s.unregister_buffer, c.data_ptr())
+        self.assertEqual(s.put_tensor(self.k("c"), c), 0)
+        self.assertEqual(s.get_tensor_into_cuda(self.k("c"), c.conj()), -600)
+        self.assertEqual(s.put_tensor(self.k("meta"), torch.empty(4, device="meta")), -600)
+        self.assertEqual(s.put_tensor(self.k("csr"), torch.eye(3).to_sparse_csr()), -600)
+        # An object with bytes after its elements is no tensor, on every read path.
+        buf = self.registered(1024)
+        n = s.get_into(self.k("t"), buf.ptr, buf.size)
+        self.assertEqual(n, 304 + 64)
+        self.assertEqual(s.put_from(self.k("trail"), buf.ptr, n + 8), 0)
+        self.assertIsNone(s.get_tensor(self.k("trail")))
+        dst = torch.empty(4, 4)
+        self.assertEqual(s.register_buffer(dst.data_ptr(), 64), 0)
+        self.addCleanup(s.unregister_buffer, dst.data_ptr())
+        self.assertEqual(s.get_tensor_into_cuda(self.k("trail"), dst), -600)
+        self.assertEqual(s.get_tensor_into_cuda(self.k("t"), dst), 64)
+        self.assertSame(dst, t)
+
+    def test_pub_upsert_and_tp_from(self):
+        s = self.s
+        t = sample(torch.int16, (6, 4), 5)
+        u = sample(torch.int16, (6, 4), 6)
+        cfg = kvstash.ReplicateConfig(replica_num=1)
+        self.assertEqual(s.upsert_pub_tensor(self.k("up"), t, cfg), 0)
+        self.assertEqual(s.upsert_pub_tensor(self.k("up"), u, cfg), 0)
+        self.assertSame(s.get_tensor(self.k("up")), u)
+        self.assertEqual(s.batch_upsert_pub_tensor([self.k("up")], [t], cfg), [0])
+        self.assertSame(s.get_tensor(self.k("up")), t)
+        self.assertEqual(s.pub_tensor_with_tp(self.k("ptp"), t, cfg, 0, 2, 0), 0)
+        self.assertSame(s.get_tensor_with_tp(self.k("ptp"), 1, 2), t[3:])
+        self.assertEqual(s.batch_pub_tensor_with_tp([self.k("ptp2")], [t], cfg, 0, 3, 1), [0])
+        self.assertSame(s.get_tensor_with_tp(self.k("ptp2"), 2, 3), t[:, 4:])  # empty rank
+        buf = self.registered(1024)
+        n = s.get_into(self.k("up"), buf.ptr, buf.size)
+        self.assertEqual(s.put_tensor_with_tp_from(self.k("tf"), buf.ptr, n, 0, 2, 1), 0)
+        self.assertSame(s.get_tensor_with_tp(self.k("tf"), 0, 2), t[:, :2])
+        self.assertEqual(s.batch_put_tensor_with_tp_from([self.k("tf2")], [4096], [n], 0, 2),
+                         [-600])
+        self.assertEqual(s.put_tensor_with_tp(self.k("x"), t, tp_size=True), -600)
+        self.assertEqual(s.put_tensor_with_tp(self.k("x"), t, tp_size=1 << 31), -600)
+        self.assertEqual(s.put_tensor_with_tp(self.k("x"), t, tp_size=2, split_dim=True), -600)
 
     def test_tp_sharding_every_dimension(self):
         s = self.s

@@ -441,6 +441,31 @@ class MooncakeDistributedStore(_kvstash.MooncakeDistributedStore):
     def batch_pub_tensor(self, keys, tensors_list, config=None):
         return _tensor.batch_put_tensor(self, keys, tensors_list, config)
 
+    def upsert_pub_tensor(self, key, tensor, config=None):
+        if not _tensor._checked_config(config):
+            return INVALID_PARAMS
+        return _tensor.batch_put_tensor(self, [key], [tensor], config, upsert=True)[0]
+
+    def batch_upsert_pub_tensor(self, keys, tensors_list, config=None):
+        return _tensor.batch_put_tensor(self, keys, tensors_list, config, upsert=True)
+
+    def pub_tensor_with_tp(self, key, tensor, config=None, tp_rank=0, tp_size=1, split_dim=0):
+        return _tensor.pub_tensor_with_tp(self, key, tensor, config, tp_rank, tp_size, split_dim)
+
+    def batch_pub_tensor_with_tp(self, base_keys, tensors_list, config=None, tp_rank=0,
+                                 tp_size=1, split_dim=0):
+        return _tensor.batch_pub_tensor_with_tp(self, base_keys, tensors_list, config, tp_rank,
+                                                tp_size, split_dim)
+
+    def put_tensor_with_tp_from(self, key, buffer_ptr, size, tp_rank=0, tp_size=1, split_dim=0):
+        return _tensor.put_tensor_with_tp_from(self, key, buffer_ptr, size, tp_rank, tp_size,
+                                               split_dim)
+
+    def batch_put_tensor_with_tp_from(self, base_keys, buffer_ptrs, sizes, tp_rank=0, tp_size=1,
+                                      split_dim=0):
+        return _tensor.batch_put_tensor_with_tp_from(self, base_keys, buffer_ptrs, sizes,
+                                                     tp_rank, tp_size, split_dim)
+
     def put_tensor_with_tp(self, key, tensor, tp_rank=0, tp_size=1, split_dim=0):
         return _tensor.put_tensor_with_tp(self, key, tensor, tp_rank, tp_size, split_dim)
 

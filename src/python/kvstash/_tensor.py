@@ -31,14 +31,16 @@ _AXIS = struct.Struct("<iiiiiiq")  # kind, axis_index, shard_rank, shard_count, 
 _SHAPE_AT, _LOCAL_AT, _AXES_AT = 40, 104, 168
 assert _AXES_AT + _AXES_HEAD.size + MAX_AXES * _AXIS.size == HEADER_SIZE
 
-# Mooncake's dtype numbers (0..14), then kvstash's for the dtypes Mooncake has no number for.
-_DTYPE_NAMES = [
-    "float32", "float64", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
-    "uint64", "bool", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
-    # kvstash extensions (Mooncake readers refuse these numbers)
-    "complex32", "complex64", "complex128", "float8_e4m3fnuz", "float8_e5m2fnuz",
-    "float8_e8m0fnu", "float4_e2m1fn_x2",
-]
+# Mooncake's dtype numbers (0..14), then kvstash's own from 100 (clear of the numbers Mooncake
+# may add) for the dtypes Mooncake has no number for.
+_DTYPE_NAMES = {
+    0: "float32", 1: "float64", 2: "int8", 3: "uint8", 4: "int16", 5: "uint16", 6: "int32",
+    7: "uint32", 8: "int64", 9: "uint64", 10: "bool", 11: "float16", 12: "bfloat16",
+    13: "float8_e4m3fn", 14: "float8_e5m2",
+    # kvstash's (Mooncake readers refuse these numbers)
+    100: "complex32", 101: "complex64", 102: "complex128", 103: "float8_e4m3fnuz",
+    104: "float8_e5m2fnuz", 105: "float8_e8m0fnu", 106: "float4_e2m1fn_x2",
+}
 
 _torch = None
 _codes = None  # torch dtype -> number
@@ -55,7 +57,7 @@ def _t():
             raise ImportError("kvstash's tensor calls need PyTorch (python3-torch or the torch "
                               "wheel): " + str(e)) from e
         codes, dtypes = {}, {}
-        for num, name in enumerate(_DTYPE_NAMES):
+        for num, name in _DTYPE_NAMES.items():
             dt = getattr(torch, name, None)  # older PyTorch lacks some (uint16, float8, ...)
             if isinstance(dt, torch.dtype):
                 codes[dt] = num
@@ -127,9 +129,10 @@ def parse(header, total):
     return m
 
 
-def _host_bytes(ptr, n):
-    """n bytes at a host address, copied; None for device memory."""
-    if _kvstash._memory_device(ptr) != -1:
+def _host_bytes(store, ptr, n):
+    """n bytes at ptr, copied, when they lie in registered host memory; else None (device
+    memory, or memory not registered, which is never read)."""
+    if store._buffer_domain(ptr, n) != -1:
         return None
     return ctypes.string_at(ptr, n)
 
@@ -147,11 +150,13 @@ def _view(owner, offset, m):
 # ---- encoding a tensor -----------------------------------------------------------------------
 
 class _Encoded:
-    """A tensor ready to store: header bytes and the memory of its elements, kept alive."""
-    __slots__ = ("header", "tensor", "frags")
+    """A tensor ready to store: header bytes and the memory of its elements (host memory, or
+    the device's for a CUDA tensor), kept alive."""
+    __slots__ = ("header", "tensor", "frags", "on_gpu")
 
     def __init__(self, header, tensor):
         self.header, self.tensor = header, tensor
+        self.on_gpu = tensor.device.type == "cuda"
         hptr = ctypes.addressof((ctypes.c_char * HEADER_SIZE).from_buffer(header))
         self.frags = ([hptr], [HEADER_SIZE])
         n = tensor.numel() * tensor.element_size()
@@ -160,24 +165,35 @@ class _Encoded:
             self.frags[1].append(n)
 
 
+def _host_copy(t):
+    """A tensor's contents in host memory (the put path of GPU tensors whose memory is not
+    registered)."""
+    return t.cpu()
+
+
 def _encode(tensor, global_shape=None, axes=()):
     """_Encoded, or None for what cannot be stored (not a tensor, an unsupported dtype, more
     than 8 dimensions). Non-contiguous tensors are stored in C order (a contiguous copy, as
-    Mooncake does); tensors on a GPU are copied to host memory."""
+    Mooncake does); CUDA tensors stay on their device (the put writes them from there when
+    their memory is registered, else from a host copy); other devices are copied to the host."""
     torch = _t()
-    if not isinstance(tensor, torch.Tensor) or tensor.dim() > MAX_DIMS:
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() > MAX_DIMS or \
+            tensor.layout != torch.strided or tensor.is_quantized or tensor.is_meta:
         return None
     num = _codes.get(tensor.dtype)
-    if num is None or tensor.is_sparse or tensor.is_quantized:
+    if num is None:
         return None
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.contiguous()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
+    try:
+        t = tensor.detach()
+        if t.device.type not in ("cpu", "cuda"):
+            t = _host_copy(t)
+        t = t.contiguous()
+        if t.is_conj():
+            t = t.resolve_conj()
+        if t.is_neg():
+            t = t.resolve_neg()
+    except (RuntimeError, NotImplementedError):  # a tensor PyTorch cannot lay out in memory
+        return None
     header = _pack(num, tuple(t.shape), t.numel() * t.element_size(), global_shape, axes)
     return _Encoded(header, t)
 
@@ -191,9 +207,68 @@ def _checked_config(config):
     return True
 
 
+def _put_gpu(store, keys, encs, config):
+    """Puts CUDA tensors from their registered device memory through a put session: the
+    headers from a host buffer registered for the call, then the elements from the device,
+    then the end that makes each object readable at once. Returns a code per key, None for
+    those whose memory is not registered (revoked: the caller copies them to the host)."""
+    n = len(keys)
+    out = [None] * n
+    heads = bytearray(HEADER_SIZE * n)
+    for j, e in enumerate(encs):
+        heads[j * HEADER_SIZE:(j + 1) * HEADER_SIZE] = e.header
+    hptr = ctypes.addressof((ctypes.c_char * len(heads)).from_buffer(heads))
+    if store.register_buffer(hptr, len(heads)) != 0:
+        return out
+    try:
+        sizes = [HEADER_SIZE + e.frags[1][1] for e in encs]
+        started = store.batch_put_session_start(keys, sizes, config)
+        if len(started) != n:
+            return [INVALID_PARAMS] * n
+        live = []
+        for j, r in enumerate(started):
+            if r == 0:
+                live.append(j)
+            else:
+                out[j] = 0 if r == -705 else r  # Mooncake: an existing key keeps its value
+        if not live:
+            return out
+        ks = [keys[j] for j in live]
+        wrote = store.batch_put_from_multi_buffer_ranges(
+            ks, [[encs[j].frags[0][1]] for j in live], [[encs[j].frags[1][1]] for j in live],
+            [[HEADER_SIZE]] * len(live))
+        ok, again = [], []
+        for j, r in zip(live, wrote if len(wrote) == len(live) else [INVALID_PARAMS] * len(live)):
+            (ok if r >= 0 else again).append(j)
+        if again:  # not registered (or failed): revoked, and put again from the host
+            store.batch_put_session_revoke([keys[j] for j in again])
+        if ok:
+            hdr = store.batch_put_from_multi_buffer_ranges(
+                [keys[j] for j in ok], [[hptr + j * HEADER_SIZE] for j in ok],
+                [[HEADER_SIZE]] * len(ok), [[0]] * len(ok))
+            ended = store.batch_put_session_end([keys[j] for j in ok])
+            for j, h, r in zip(ok, hdr, ended):
+                out[j] = h if h < 0 and r != 0 else r
+    finally:
+        store.unregister_buffer(hptr)
+    return out
+
+
 def _put_encoded(store, keys, encs, config=None, upsert=False):
-    """Stores encoded tensors (None entries: -600) in one batch; a code per key."""
+    """Stores encoded tensors (None entries: -600) in one batch; a code per key. CUDA
+    tensors go from their device memory where it is registered (plain puts), else from a
+    host copy."""
     out = [INVALID_PARAMS] * len(keys)
+    gpu = [i for i, e in enumerate(encs) if e is not None and e.on_gpu and e.frags[1][1:]]
+    if gpu and not upsert:
+        res = _put_gpu(store, [keys[i] for i in gpu], [encs[i] for i in gpu], config)
+        for i, r in zip(gpu, res):
+            if r is not None:
+                out[i] = r
+                encs[i] = None
+    for i, e in enumerate(encs):
+        if e is not None and e.on_gpu:  # upserts, unregistered memory, empty tensors
+            encs[i] = _Encoded(e.header, _host_copy(e.tensor))
     idx = [i for i, e in enumerate(encs) if e is not None]
     if idx:
         res = store._put_frags([keys[i] for i in idx], [encs[i].frags[0] for i in idx],
@@ -239,22 +314,26 @@ def batch_put_tensor(store, keys, tensors_list, config=None, upsert=False):
     return _put_encoded(store, keys, [_encode(t) for t in tensors_list], config, upsert)
 
 
-def _from_ok(ptr, size):
-    """A serialized tensor at ptr: checked when it is in host memory."""
-    if not isinstance(ptr, int) or not isinstance(size, int) or ptr == 0 or size < HEADER_SIZE:
+def _from_ok(store, ptr, size):
+    """A serialized tensor of `size` bytes at ptr, in registered memory (its header checked
+    when that memory is the host's)."""
+    if not isinstance(ptr, int) or not isinstance(size, int) or isinstance(size, bool) or \
+            ptr <= 0 or size < HEADER_SIZE:
         return False
-    head = _host_bytes(ptr, HEADER_SIZE)
-    return head is None or parse(head, size) is not None
+    dom = store._buffer_domain(ptr, size)
+    if dom == -1:
+        return parse(ctypes.string_at(ptr, HEADER_SIZE), size) is not None
+    return dom >= 0
 
 
 def put_tensor_from(store, key, buffer_ptr, size):
-    if not _from_ok(buffer_ptr, size):
+    if not _from_ok(store, buffer_ptr, size):
         return INVALID_PARAMS
     return store.put_from(key, buffer_ptr, size)
 
 
 def upsert_tensor_from(store, key, buffer_ptr, size):
-    if not _from_ok(buffer_ptr, size):
+    if not _from_ok(store, buffer_ptr, size):
         return INVALID_PARAMS
     return store.upsert_from(key, buffer_ptr, size)
 
@@ -265,7 +344,7 @@ def batch_put_tensor_from(store, keys, buffer_ptrs, sizes, upsert=False):
         return [INVALID_PARAMS] * len(keys)
     if not keys:
         return []
-    if not all(_from_ok(p, s) for p, s in zip(buffer_ptrs, sizes)):
+    if not all(_from_ok(store, p, n) for p, n in zip(buffer_ptrs, sizes)):
         return [INVALID_PARAMS] * len(keys)  # Mooncake: a bad entry fails the batch
     call = store.batch_upsert_from if upsert else store.batch_put_from
     return call(keys, list(buffer_ptrs), list(sizes))
@@ -295,11 +374,12 @@ def batch_get_tensor(store, keys):
     return [_from_handle(h) for h in handles]
 
 
-def _into(ptr, n):
-    """The tensor read into host memory at ptr (n bytes), a view of it; None otherwise."""
+def _into(store, ptr, n):
+    """The tensor read into registered host memory at ptr (n bytes), a view of it; None
+    otherwise."""
     if n < HEADER_SIZE:
         return None
-    head = _host_bytes(ptr, HEADER_SIZE)
+    head = _host_bytes(store, ptr, n)
     m = None if head is None else parse(head, n)
     if m is None:
         return None
@@ -307,8 +387,10 @@ def _into(ptr, n):
 
 
 def get_tensor_into(store, key, buffer_ptr, size):
+    if not isinstance(buffer_ptr, int) or store._buffer_domain(buffer_ptr, HEADER_SIZE) != -1:
+        return None  # device memory: get_tensor_into_cuda reads there
     n = store.get_into(key, buffer_ptr, size)
-    return _into(buffer_ptr, n) if n >= 0 else None
+    return _into(store, buffer_ptr, n) if n >= 0 else None
 
 
 def batch_get_tensor_into(store, keys, buffer_ptrs, sizes):
@@ -320,66 +402,71 @@ def batch_get_tensor_into(store, keys, buffer_ptrs, sizes):
     res = store.batch_get_into(keys, list(buffer_ptrs), list(sizes))
     if len(res) != len(keys):
         return [INVALID_PARAMS] * len(keys)
-    return [_into(p, n) if n >= 0 else None for p, n in zip(buffer_ptrs, res)]
+    return [_into(store, p, n) if n >= 0 else None for p, n in zip(buffer_ptrs, res)]
+
+
+def _dst_ok(d):
+    torch = _t()
+    return isinstance(d, torch.Tensor) and d.layout == torch.strided and d.is_contiguous() and \
+        not d.is_conj() and not d.is_neg() and d.dim() <= MAX_DIMS and \
+        d.device.type in ("cpu", "cuda")
 
 
 def batch_get_tensor_into_cuda(store, keys, tensors_list):
     """Reads each tensor's elements into the registered, contiguous tensor of the same dtype
     and shape (on a GPU or not), through the store's direct or staged GPU paths: no host copy.
-    One read lease covers the header and the elements, so an upsert between them never mixes
-    versions. Returns the bytes read per key or a negative code."""
+    Each object is one read, its header into scratch memory on the destination's device and
+    its elements into the destination, so header and elements are always of one version.
+    Returns the elements' bytes per key, or a negative code (a destination that does not match
+    the stored header gets -600, after the read)."""
     torch = _t()
     keys, same = _batch_args(keys, tensors_list)
     if not same:
         return [INVALID_PARAMS] * len(keys)
     if not keys:
         return []
-    n = len(keys)
-    out = [INVALID_PARAMS] * n
-    ok = [i for i, d in enumerate(tensors_list)
-          if isinstance(d, torch.Tensor) and d.is_contiguous() and d.dim() <= MAX_DIMS]
-    if not ok:
+    out = [INVALID_PARAMS] * len(keys)
+    go = [i for i, d in enumerate(tensors_list) if _dst_ok(d)]
+    if not go:
         return out
-    ks = [keys[i] for i in ok]
-    heads = bytearray(HEADER_SIZE * len(ok))
-    hptr = ctypes.addressof((ctypes.c_char * len(heads)).from_buffer(heads))
-    if store.register_buffer(hptr, len(heads)) != 0:
-        return out
-    started = store.batch_get_session_start(ks)
+    # One scratch tensor of headers per device, registered for the call.
+    scratch, where = {}, {}
+    for i in go:
+        dev = tensors_list[i].device
+        where[i] = (dev, len(scratch.setdefault(dev, [])))
+        scratch[dev].append(i)
+    bufs = {dev: torch.empty(len(ix) * HEADER_SIZE, dtype=torch.uint8, device=dev)
+            for dev, ix in scratch.items()}
+    registered = []
     try:
-        res = store.batch_get_into_multi_buffer_ranges(
-            ks, [[hptr + j * HEADER_SIZE] for j in range(len(ok))],
-            [[HEADER_SIZE]] * len(ok), [[0]] * len(ok))
-        if len(res) != len(ok):
-            res = [INVALID_PARAMS] * len(ok)
-        go = []
-        for j, (i, r) in enumerate(zip(ok, res)):
+        for dev, b in bufs.items():
+            if store.register_buffer(b.data_ptr(), b.numel()) != 0:
+                return out
+            registered.append(b.data_ptr())
+        ptrs, sizes = [], []
+        for i in go:
+            d = tensors_list[i]
+            dev, slot = where[i]
+            n = d.numel() * d.element_size()
+            ptrs.append([bufs[dev].data_ptr() + slot * HEADER_SIZE] + ([d.data_ptr()] if n else []))
+            sizes.append([HEADER_SIZE] + ([n] if n else []))
+        res = store.batch_get_into_multi_buffers([keys[i] for i in go], ptrs, sizes)
+        if len(res) != len(go):
+            return out
+        heads = {dev: bytes(b.cpu().numpy()) if dev.type == "cuda" else bytes(b.numpy())
+                 for dev, b in bufs.items()}
+        for i, r in zip(go, res):
             if r < 0:
                 out[i] = r
                 continue
             d = tensors_list[i]
-            # The object's size is the header's plus its data_bytes.
-            nbytes = _HEAD.unpack_from(heads, j * HEADER_SIZE)[8]
-            m = parse(heads[j * HEADER_SIZE:(j + 1) * HEADER_SIZE], HEADER_SIZE + nbytes)
-            if m is None or m.dtype != d.dtype or tuple(d.shape) != m.shape:
-                out[i] = INVALID_PARAMS
-                continue
-            if m.nbytes == 0:
-                out[i] = 0
-                continue
-            go.append(i)
-        if go:
-            res = store.batch_get_into_multi_buffer_ranges(
-                [keys[i] for i in go], [[tensors_list[i].data_ptr()] for i in go],
-                [[tensors_list[i].numel() * tensors_list[i].element_size()] for i in go],
-                [[HEADER_SIZE]] * len(go))
-            if len(res) != len(go):
-                res = [INVALID_PARAMS] * len(go)
-            for i, r in zip(go, res):
-                out[i] = r
+            dev, slot = where[i]
+            m = parse(heads[dev][slot * HEADER_SIZE:(slot + 1) * HEADER_SIZE], r)
+            ok = m is not None and m.dtype == d.dtype and m.shape == tuple(d.shape)
+            out[i] = m.nbytes if ok else INVALID_PARAMS
     finally:
-        store.batch_get_session_end([k for k, r in zip(ks, started) if r == 0])
-        store.unregister_buffer(hptr)
+        for p in registered:
+            store.unregister_buffer(p)
     return out
 
 
@@ -388,6 +475,10 @@ def get_tensor_into_cuda(store, key, tensor):
 
 
 # ---- tensor parallelism ----------------------------------------------------------------------
+
+MAX_TP = 4096  # ranks of one split
+MAX_KEYS = 65536  # keys of one call (the store's batch limit)
+
 
 def tp_key(key, rank):
     return f"{key}_tp_{rank}"
@@ -398,7 +489,7 @@ def _shards(tensor, tp_size, split_dim):
     the last ranks possibly smaller or empty), or None for a bad split."""
     torch = _t()
     if not isinstance(tensor, torch.Tensor) or not isinstance(split_dim, int) or \
-            not 0 <= split_dim < tensor.dim():
+            isinstance(split_dim, bool) or not 0 <= split_dim < tensor.dim():
         return None
     dim = tensor.shape[split_dim]
     chunk = -(-dim // tp_size)
@@ -417,7 +508,8 @@ def batch_put_tensor_with_tp(store, base_keys, tensors_list, tp_rank=0, tp_size=
     """Stores every shard of each tensor (tp_rank is unused, as in Mooncake): 0 per key when
     all its shards were stored, else the first failing shard's code."""
     keys, same = _batch_args(base_keys, tensors_list)
-    if not same or not isinstance(tp_size, int):
+    if not same or not isinstance(tp_size, int) or isinstance(tp_size, bool) or \
+            tp_size > MAX_TP or len(keys) * max(tp_size, 1) > MAX_KEYS:
         return [INVALID_PARAMS] * len(keys)
     if tp_size <= 1:
         return batch_put_tensor(store, keys, tensors_list, config)
@@ -444,6 +536,39 @@ def batch_put_tensor_with_tp(store, base_keys, tensors_list, tp_rank=0, tp_size=
 
 def put_tensor_with_tp(store, key, tensor, tp_rank=0, tp_size=1, split_dim=0):
     return batch_put_tensor_with_tp(store, [key], [tensor], tp_rank, tp_size, split_dim)[0]
+
+
+def pub_tensor_with_tp(store, key, tensor, config=None, tp_rank=0, tp_size=1, split_dim=0):
+    if not _checked_config(config):
+        return INVALID_PARAMS
+    return batch_put_tensor_with_tp(store, [key], [tensor], tp_rank, tp_size, split_dim,
+                                    config)[0]
+
+
+def batch_pub_tensor_with_tp(store, base_keys, tensors_list, config=None, tp_rank=0, tp_size=1,
+                             split_dim=0):
+    if not _checked_config(config):
+        return [INVALID_PARAMS] * len(list(base_keys))
+    return batch_put_tensor_with_tp(store, base_keys, tensors_list, tp_rank, tp_size,
+                                    split_dim, config)
+
+
+def batch_put_tensor_with_tp_from(store, base_keys, buffer_ptrs, sizes, tp_rank=0, tp_size=1,
+                                  split_dim=0):
+    """Each buffer holds a whole serialized tensor (registered host memory), split and stored
+    as put_tensor_with_tp does."""
+    keys, same = _batch_args(base_keys, buffer_ptrs, sizes)
+    if not same:
+        return [INVALID_PARAMS] * len(keys)
+    tensors = [_into(store, p, n) if isinstance(p, int) and isinstance(n, int) else None
+               for p, n in zip(buffer_ptrs, sizes)]
+    out = batch_put_tensor_with_tp(store, keys, tensors, tp_rank, tp_size, split_dim)
+    return [INVALID_PARAMS if t is None else r for t, r in zip(tensors, out)]
+
+
+def put_tensor_with_tp_from(store, key, buffer_ptr, size, tp_rank=0, tp_size=1, split_dim=0):
+    return batch_put_tensor_with_tp_from(store, [key], [buffer_ptr], [size], tp_rank, tp_size,
+                                         split_dim)[0]
 
 
 def _shard_ok(t, h, tp_rank):
@@ -490,7 +615,7 @@ def batch_get_tensor_with_tp_into(store, base_keys, buffer_ptrs, sizes, tp_rank=
         if not hasattr(t, "shape"):
             out.append(None)
             continue
-        head = _host_bytes(p, HEADER_SIZE)
+        head = _host_bytes(store, p, HEADER_SIZE)
         m = parse(head, HEADER_SIZE + t.numel() * t.element_size()) if head else None
         ok = m is not None and m.layout == LAYOUT_SHARD and \
             any(a[0] == AXIS_TP and a[2] == tp_rank for a in m.axes)
@@ -525,7 +650,7 @@ def save_tensor_to_safetensor(store, key, file_name=None):
         return FILE_NOT_FOUND
     try:
         st.save_file({key: t.contiguous()}, file_name or key)
-    except (OSError, ValueError, TypeError) as e:
+    except Exception as e:  # Mooncake: any failure is a code
         print(f"kvstash save_tensor_to_safetensor: {e}", file=sys.stderr)
         return INVALID_PARAMS
     return 0
@@ -537,7 +662,7 @@ def load_tensor_from_safetensor(store, key=None, file_name=None):
         return None
     try:
         tensors = st.load_file(file_name)
-    except (OSError, ValueError) as e:
+    except Exception as e:  # a missing or corrupt file (SafetensorError): None, as Mooncake
         print(f"kvstash load_tensor_from_safetensor: {e}", file=sys.stderr)
         return None
     name = key if key is not None else file_name
