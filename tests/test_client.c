@@ -704,6 +704,88 @@ static void multi_buffer_case(bool grouped)
     server_stop(&st.srv);
 }
 
+/* Puts from any memory (gathered, one batch), registered-range checks, the replica clear of a
+ * client's own objects, and the config's group count rule. */
+static void test_any_memory_puts_and_replica_clear(void)
+{
+    store_t st;
+    store_start(&st, "64MiB", NULL);
+    kvs_client_t *c = client_open(st.master, 5000), *other = client_open(st.master, 5000);
+    enum { SZ = 70000 };
+    uint8_t *src = malloc(SZ), *dst = malloc(SZ); /* never registered */
+    CHECK(src && dst);
+    fill("any", src, SZ);
+    kvs_buf_t two[2] = {{src, 1000}, {src + 1000, SZ - 1000}};
+    const kvs_buf_t *bufs[1] = {two};
+    size_t nbufs[1] = {2};
+    const char *key[1] = {"any"};
+    int res[2];
+    CHECK_STATUS(kvs_client_batch_put_multi(c, 1, key, bufs, nbufs, NULL, false, res), KVS_OK);
+    CHECK_STATUS(res[0], KVS_OK);
+    void *got = NULL;
+    size_t n = 0;
+    CHECK_STATUS(kvs_client_get(c, "any", &got, &n), KVS_OK);
+    CHECK_EQ_U64(n, SZ);
+    CHECK_EQ_INT(mismatch("any", 0, got, SZ), -1);
+    kvs_free(got);
+    /* upsert = true replaces; a plain put of a present key is -705. */
+    memset(src, 0x33, SZ);
+    CHECK_STATUS(kvs_client_batch_put_multi(c, 1, key, bufs, nbufs, NULL, false, res), KVS_OK);
+    CHECK_STATUS(res[0], KVS_OBJECT_ALREADY_EXISTS);
+    CHECK_STATUS(kvs_client_batch_put_multi(c, 1, key, bufs, nbufs, NULL, true, res), KVS_OK);
+    CHECK_STATUS(res[0], KVS_OK);
+    CHECK_EQ_INT(kvs_client_get_into(c, "any", src, SZ), -600); /* unregistered destination */
+    CHECK_STATUS(kvs_client_register_buffer(c, dst, SZ), KVS_OK);
+    CHECK_EQ_INT(kvs_client_get_into(c, "any", dst, SZ), SZ);
+    CHECK_EQ_INT(dst[0], 0x33);
+    CHECK_EQ_INT(dst[SZ - 1], 0x33);
+    /* kvs_client_batch_put: one buffer each. */
+    const char *keys2[2] = {"one", "two"};
+    kvs_buf_t single[2] = {{src, 10}, {src + 10, 20}};
+    CHECK_STATUS(kvs_client_batch_put(c, 2, keys2, single, NULL, res), KVS_OK);
+    CHECK_STATUS(res[0], KVS_OK);
+    CHECK_STATUS(res[1], KVS_OK);
+    CHECK_EQ_INT(kvs_client_get_size(c, "two"), 20);
+    /* Registered ranges. */
+    CHECK_EQ_INT(kvs_client_buffer_domain(c, dst, SZ), -1);
+    CHECK_EQ_INT(kvs_client_buffer_domain(c, dst + 10, 10), -1);
+    CHECK_STATUS(kvs_client_buffer_domain(c, dst, SZ + 1), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_buffer_domain(c, src, 10), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_buffer_domain(c, NULL, 10), KVS_INVALID_PARAMS);
+    /* Replica clear: only the writer's own objects; "" (or NULL) clears whole objects. */
+    const char *both[2] = {"one", "absent"};
+    CHECK_STATUS(kvs_client_batch_replica_clear(other, 2, both, NULL, res), KVS_OK);
+    CHECK_STATUS(res[0], KVS_INVALID_PARAMS);
+    CHECK_STATUS(res[1], KVS_OBJECT_NOT_FOUND);
+    CHECK_EQ_INT(kvs_client_get_size(c, "one"), 10); /* its lookup's lease goes back at once */
+    CHECK_STATUS(kvs_client_batch_replica_clear(c, 1, both, "no-such-segment", res), KVS_OK);
+    CHECK_STATUS(res[0], KVS_SEGMENT_NOT_FOUND);
+    CHECK_STATUS(kvs_client_batch_replica_clear(c, 1, both, "", res), KVS_OK);
+    CHECK_STATUS(res[0], KVS_OK);
+    CHECK_EQ_INT(kvs_client_get_size(c, "one"), KVS_OBJECT_NOT_FOUND);
+    /* group_ids: one for all keys, or one per key; another count is refused up front. */
+    kvs_replicate_config_t rc;
+    kvs_replicate_config_init(&rc);
+    const char *groups[3] = {"g", "h", "i"};
+    rc.group_ids = groups;
+    rc.ngroup_ids = 3;
+    const char *keys3[2] = {"p", "q"};
+    CHECK_STATUS(kvs_client_batch_put(c, 2, keys3, single, &rc, res), KVS_INVALID_PARAMS);
+    rc.ngroup_ids = 2;
+    CHECK_STATUS(kvs_client_batch_put(c, 2, keys3, single, &rc, res), KVS_OK);
+    CHECK_STATUS(res[0], KVS_OK);
+    rc.ngroup_ids = 1;
+    const char *keys4[2] = {"r", "s"};
+    CHECK_STATUS(kvs_client_batch_put(c, 2, keys4, single, &rc, res), KVS_OK);
+    CHECK_STATUS(res[1], KVS_OK);
+    free(src);
+    kvs_client_unregister_buffer(c, dst);
+    free(dst);
+    kvs_client_close(other);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
 static void test_multi_buffers_direct(void)
 {
     multi_buffer_case(false);
@@ -1389,6 +1471,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_remounted_segment_gets_fresh_memory),
         KVS_TEST_CASE(test_stopped_owner_resumes_after_its_put_was_revoked),
         KVS_TEST_CASE(test_batch_put_from_multi_gathers_in_order),
+        KVS_TEST_CASE(test_any_memory_puts_and_replica_clear),
         KVS_TEST_CASE(test_multi_buffers_direct),
         KVS_TEST_CASE(test_multi_buffers_grouped),
         KVS_TEST_CASE(test_bad_input_is_refused_and_changes_nothing),
