@@ -515,6 +515,60 @@ static void test_upsert_swap(void)
     fx_fini(&f);
 }
 
+static uint64_t seg_used(fx_t *f, uint64_t id);
+static void release(fx_t *f, uint64_t client, const char *key, uint64_t lease_id);
+
+/* A tombstone's space is free again as soon as its readers have released their leases, not
+ * only at the end of the longest lease (replacements under reads filled segments with
+ * tombstones for 10 s each, and evicted live objects for them). */
+static void test_tombstone_ends_with_its_last_release(void)
+{
+    fx_t f;
+    fx_init(&f, 10000);
+    uint64_t s1 = mount(&f, f.client, "s1", "n", 1 << 20);
+    uint64_t other = kvs__master_new_client(f.m);
+    CHECK_STATUS(put_pinned(&f, "k", 4096, 0, 0, 0), KVS_OK);
+    kvs__obj_desc_t a, b;
+    CHECK_STATUS(lookup(&f, "k", &a), KVS_OK); /* two readers lease version 1 */
+    uint64_t client = f.client;
+    f.client = other;
+    CHECK_STATUS(lookup(&f, "k", &b), KVS_OK);
+    f.client = client;
+    uint64_t one = seg_used(&f, s1);
+    CHECK_STATUS(put_start_ex(&f, "k", 4096, 1, "n", "", KVS_PUT_FLAG_UPSERT, NULL), KVS_OK);
+    CHECK_STATUS(END(&f, "k"), KVS_OK); /* version 1 is a tombstone now */
+    CHECK_EQ_U64(seg_used(&f, s1), 2 * one);
+    release(&f, other, "k", a.lease_id); /* not its lease: nothing */
+    release(&f, f.client, "k", a.lease_id);
+    CHECK_EQ_U64(seg_used(&f, s1), 2 * one); /* the other reader still reads */
+    release(&f, f.client, "k", a.lease_id);  /* twice: nothing more */
+    f.now += 1 * MS;
+    release(&f, other, "k", b.lease_id);
+    CHECK_EQ_U64(seg_used(&f, s1), one); /* freed at once, 10 s before the leases' end */
+    CHECK_EQ_U64(counter(&f, "lease_releases"), 2);
+    /* A forced remove of a leased object: the same. */
+    CHECK_STATUS(lookup(&f, "k", &a), KVS_OK);
+    CHECK_STATUS(REMOVE(&f, "k", KVS_KEYS_FLAG_FORCE), KVS_OK);
+    CHECK_EQ_U64(seg_used(&f, s1), one);
+    release(&f, f.client, "k", a.lease_id);
+    CHECK_EQ_U64(seg_used(&f, s1), 0);
+    /* Unreleased, a tombstone lasts its lease. */
+    CHECK_STATUS(put_pinned(&f, "k", 4096, 0, 0, 0), KVS_OK);
+    CHECK_STATUS(lookup(&f, "k", &a), KVS_OK);
+    CHECK_STATUS(REMOVE(&f, "k", KVS_KEYS_FLAG_FORCE), KVS_OK);
+    uint64_t t0 = f.now;
+    while (f.now < t0 + 9999 * MS) { /* the owner keeps its segment */
+        f.now = KVS_MIN(f.now + 500 * MS, t0 + 9999 * MS);
+        heartbeat_ack(&f, f.client, s1, 0, NULL);
+        kvs__master_tick(f.m, f.now);
+    }
+    CHECK_EQ_U64(seg_used(&f, s1), one);
+    f.now += 2 * MS;
+    kvs__master_tick(f.m, f.now);
+    CHECK_EQ_U64(seg_used(&f, s1), 0);
+    fx_fini(&f);
+}
+
 /* A version with an upsert open is never evicted: under pressure (the segment over its
  * watermark, the version least recently used) the upsert still ends and replaces it. */
 static void test_upsert_survives_eviction(void)
@@ -1289,6 +1343,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_pins_and_eviction_order),
         KVS_TEST_CASE(test_soft_pins_kept_when_not_allowed),
         KVS_TEST_CASE(test_upsert_swap),
+        KVS_TEST_CASE(test_tombstone_ends_with_its_last_release),
         KVS_TEST_CASE(test_upsert_survives_eviction),
         KVS_TEST_CASE(test_liveness),
         KVS_TEST_CASE(test_put_discard),

@@ -124,8 +124,19 @@ typedef struct obj {
  * (revoked, discarded, removed while pending) whose writes may still be on their way to the
  * owner (until the owner acknowledges fence `fence_seq`). Readers inside their lease and late
  * writes therefore never meet another object's bytes. */
+/* The readers of a version removed or replaced while leased, shared by its replicas' limbo
+ * entries: its space is free again once every one of them has released its lease or seen it
+ * end, not only at the latest lease's end. */
+typedef struct tomb {
+    uint32_t refs; /* limbo entries */
+    uint32_t nreaders;
+    uint64_t until_ns; /* the latest end of the readers' leases left */
+    reader_t readers[];
+} tomb_t;
+
 typedef struct limbo {
     struct limbo *next;
+    tomb_t *tomb; /* a tombstone's readers (NULL: not a tombstone) */
     struct seg *seg;
     uint32_t handle;
     uint64_t until_ns;
@@ -153,6 +164,7 @@ struct kvs__master {
     kvs__master_config_t cfg;
     limbo_t *limbo;
     uint32_t limbo_writers; /* limbo entries still waiting for their writer */
+    uint32_t ntombs;        /* tombstones with readers (a release may end one) */
     client_rec_t *clients;
     uint32_t nclients, cap_clients;
     obj_t **buckets;
@@ -487,24 +499,37 @@ static int obj_retire(kvs__master_t *m, uint64_t now_ns, obj_t *o, bool writer_d
                 break;
             }
         }
+        tomb_t *tomb = n == o->nrep && leased
+                           ? kvs__malloc(sizeof(*tomb) + (size_t)o->nreaders * sizeof(reader_t))
+                           : NULL;
+        bool made = n == o->nrep && (!leased || tomb != NULL);
         bool fenced = true;
-        if (n == o->nrep && pending) {
+        if (made && pending) {
             /* Each fence is issued once its limbo entry exists, so none is lost. */
             for (uint32_t i = 0; i < n && fenced; i++) {
                 l[i]->fence_seq = fence_issue(o->reps[i].seg, o->token, o->cap_epoch);
                 fenced = l[i]->fence_seq != 0;
             }
         }
-        if (n < o->nrep || !fenced) {
+        if (!made || !fenced) {
             /* Fences already issued stay harmless: their token belongs to no live put. */
             for (uint32_t i = 0; i < n; i++) {
                 kvs__free(l[i]->key);
                 kvs__free(l[i]);
             }
+            kvs__free(tomb);
             return KVS_NO_MEMORY;
+        }
+        if (tomb != NULL) {
+            tomb->refs = n;
+            tomb->nreaders = o->nreaders;
+            tomb->until_ns = o->lease_until_ns;
+            memcpy(tomb->readers, o->readers, (size_t)o->nreaders * sizeof(reader_t));
+            m->ntombs++;
         }
         for (uint32_t i = 0; i < n; i++) {
             l[i]->seg = o->reps[i].seg;
+            l[i]->tomb = tomb;
             l[i]->handle = o->reps[i].handle;
             l[i]->until_ns = leased ? o->lease_until_ns : 0;
             if (!pending)
@@ -566,20 +591,35 @@ static bool writer_gone(kvs__master_t *m, uint64_t id, uint64_t now_ns)
 /* Returns to the allocators the limbo space whose lease has ended, whose fence the owner has
  * applied and whose writer is done (all of it, without freeing, when `all`: the allocators go
  * too). */
+static uint64_t limbo_until(const limbo_t *l)
+{
+    return l->tomb != NULL ? l->tomb->until_ns : l->until_ns;
+}
+
+/* Frees a limbo entry (not its space) unlinked from the list. */
+static void limbo_free(kvs__master_t *m, limbo_t *l)
+{
+    m->limbo_writers -= !l->writer_done;
+    if (l->tomb != NULL && --l->tomb->refs == 0) {
+        kvs__free(l->tomb);
+        m->ntombs--;
+    }
+    kvs__free(l->key);
+    kvs__free(l);
+}
+
 static void limbo_sweep(kvs__master_t *m, uint64_t now_ns, bool all)
 {
     for (limbo_t **pp = &m->limbo; *pp != NULL;) {
         limbo_t *l = *pp;
         bool writer_ok =
             l->writer_done || now_ns >= l->writer_deadline_ns || writer_gone(m, l->writer, now_ns);
-        bool due = l->until_ns <= now_ns && l->fence_seq <= l->seg->fence_acked && writer_ok;
+        bool due = limbo_until(l) <= now_ns && l->fence_seq <= l->seg->fence_acked && writer_ok;
         if (all || due) {
             if (!all)
                 kvs__seg_alloc_free(l->seg->alloc, l->handle);
-            m->limbo_writers -= !l->writer_done;
             *pp = l->next;
-            kvs__free(l->key);
-            kvs__free(l);
+            limbo_free(m, l);
         } else {
             pp = &l->next;
         }
@@ -638,9 +678,7 @@ static void limbo_drop_segment(kvs__master_t *m, const struct seg *s)
         limbo_t *l = *pp;
         if (l->seg == s) {
             *pp = l->next;
-            m->limbo_writers -= !l->writer_done;
-            kvs__free(l->key);
-            kvs__free(l);
+            limbo_free(m, l);
         } else {
             pp = &l->next;
         }
@@ -1522,28 +1560,62 @@ int kvs__master_put_revoke(kvs__master_t *m, uint64_t now_ns, uint64_t client_id
     return writer_keys(m, now_ns, client_id, req, arena, rsp, op_put_revoke);
 }
 
+/* Drops the lease `lease_id` of `client_id` from the tombstone holding it; true when that
+ * tombstone's space may now be free (its last lease left, or its latest one gone). */
+static bool tomb_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id, uint64_t lease_id)
+{
+    for (limbo_t *l = m->limbo; l != NULL; l = l->next) {
+        tomb_t *t = l->tomb;
+        if (t == NULL)
+            continue;
+        for (uint32_t j = 0; j < t->nreaders; j++) {
+            if (t->readers[j].lease_id != lease_id || t->readers[j].client_id != client_id)
+                continue;
+            t->readers[j] = t->readers[--t->nreaders];
+            m->c.lease_releases++;
+            uint64_t until = 0;
+            for (uint32_t k = 0; k < t->nreaders; k++) {
+                if (t->readers[k].until_ns > now_ns)
+                    until = KVS_MAX(until, t->readers[k].until_ns);
+            }
+            bool sooner = until < t->until_ns;
+            t->until_ns = until;
+            return sooner;
+        }
+    }
+    return false;
+}
+
 int kvs__master_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
                         const kvs__lease_release_t *rel, uint32_t n)
 {
     if (m == NULL || (rel == NULL && n > 0))
         return KVS_INVALID_PARAMS;
+    bool swept = false;
     for (uint32_t i = 0; i < n; i++) {
         if (ns_key_check(rel[i].key.ptr, rel[i].key.len) != KVS_OK)
             continue;
         obj_t *o = obj_find(m, rel[i].key, kvs__hash64(rel[i].key.ptr, rel[i].key.len));
-        if (o == NULL)
-            continue; /* gone: its leases went with it */
         /* Only the grant the release names, and only the client's own. */
-        for (uint32_t j = 0; j < o->nreaders; j++) {
+        bool found = false;
+        for (uint32_t j = 0; o != NULL && j < o->nreaders; j++) {
             reader_t *r = &o->readers[j];
             if (r->lease_id == rel[i].lease_id && r->client_id == client_id) {
                 o->readers[j] = o->readers[--o->nreaders];
                 m->c.lease_releases++;
+                found = true;
                 break;
             }
         }
-        obj_lease_end(o, now_ns);
+        if (o != NULL)
+            obj_lease_end(o, now_ns);
+        /* Not on the key's object: a lease on a version removed or replaced since, whose
+         * tombstone may end with it. */
+        if (!found && m->ntombs > 0)
+            swept |= tomb_release(m, now_ns, client_id, rel[i].lease_id);
     }
+    if (swept)
+        limbo_sweep(m, now_ns, false);
     return KVS_OK;
 }
 
