@@ -550,6 +550,9 @@ class UpsertTest(Base):
         self.assertEqual(s.get_batch(keys), [b"from", b"buffer"])
         self.assertEqual(s.upsert_batch(keys, [b"a", b"bb"]), 0)
         self.assertEqual(s.get_batch(keys), [b"a", b"bb"])
+        # A key twice in one batch: its last value, as one upsert after another.
+        self.assertEqual(s.upsert_batch([key, keys[1], key], [b"x", b"y", b"z"]), 0)
+        self.assertEqual(s.get_batch(keys), [b"z", b"y"])
         unset = kvstash.MooncakeDistributedStore()
         self.assertEqual(unset.upsert(key, b"x"), -600)
 

@@ -386,6 +386,15 @@ class MooncakeDistributedStore(_kvstash.MooncakeDistributedStore):
         data = self._join_parts(parts)
         return 0 if not data else self.put(key, data, config)
 
+    def upsert_batch(self, keys, values, config=None):
+        """Upserts the values (bytes-like) in one batch: 0, or the first failing key's code. A
+        key given more than once takes its last value, as upserts one after another would."""
+        if isinstance(keys, (list, tuple)) and isinstance(values, (list, tuple)) and \
+                len(keys) == len(values) and len(set(keys)) < len(keys):
+            last = {k: v for k, v in zip(keys, values)}  # insertion order: first appearance
+            keys, values = list(last), list(last.values())
+        return super().upsert_batch(keys, values, config)
+
     def upsert_parts(self, key, *parts, config=None):
         """As put_parts, replacing an existing value (atomically: see upsert())."""
         data = self._join_parts(parts)
