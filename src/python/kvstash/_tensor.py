@@ -9,6 +9,7 @@ import ctypes
 import math
 import struct
 import sys
+import threading
 
 from . import _kvstash
 
@@ -45,24 +46,26 @@ _DTYPE_NAMES = {
 _torch = None
 _codes = None  # torch dtype -> number
 _dtypes = None  # number -> torch dtype
+_itemsize = None  # number -> bytes per element
 
 
 def _t():
     """PyTorch, imported on first use."""
-    global _torch, _codes, _dtypes
+    global _torch, _codes, _dtypes, _itemsize
     if _torch is None:
         try:
             import torch
         except ImportError as e:
             raise ImportError("kvstash's tensor calls need PyTorch (python3-torch or the torch "
                               "wheel): " + str(e)) from e
-        codes, dtypes = {}, {}
+        codes, dtypes, sizes = {}, {}, {}
         for num, name in _DTYPE_NAMES.items():
             dt = getattr(torch, name, None)  # older PyTorch lacks some (uint16, float8, ...)
             if isinstance(dt, torch.dtype):
                 codes[dt] = num
                 dtypes[num] = dt
-        _codes, _dtypes, _torch = codes, dtypes, torch
+                sizes[num] = torch.empty((), dtype=dt).element_size()
+        _codes, _dtypes, _itemsize, _torch = codes, dtypes, sizes, torch
     return _torch
 
 
@@ -120,8 +123,7 @@ def parse(header, total):
     for kind, _ix, rank, count, split, _r0, _r1 in axes:
         if not (0 <= kind <= 4 and count > 0 and 0 <= rank < count and -1 <= split < ndim):
             return None
-    itemsize = _torch.empty((), dtype=dtype).element_size()
-    if math.prod(lshape[:ndim]) * itemsize != nbytes:
+    if math.prod(lshape[:ndim]) * _itemsize[dnum] != nbytes:
         return None
     m = Meta()
     m.dtype, m.shape, m.global_shape = dtype, tuple(lshape[:ndim]), tuple(gshape[:ndim])
@@ -407,8 +409,8 @@ def batch_get_tensor_into(store, keys, buffer_ptrs, sizes):
 
 def _dst_ok(d):
     torch = _t()
-    return isinstance(d, torch.Tensor) and d.layout == torch.strided and d.is_contiguous() and \
-        not d.is_conj() and not d.is_neg() and d.dim() <= MAX_DIMS and \
+    return isinstance(d, torch.Tensor) and d.dtype in _codes and d.layout == torch.strided and \
+        d.is_contiguous() and not d.is_conj() and not d.is_neg() and d.dim() <= MAX_DIMS and \
         d.device.type in ("cpu", "cuda")
 
 
@@ -429,20 +431,33 @@ def batch_get_tensor_into_cuda(store, keys, tensors_list):
     go = [i for i, d in enumerate(tensors_list) if _dst_ok(d)]
     if not go:
         return out
-    # One scratch tensor of headers per device, registered for the call.
+    # One scratch tensor of headers per device: the store's own, registered once and kept
+    # (another thread's call meanwhile gets scratch of its own for the call).
     scratch, where = {}, {}
     for i in go:
         dev = tensors_list[i].device
         where[i] = (dev, len(scratch.setdefault(dev, [])))
         scratch[dev].append(i)
-    bufs = {dev: torch.empty(len(ix) * HEADER_SIZE, dtype=torch.uint8, device=dev)
-            for dev, ix in scratch.items()}
+    cache, lock = _scratch_cache(store)
+    mine = lock.acquire(blocking=False)
     registered = []
     try:
-        for dev, b in bufs.items():
-            if store.register_buffer(b.data_ptr(), b.numel()) != 0:
-                return out
-            registered.append(b.data_ptr())
+        bufs = {}
+        for dev, ix in scratch.items():
+            need = len(ix) * HEADER_SIZE
+            b = cache.get(dev) if mine else None
+            if b is None or b.numel() < need or store._buffer_domain(b.data_ptr(), need) == -600:
+                if b is not None and mine:
+                    store.unregister_buffer(b.data_ptr())
+                    cache.pop(dev, None)
+                b = torch.empty(max(need, 64 * HEADER_SIZE), dtype=torch.uint8, device=dev)
+                if store.register_buffer(b.data_ptr(), b.numel()) != 0:
+                    return out
+                if mine:
+                    cache[dev] = b
+                else:
+                    registered.append(b.data_ptr())
+            bufs[dev] = b
         ptrs, sizes = [], []
         for i in go:
             d = tensors_list[i]
@@ -453,21 +468,47 @@ def batch_get_tensor_into_cuda(store, keys, tensors_list):
         res = store.batch_get_into_multi_buffers([keys[i] for i in go], ptrs, sizes)
         if len(res) != len(go):
             return out
-        heads = {dev: bytes(b.cpu().numpy()) if dev.type == "cuda" else bytes(b.numpy())
+        heads = {dev: bytes(b[:len(scratch[dev]) * HEADER_SIZE].cpu().numpy())
                  for dev, b in bufs.items()}
+        # A whole tensor's header is one byte string per dtype and shape: most keys match the
+        # one their destination implies, byte for byte; the others are parsed in full.
+        expected = {}
         for i, r in zip(go, res):
             if r < 0:
                 out[i] = r
                 continue
             d = tensors_list[i]
             dev, slot = where[i]
-            m = parse(heads[dev][slot * HEADER_SIZE:(slot + 1) * HEADER_SIZE], r)
+            head = heads[dev][slot * HEADER_SIZE:(slot + 1) * HEADER_SIZE]
+            nbytes = r - HEADER_SIZE
+            want = expected.get((d.dtype, d.shape))
+            if want is None:
+                want = expected[(d.dtype, d.shape)] = bytes(
+                    _pack(_codes[d.dtype], tuple(d.shape), d.numel() * d.element_size()))
+            if head == want and r == HEADER_SIZE + _HEAD.unpack_from(want)[8]:
+                out[i] = nbytes
+                continue
+            m = parse(head, r)
             ok = m is not None and m.dtype == d.dtype and m.shape == tuple(d.shape)
             out[i] = m.nbytes if ok else INVALID_PARAMS
     finally:
         for p in registered:
             store.unregister_buffer(p)
+        if mine:
+            lock.release()
     return out
+
+
+_scratch_lock = threading.Lock()
+
+
+def _scratch_cache(store):
+    """The store's cache of header scratch tensors (per device) and its lock."""
+    with _scratch_lock:
+        c = getattr(store, "_tensor_scratch", None)
+        if c is None:
+            c = store._tensor_scratch = ({}, threading.Lock())
+        return c
 
 
 def get_tensor_into_cuda(store, key, tensor):
