@@ -160,5 +160,75 @@ class BufferPoolTest(unittest.TestCase):
             p.acquire(1)
 
 
+    def test_concurrent_release_counts_once(self):
+        # Two threads release one lease; the view check is slowed down so that both are
+        # inside release() together (before, both got past it and the count went to -1).
+        class SlowViews(list):
+            def __iter__(self):
+                time.sleep(0.05)
+                return super().__iter__()
+
+        p = self.pool(min_size_class=64 * KIB, alignment=64 * KIB)
+        lease = p.acquire(1)
+        lease._views = SlowViews()
+        go = threading.Barrier(2)
+        errors = []
+
+        def rel():
+            go.wait()
+            try:
+                lease.release()
+            except Exception as e:  # noqa: BLE001 - any failure is the defect
+                errors.append(e)
+
+        ts = [threading.Thread(target=rel) for _ in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(10)
+        self.assertEqual(errors, [])
+        self.assertEqual(p.stats()["in_use"], 0)
+        p.close()  # nothing counted as still leased
+
+    def test_dropped_lease_wakes_a_waiter(self):
+        # A lease dropped (not released) by another thread while the pool is busy still
+        # reaches a thread waiting for it.
+        p = self.pool(max_regions=1, min_size_class=64 * KIB, alignment=64 * KIB)
+        holder = [p.acquire(1)]
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(p.acquire(1, timeout=20)))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while p.stats()["waits"] == 0:
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.001)
+        dropper = threading.Thread(target=holder.clear)  # the last reference goes there
+        t0 = time.monotonic()
+        with p._locked():  # the pool is busy when the lease goes
+            dropper.start()
+            time.sleep(0.05)
+        dropper.join(10)
+        waiter.join(20)
+        self.assertEqual(len(got), 1)
+        self.assertLess(time.monotonic() - t0, 5)
+        got[0].release()
+
+    def test_regions_survive_a_new_setup_and_close_is_final(self):
+        p = self.pool(min_size_class=64 * KIB, alignment=64 * KIB)
+        p.acquire(100).release()  # a free, registered region
+        self.s.close()
+        self.assertEqual(self.s.setup("localhost", "P2PHANDSHAKE", 0, "16MiB", "tcp", "",
+                                      self.server.master), 0)
+        with p.acquire(100) as lease:  # the same region, registered with the new client
+            lease.buffer[:5] = b"again"
+            self.assertEqual(self.s.put_from("bp-again", lease.ptr, 5), 0)
+        self.assertEqual(self.s.get("bp-again"), b"again")
+        p.close()
+        with self.assertRaisesRegex(RuntimeError, "closed"):
+            p.prewarm(100, 1)
+        with self.assertRaisesRegex(RuntimeError, "max_regions"):
+            kvstash.BufferPool(self.s, max_regions=0)
+
+
 if __name__ == "__main__":
     unittest.main()

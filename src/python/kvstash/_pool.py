@@ -9,6 +9,7 @@ regions of other classes are returned to the system to make room. A size above m
 is "oversize": its region is made for it and goes at its release. When nothing is left, acquire
 waits (block_on_exhaustion, up to its time-out) or raises RuntimeError."""
 import collections
+import contextlib
 import ctypes
 import mmap
 import threading
@@ -41,9 +42,10 @@ class BufferLeaseView:
     a view lives, its lease cannot be released and stays alive."""
 
     def __init__(self, lease):
-        arr = (ctypes.c_ubyte * lease._size).from_address(lease._addr())
-        arr.lease = lease  # the memory's owner lives while the view does
-        lease._views = [w for w in lease._views if w() is not None] + [weakref.ref(arr)]
+        with lease._pool._locked():  # against a release() in another thread
+            arr = (ctypes.c_ubyte * lease._size).from_address(lease._addr())
+            arr.lease = lease  # the memory's owner lives while the view does
+            lease._views = [w for w in lease._views if w() is not None] + [weakref.ref(arr)]
         self._mv = memoryview(arr).cast("B")
 
     @property
@@ -80,12 +82,16 @@ class BufferLease:
 
     def release(self):
         """Returns the memory to the pool; RuntimeError while views of it live."""
-        if self._region is None:
-            return
-        if any(w() is not None for w in self._views):
-            raise RuntimeError("cannot release buffer while exported views exist")
-        region, self._region = self._region, None
-        self._pool._give_back(region, self._oversize)
+        pool = self._pool
+        with pool._locked():
+            if self._region is None:
+                return
+            if any(w() is not None for w in self._views):
+                raise RuntimeError("cannot release buffer while exported views exist")
+            region, self._region = self._region, None
+            pool._returns_late()
+            pool._return(region, self._oversize)
+            pool._cond.notify_all()
 
     def __enter__(self):
         return self
@@ -95,11 +101,12 @@ class BufferLease:
         return False
 
     def __del__(self):
-        # No view can live here (each view holds its lease). Garbage collection may run inside
-        # the pool's own code: the region then waits for the pool's next call.
+        # No view can live here (each view holds its lease). When this runs inside the pool's
+        # own code (garbage collection in the thread holding its lock), the region waits for
+        # that code to take it back; in any other thread it goes back at once.
         if getattr(self, "_region", None) is not None:
             region, self._region = self._region, None
-            self._pool._give_back(region, self._oversize, from_gc=True)
+            self._pool._give_back(region, self._oversize)
 
 
 class BufferPool:
@@ -126,6 +133,9 @@ class BufferPool:
             raise RuntimeError("BufferPool alignment must be a power of two >= 8")
         if default_timeout is not None and default_timeout < 0:
             raise RuntimeError("timeout must be non-negative")
+        if max_regions is not None and (not isinstance(max_regions, int) or
+                                        isinstance(max_regions, bool) or max_regions < 1):
+            raise RuntimeError("BufferPool max_regions must be None or an int >= 1")
         if max_bytes == 0:
             local = getattr(store, "_local_buffer_size", 0)
             max_bytes = 2 * local if local else DEFAULT_MAX_BYTES
@@ -139,7 +149,8 @@ class BufferPool:
         self.max_regions = max_regions
         self._lock = threading.Lock()  # not reentrant: see BufferLease.__del__
         self._cond = threading.Condition(self._lock)
-        self._late = collections.deque()  # regions given back while the lock was held
+        self._owner = None  # the thread holding the lock
+        self._late = collections.deque()  # regions given back by its holder, in __del__
         self._free = {}  # class size -> [regions]
         self._bytes = 0  # of every region, free or leased
         self._regions = 0
@@ -149,6 +160,28 @@ class BufferPool:
                        "waits": 0, "timeouts": 0}
         if prewarm_size is not None and prewarm_count:
             self.prewarm(prewarm_size, prewarm_count)
+
+    # -- locking ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self):
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+        try:
+            yield
+        finally:
+            if self._late:  # leases collected in this very section: back, and waiters told
+                self._returns_late()
+                self._cond.notify_all()
+            self._owner = None
+            self._lock.release()
+
+    def _wait(self, timeout):
+        self._owner = None
+        try:
+            self._cond.wait(timeout)
+        finally:
+            self._owner = threading.get_ident()
 
     # -- size classes and regions -------------------------------------------------------------
 
@@ -182,8 +215,13 @@ class BufferPool:
             (self.max_regions is None or self._regions < self.max_regions)
 
     def _trim_for(self, cls):
-        """Returns idle regions of other classes to the system until cls fits (or none are
-        left); the caller holds the lock."""
+        """Returns idle regions of other classes to the system until cls fits; nothing when
+        even all of them would not make room (the caller holds the lock)."""
+        idle = [(c, len(r)) for c, r in self._free.items() if c != cls]
+        if self._bytes - sum(c * k for c, k in idle) + cls > self.max_bytes or \
+                (self.max_regions is not None and
+                 self._regions - sum(k for _, k in idle) >= self.max_regions):
+            return
         for c in sorted(self._free, reverse=True):
             regions = self._free[c]
             while regions and c != cls and not self._room(cls):
@@ -197,9 +235,16 @@ class BufferPool:
     def _take(self, cls):
         """A region of class cls, or None when the pool has no room (lock held)."""
         regions = self._free.get(cls)
-        if regions:
-            self._stats["reused"] += 1
-            return regions.pop()
+        while regions:
+            r = regions.pop()
+            # Registrations end with the store's client (close, then setup again): renewed.
+            if self._store._buffer_domain(r.addr, r.size) == -1 or \
+                    self._store.register_buffer(r.addr, r.size) == 0:
+                self._stats["reused"] += 1
+                return r
+            r.close()
+            self._bytes -= cls
+            self._regions -= 1
         if not self._room(cls):
             self._trim_for(cls)
         if not self._room(cls):
@@ -223,18 +268,15 @@ class BufferPool:
         while self._late:
             self._return(*self._late.popleft())
 
-    def _give_back(self, region, oversize, from_gc=False):
-        if from_gc and not self._lock.acquire(blocking=False):
-            self._late.append((region, oversize))
+    def _give_back(self, region, oversize):
+        """A region back from a lease's __del__."""
+        if self._owner == threading.get_ident():
+            self._late.append((region, oversize))  # this thread is inside the pool: it takes it
             return
-        if not from_gc:
-            self._lock.acquire()
-        try:
+        with self._locked():
             self._returns_late()
             self._return(region, oversize)
             self._cond.notify_all()
-        finally:
-            self._lock.release()
 
     # -- Mooncake's methods -------------------------------------------------------------------
 
@@ -256,7 +298,7 @@ class BufferPool:
         if cls > self.max_bytes:
             cls = max(size, 1)  # an oversize region may be exactly the capacity
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
+        with self._locked():
             while True:
                 if self._closed:
                     raise RuntimeError("buffer pool is closed")
@@ -264,6 +306,8 @@ class BufferPool:
                 r = self._take(cls)
                 if r is not None:
                     break
+                if self._late:  # returned meanwhile, by this thread's own collection
+                    continue
                 if not block:
                     raise RuntimeError("buffer pool is exhausted")
                 left = None if deadline is None else deadline - time.monotonic()
@@ -271,7 +315,7 @@ class BufferPool:
                     self._stats["timeouts"] += 1
                     raise RuntimeError("timed out waiting for buffer")
                 self._stats["waits"] += 1
-                self._cond.wait(left)
+                self._wait(left)
             self._in_use += 1
             self._stats["acquired"] += 1
             self._stats["oversize"] += oversize
@@ -286,7 +330,10 @@ class BufferPool:
         if max(size, 1) > self.max_size_class:
             raise RuntimeError("cannot prewarm oversize buffers")
         cls = self.size_class(size)
-        with self._cond:
+        with self._locked():
+            if self._closed:
+                raise RuntimeError("buffer pool is closed")
+            self._returns_late()
             for _ in range(count):
                 if not self._room(cls):
                     raise RuntimeError("buffer pool is exhausted")
@@ -296,13 +343,14 @@ class BufferPool:
                 self._free.setdefault(cls, []).append(r)
 
     def stats(self):
-        with self._cond:
+        with self._locked():
+            self._returns_late()
             return dict(self._stats, bytes=self._bytes, regions=self._regions,
                         in_use=self._in_use, max_bytes=self.max_bytes)
 
     def close(self):
         """Unregisters and unmaps the pool's regions; RuntimeError while leases are out."""
-        with self._cond:
+        with self._locked():
             if self._closed:
                 return
             self._returns_late()

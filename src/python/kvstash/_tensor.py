@@ -379,9 +379,9 @@ def batch_get_tensor(store, keys):
 def _into(store, ptr, n):
     """The tensor read into registered host memory at ptr (n bytes), a view of it; None
     otherwise."""
-    if n < HEADER_SIZE:
+    if n < HEADER_SIZE or store._buffer_domain(ptr, n) != -1:
         return None
-    head = _host_bytes(store, ptr, n)
+    head = ctypes.string_at(ptr, HEADER_SIZE)
     m = None if head is None else parse(head, n)
     if m is None:
         return None
