@@ -32,6 +32,19 @@ class BufferPoolTest(unittest.TestCase):
         self.addCleanup(p.close)
         return p
 
+    def waiter(self, pool, timeout):
+        """A thread blocked in pool.acquire(1) (started, and seen waiting): its lease lands in
+        the list returned."""
+        got = []
+        before = pool.stats()["waits"]
+        t = threading.Thread(target=lambda: got.append(pool.acquire(1, timeout=timeout)))
+        t.start()
+        deadline = time.monotonic() + 10
+        while pool.stats()["waits"] == before:
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.001)
+        return got, t
+
     def test_arguments(self):
         with self.assertRaisesRegex(RuntimeError, "not initialized"):
             kvstash.BufferPool(kvstash.MooncakeDistributedStore())
@@ -104,13 +117,7 @@ class BufferPoolTest(unittest.TestCase):
         self.assertGreaterEqual(time.monotonic() - t0, 0.19)
         self.assertEqual(p.stats()["timeouts"], 1)
         # A blocked acquire gets the region another thread releases.
-        got = []
-        waiter = threading.Thread(target=lambda: got.append(p.acquire(1, timeout=10)))
-        waiter.start()
-        deadline = time.monotonic() + 10
-        while p.stats()["waits"] == 0:
-            self.assertLess(time.monotonic(), deadline)
-            time.sleep(0.001)
+        got, waiter = self.waiter(p, 10)
         ptr = a.ptr
         a.release()
         waiter.join(10)
@@ -195,13 +202,7 @@ class BufferPoolTest(unittest.TestCase):
         # reaches a thread waiting for it.
         p = self.pool(max_regions=1, min_size_class=64 * KIB, alignment=64 * KIB)
         holder = [p.acquire(1)]
-        got = []
-        waiter = threading.Thread(target=lambda: got.append(p.acquire(1, timeout=20)))
-        waiter.start()
-        deadline = time.monotonic() + 10
-        while p.stats()["waits"] == 0:
-            self.assertLess(time.monotonic(), deadline)
-            time.sleep(0.001)
+        got, waiter = self.waiter(p, 20)
         dropper = threading.Thread(target=holder.clear)  # the last reference goes there
         t0 = time.monotonic()
         with p._locked():  # the pool is busy when the lease goes
