@@ -423,7 +423,8 @@ static void test_slow_resolver(void)
                            kvs__str_c("elsewhere"),
                            kvs__str_c("owner.slow:7000"),
                            1 << 20,
-                           {NULL, 0}};
+                           {NULL, 0},
+                           0};
     kvs__mount_req_encode(&req, &mr);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
     CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);

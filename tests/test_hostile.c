@@ -412,7 +412,8 @@ static void frame_mount(kvs__wbuf_t *w, const char *name, const char *endpoint)
                           kvs__str_c("hostile"),
                           kvs__str_c(endpoint),
                           1u << 20,
-                          {key, sizeof(key)}};
+                          {key, sizeof(key)},
+                          0};
     kvs__mount_req_encode(w, &m);
     CHECK_STATUS(kvs__frame_end(w), KVS_OK);
 }

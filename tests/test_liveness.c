@@ -388,7 +388,7 @@ static int raw_mount(uint16_t port, const char *name, const char *node, const ch
     kvs__wbuf_init(&rsp);
     kvs__rpc_begin(rpc, &req, KVS_MSG_MOUNT);
     kvs__mount_req_t m = {
-        kvs__str_c(name), kvs__str_c(node), kvs__str_c(endpoint), 1u << 20, {NULL, 0}};
+        kvs__str_c(name), kvs__str_c(node), kvs__str_c(endpoint), 1u << 20, {NULL, 0}, 0};
     kvs__mount_req_encode(&req, &m);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
     CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
@@ -524,7 +524,7 @@ static void test_mount_dropped_when_its_client_leaves_during_the_probe(void)
     kvs__wbuf_init(&rsp);
     kvs__rpc_begin(rpc, &req, KVS_MSG_MOUNT);
     kvs__mount_req_t mr = {
-        kvs__str_c("ghost"), kvs__str_c("n2"), kvs__str_c("127.0.0.1:9"), 1 << 20, {NULL, 0}};
+        kvs__str_c("ghost"), kvs__str_c("n2"), kvs__str_c("127.0.0.1:9"), 1 << 20, {NULL, 0}, 0};
     kvs__mount_req_encode(&req, &mr);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
     CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_TIMED_OUT);

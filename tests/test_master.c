@@ -40,7 +40,7 @@ static void fx_fini(fx_t *f)
 
 static uint64_t mount(fx_t *f, uint64_t client, const char *name, const char *node, uint64_t size)
 {
-    kvs__mount_req_t req = {kvs__str_c(name), kvs__str_c(node), kvs__str_c("h:1"), size, {NULL, 0}};
+    kvs__mount_req_t req = {kvs__str_c(name), kvs__str_c(node), kvs__str_c("h:1"), size, {NULL, 0}, 0};
     uint64_t id = 0;
     CHECK_STATUS(kvs__master_mount(f->m, f->now, client, &req, &id), KVS_OK);
     return id;
@@ -164,7 +164,7 @@ static void test_two_phase_put(void)
 static uint32_t heartbeat_ack(fx_t *f, uint64_t client, uint64_t seg, uint64_t seq,
                               kvs__fence_t **fences_p)
 {
-    kvs__fence_ack_t ack = {seg, seq};
+    kvs__fence_ack_t ack = {seg, seq, 0};
     kvs__heartbeat_req_t req = {1, &ack};
     kvs__heartbeat_rsp_t rsp;
     CHECK_STATUS(kvs__master_heartbeat(f->m, f->now, client, &req, &f->arena, &rsp), KVS_OK);
@@ -199,7 +199,7 @@ static void test_revoke_frees_space(void)
      * owner can. */
     uint64_t other = kvs__master_new_client(f.m);
     uint64_t s_other = mount(&f, other, "s-other", "n", 1 << 16);
-    kvs__fence_ack_t bad[2] = {{s_other, 0}, {s1, fences[0].seq}};
+    kvs__fence_ack_t bad[2] = {{s_other, 0, 0}, {s1, fences[0].seq, 0}};
     kvs__heartbeat_req_t breq = {2, bad};
     kvs__heartbeat_rsp_t brsp;
     CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, other, &breq, &f.arena, &brsp), KVS_OK);
@@ -295,7 +295,7 @@ static void test_bad_input(void)
     CHECK_STATUS(rsp.objs[2].status, KVS_OK);             /* tenant t's key k */
     CHECK_STATUS(REMOVE(&f, "", 0), KVS_INVALID_PARAMS);
     /* Mount validation. */
-    kvs__mount_req_t mr = {kvs__str_c("s1"), kvs__str_c("n"), kvs__str_c("e"), 4096, {NULL, 0}};
+    kvs__mount_req_t mr = {kvs__str_c("s1"), kvs__str_c("n"), kvs__str_c("e"), 4096, {NULL, 0}, 0};
     uint64_t id;
     CHECK_STATUS(kvs__master_mount(f.m, f.now, f.client, &mr, &id), KVS_SEGMENT_ALREADY_EXISTS);
     mr.name = kvs__str_c("s2");

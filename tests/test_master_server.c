@@ -44,7 +44,7 @@ static void mount_and_put(kvs__rpc_t *rpc, const char *seg, const char *key)
     kvs__arena_init(&a);
     kvs__rpc_begin(rpc, &req, KVS_MSG_MOUNT);
     kvs__mount_req_t m = {
-        kvs__str_c(seg), kvs__str_c("testnode"), kvs__str_c("127.0.0.1:1"), 1 << 20, {NULL, 0}};
+        kvs__str_c(seg), kvs__str_c("testnode"), kvs__str_c("127.0.0.1:1"), 1 << 20, {NULL, 0}, 0};
     kvs__mount_req_encode(&req, &m);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
     CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);
@@ -502,7 +502,7 @@ static void test_liveness_over_the_network(void)
         kvs__wbuf_init(&req);
         kvs__wbuf_init(&rsp);
         kvs__rpc_begin(rpc, &req, KVS_MSG_HEARTBEAT);
-        kvs__fence_ack_t ack = {seg_id, 0};
+        kvs__fence_ack_t ack = {seg_id, 0, 0};
         kvs__heartbeat_req_t hb = {1, &ack};
         kvs__heartbeat_req_encode(&req, &hb);
         CHECK_STATUS(kvs__frame_end(&req), KVS_OK);

@@ -35,7 +35,9 @@ extern "C" {
     X(IO_ERROR, -1502, "i/o error")                                                                \
     X(UNSUPPORTED, -1503, "not supported")                                                         \
     X(AUTH_FAILED, -1504, "authentication failed")                                                 \
-    X(NO_RESOURCE, -1505, "a server resource limit was reached")
+    X(NO_RESOURCE, -1505, "a server resource limit was reached")                                   \
+    X(NOT_LEADER, -1506, "this master is not the leader")                                          \
+    X(NO_LEADER, -1507, "no master leads the cluster (etcd has no leader)")
 
 /* TIMED_OUT uses Mooncake's RPC_TIMEOUT number; NO_MEMORY and the codes after it are
  * kvstash's own (Mooncake has no equivalent). */

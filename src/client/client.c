@@ -2,6 +2,7 @@
  * reads) are in client_io.c. */
 #define _GNU_SOURCE
 #include "client_int.h"
+#include "../ha/etcd_int.h"
 #include "../gpu/gpu_copy.h"
 #include "../transport/tcp/tcp_int.h"
 
@@ -85,10 +86,29 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
     if (c == NULL)
         return kvs__fail(KVS_NO_MEMORY, "kvs_client_open: out of memory");
     const char *master = cfg->master && *cfg->master ? cfg->master : DEFAULT_MASTER;
-    rc = kvs__parse_host_port(master, "127.0.0.1", &c->master_host, &c->master_port);
-    if (rc != KVS_OK || c->master_port == 0) {
-        rc = kvs__fail(KVS_INVALID_PARAMS, "master address '%s' is not HOST:PORT", master);
-        goto err_free;
+    if (kvs__is_etcd_addr(master)) {
+        /* High availability: the leader is whoever etcd names (docs/ha.md). */
+        if (!kvs__etcd_supported()) {
+            rc = kvs__fail(KVS_UNSUPPORTED,
+                           "master address '%s': this build of kvstash has no etcd support "
+                           "(rebuild with libcurl and json-c installed)",
+                           master);
+            goto err_free;
+        }
+        c->etcd = kvs__strdup(master + 7);
+        c->master_host = kvs__strdup("");
+        if (c->etcd == NULL || c->master_host == NULL) {
+            rc = kvs__fail(KVS_NO_MEMORY, "kvs_client_open: out of memory");
+            goto err_free;
+        }
+    } else {
+        rc = kvs__parse_host_port(master, "127.0.0.1", &c->master_host, &c->master_port);
+        if (rc != KVS_OK || c->master_port == 0) {
+            rc = kvs__fail(KVS_INVALID_PARAMS,
+                           "master address '%s' is not HOST:PORT or etcd://HOST:PORT[,...]",
+                           master);
+            goto err_free;
+        }
     }
     c->transfer_timeout_ms = cfg->transfer_timeout_ms;
     if (cfg->auth_token_file != NULL && *cfg->auth_token_file != '\0') {
@@ -154,7 +174,8 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
                               .timeout_ms = cfg->rpc_timeout_ms,
                               .max_conns = (uint32_t)conns,
                               .auth = c->auth,
-                              .tls = cfg->tls};
+                              .tls = cfg->tls,
+                              .etcd = c->etcd};
     rc = kvs__rpc_open(&rcfg, &c->rpc);
     if (rc != KVS_OK) {
         rc = kvs__fail(rc, "cannot reach the master at %s: %s", master, kvs_status_str(rc));
@@ -195,6 +216,7 @@ err_free:
     kvs__sessions_destroy(c->sessions);
     kvs__staging_destroy(c->staging);
     kvs__free(c->master_host);
+    kvs__free(c->etcd);
     kvs__free(c);
     return rc;
 }
@@ -256,6 +278,7 @@ void kvs_client_close(kvs_client_t *c)
     pthread_mutex_destroy(&c->psess_lock);
     kvs__free(c->node);
     kvs__free(c->master_host);
+    kvs__free(c->etcd);
     kvs__auth_wipe(&c->auth);
     kvs__free(c);
 }
@@ -271,6 +294,7 @@ int kvs_client_mount_segment(kvs_client_t *c, uint64_t size, const char *name,
     kvs__owner_config_t oc = {
         .master_host = c->master_host,
         .master_port = c->master_port,
+        .etcd = c->etcd,
         .segment_name = name,
         .segment_size = size,
         .advertise_host = advertise_host,

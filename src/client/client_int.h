@@ -79,6 +79,7 @@ struct kvs_client {
     kvs__auth_t auth; /* the secret from auth_token_file, if any */
     bool tls;         /* TLS to the master and owners, and on our own segments' data ports */
     uint16_t master_port;
+    char *etcd; /* the master's etcd endpoints (master given as etcd://...); NULL: host:port */
     char *node;
     uint64_t transfer_timeout_ms;
     kvs__rpc_t *rpc;

@@ -31,6 +31,7 @@ struct kvs__seg_alloc {
     uint64_t fl_bitmap;
     uint16_t sl_bitmap[FL_COUNT];
     uint32_t heads[NBINS];
+    uint32_t at_hint; /* the free block after the last claim (kvs__seg_alloc_claim), or NIL */
 };
 
 static unsigned floor_log2(uint64_t v)
@@ -138,6 +139,7 @@ int kvs__seg_alloc_create(uint64_t capacity, kvs__seg_alloc_t **alloc_p)
     for (uint32_t b = 0; b < NBINS; b++)
         a->heads[b] = KVS_SEG_ALLOC_NIL;
     a->capacity_units = capacity / KVS_SEG_ALLOC_ALIGN;
+    a->at_hint = KVS_SEG_ALLOC_NIL;
     if (reserve_node(a) != KVS_OK) {
         kvs__seg_alloc_destroy(a);
         return KVS_NO_MEMORY;
@@ -219,6 +221,74 @@ int kvs__seg_alloc_alloc(kvs__seg_alloc_t *a, uint64_t size, uint64_t *offset_p,
     }
     a->used_units += units;
     *offset_p = n->off * KVS_SEG_ALLOC_ALIGN;
+    *handle_p = i;
+    return KVS_OK;
+}
+
+/* Splits the first `units` off free-list-removed block i; the rest (if any) goes back free and
+ * is returned (NIL when none). A spare node must be reserved. */
+static uint32_t split_front(kvs__seg_alloc_t *a, uint32_t i, uint64_t units)
+{
+    node_t *n = &a->nodes[i];
+    if (n->size == units)
+        return KVS_SEG_ALLOC_NIL;
+    uint32_t r = take_node(a);
+    n = &a->nodes[i];
+    node_t *rest = &a->nodes[r];
+    rest->off = n->off + units;
+    rest->size = n->size - units;
+    rest->prev_phys = i;
+    rest->next_phys = n->next_phys;
+    if (n->next_phys != KVS_SEG_ALLOC_NIL)
+        a->nodes[n->next_phys].prev_phys = r;
+    n->next_phys = r;
+    n->size = units;
+    free_list_insert(a, r);
+    return r;
+}
+
+int kvs__seg_alloc_claim(kvs__seg_alloc_t *a, uint64_t offset, uint64_t size, uint32_t *handle_p)
+{
+    if (a == NULL || size == 0 || handle_p == NULL || offset % KVS_SEG_ALLOC_ALIGN != 0)
+        return KVS_INVALID_PARAMS;
+    uint64_t off = offset / KVS_SEG_ALLOC_ALIGN;
+    uint64_t units = size / KVS_SEG_ALLOC_ALIGN + (size % KVS_SEG_ALLOC_ALIGN != 0);
+    if (off >= a->capacity_units || units > a->capacity_units - off)
+        return KVS_INVALID_PARAMS;
+    /* Two spare nodes: a claim may split a block in three. */
+    if (reserve_node(a) != KVS_OK)
+        return KVS_NO_MEMORY;
+    uint32_t t = take_node(a);
+    int rrc = reserve_node(a);
+    release_node(a, t);
+    if (rrc != KVS_OK)
+        return KVS_NO_MEMORY;
+    uint32_t i = a->at_hint;
+    if (i == KVS_SEG_ALLOC_NIL || i >= a->nnodes || a->nodes[i].state != NODE_FREE ||
+        a->nodes[i].off > off || a->nodes[i].off + a->nodes[i].size <= off) {
+        /* Claims in ascending order find their block at the hint; others walk the blocks. */
+        i = KVS_SEG_ALLOC_NIL;
+        for (uint32_t j = 0; j < a->nnodes && i == KVS_SEG_ALLOC_NIL; j++) {
+            const node_t *n = &a->nodes[j];
+            if (n->state != NODE_SPARE && n->off <= off && off < n->off + n->size)
+                i = j;
+        }
+    }
+    if (i == KVS_SEG_ALLOC_NIL || a->nodes[i].state != NODE_FREE ||
+        a->nodes[i].off + a->nodes[i].size < off + units)
+        return KVS_INVALID_PARAMS; /* some of it is taken */
+    free_list_remove(a, i);
+    if (a->nodes[i].off < off) {
+        /* The part before stays free; the claim starts a block of its own. */
+        uint64_t before = off - a->nodes[i].off;
+        uint32_t r = split_front(a, i, before);
+        a->nodes[i].state = NODE_FREE;
+        free_list_insert(a, i);
+        free_list_remove(a, r);
+        i = r;
+    }
+    a->at_hint = split_front(a, i, units);
+    a->used_units += units;
     *handle_p = i;
     return KVS_OK;
 }

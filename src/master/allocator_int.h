@@ -23,6 +23,11 @@ void kvs__seg_alloc_destroy(kvs__seg_alloc_t *alloc);
  * INVALID_PARAMS for size 0. Nothing changes on failure. */
 int kvs__seg_alloc_alloc(kvs__seg_alloc_t *alloc, uint64_t size, uint64_t *offset_p,
                          uint32_t *handle_p);
+/* Allocates exactly [offset, offset + size) (offset aligned), for a new master rebuilding what
+ * owners hold: INVALID_PARAMS when any of it is outside or taken. Claims made in ascending
+ * order of offset cost O(1) each. */
+int kvs__seg_alloc_claim(kvs__seg_alloc_t *alloc, uint64_t offset, uint64_t size,
+                         uint32_t *handle_p);
 /* Frees a handle from kvs__seg_alloc_alloc. Returns INVALID_PARAMS for a handle that is not
  * currently allocated (the allocator is left unchanged). */
 int kvs__seg_alloc_free(kvs__seg_alloc_t *alloc, uint32_t handle);

@@ -25,6 +25,8 @@
     X(upserts_ended)                                                                               \
     X(soft_pin_evictions)                                                                          \
     X(replicas_cleared)                                                                            \
+    X(objects_recovered)                                                                           \
+    X(objects_recover_refused)                                                                     \
     X(evicted_bytes)
 
 typedef struct {
@@ -39,6 +41,14 @@ typedef struct {
     uint64_t seq;
     uint64_t epoch; /* the put's capability epoch */
 } mfence_t;
+
+/* A change of an owner's index not yet acknowledged (HA: kvs__master_config_t.owner_index). */
+typedef struct {
+    uint64_t seq, offset, size, token, writer, version;
+    uint32_t op, flags;
+    char *key; /* ADD only */
+    uint32_t key_len;
+} midx_t;
 
 typedef struct seg {
     uint64_t id;
@@ -55,6 +65,9 @@ typedef struct seg {
     char peer[64]; /* the address its MOUNT came from, "" if unknown */
     kvs__cap_ctx_t *cap; /* keyed with the owner's write key: every replica's capability
                           * (NULL: the owner gave none, and checks none) */
+    uint64_t idx_seq;    /* index changes issued on this segment */
+    midx_t *idx;         /* issued and not acknowledged, in order */
+    uint32_t nidx, cap_idx;
 } seg_t;
 
 typedef struct {
@@ -100,6 +113,7 @@ typedef struct obj {
     uint64_t writer;    /* the client that started the put; only it may end or revoke it */
     uint64_t token;     /* random per put: its writes carry it, fences name it */
     uint64_t cap_epoch; /* the capability epoch of its PUT_START */
+    uint64_t version;   /* at completion: orders versions across leaders (index_op.version) */
     mrep_t *reps;
     uint32_t nrep;
     /* Upserts: a new version of a complete object is held beside it (`next`, not in the table
@@ -176,6 +190,8 @@ struct kvs__master {
     link_t pending;   /* sentinel; pending.next is the oldest put */
     seg_t **segs;
     uint32_t nseg, cap_seg;
+    uint64_t completions; /* puts completed: with cfg.version_base, each one's version */
+    bool idx_failed;      /* an index change could not be queued (no memory): logged once */
     group_t **groups; /* chained table of placement groups */
     size_t ngroup_buckets, ngroups;
     counters_t c;
@@ -386,8 +402,69 @@ static void group_put(kvs__master_t *m, group_t *g)
 }
 
 /* Unlinks an object everywhere, frees its space in every segment, and frees it. */
+/* ---- owners' indexes (HA) ------------------------------------------------------------- */
+
+/* Queues an index change for the owner of `sg`. Without memory the owner's index misses it:
+ * an ADD lost makes the object unrecoverable after a failover, a DEL lost leaves an entry that a
+ * new leader refuses or tombstones (its version is older than what replaced it, or its range is
+ * free again there only after a lease period); both are logged. */
+static void idx_push(kvs__master_t *m, seg_t *sg, uint32_t op, const obj_t *o, uint64_t offset)
+{
+    if (!m->cfg.owner_index)
+        return;
+    if (sg->nidx == sg->cap_idx) {
+        uint32_t cap = sg->cap_idx ? 2 * sg->cap_idx : 16;
+        midx_t *x = kvs__realloc(sg->idx, cap * sizeof(*x));
+        if (x == NULL)
+            goto fail;
+        sg->idx = x;
+        sg->cap_idx = cap;
+    }
+    midx_t e = {.seq = sg->idx_seq + 1,
+                .op = op,
+                .token = o->token,
+                .offset = offset,
+                .size = o->size,
+                .writer = o->writer,
+                .version = o->version,
+                .flags = o->hard_pin ? KVS_INDEX_FLAG_HARD_PIN : 0};
+    if (op == KVS_INDEX_ADD) {
+        if ((e.key = kvs__strndup(o->key, o->key_len)) == NULL)
+            goto fail;
+        e.key_len = o->key_len;
+    }
+    sg->idx[sg->nidx++] = e;
+    sg->idx_seq++;
+    return;
+fail:
+    if (!m->idx_failed)
+        kvs_error("out of memory: the owner of segment '%s' misses an index change (a failover "
+                  "may lose or refuse that object)",
+                  sg->name);
+    m->idx_failed = true;
+}
+
+static void idx_acked(seg_t *sg, uint64_t seq)
+{
+    uint32_t k = 0;
+    while (k < sg->nidx && sg->idx[k].seq <= seq)
+        kvs__free(sg->idx[k++].key);
+    memmove(sg->idx, sg->idx + k, (sg->nidx - k) * sizeof(*sg->idx));
+    sg->nidx -= k;
+}
+
+/* A complete object's copies leave their owners' indexes (removed, evicted, replaced). */
+static void idx_del_all(kvs__master_t *m, const obj_t *o)
+{
+    if (o->state != KVS_OBJ_COMPLETE)
+        return;
+    for (uint32_t i = 0; i < o->nrep; i++)
+        idx_push(m, o->reps[i].seg, KVS_INDEX_DEL, o, 0);
+}
+
 static void obj_destroy(kvs__master_t *m, obj_t *o)
 {
+    idx_del_all(m, o);
     for (uint32_t i = 0; i < o->nrep; i++)
         kvs__seg_alloc_free(o->reps[i].seg->alloc, o->reps[i].handle);
     if (o->state == KVS_OBJ_PENDING)
@@ -544,6 +621,7 @@ static int obj_retire(kvs__master_t *m, uint64_t now_ns, obj_t *o, bool writer_d
             l[i]->next = m->limbo;
             m->limbo = l[i];
         }
+        idx_del_all(m, o);
         o->nrep = 0; /* the space is limbo's now */
         m->c.tombstones += leased;
     }
@@ -718,6 +796,9 @@ static void seg_destroy(seg_t *s)
     kvs__seg_alloc_destroy(s->alloc);
     kvs__cap_ctx_free(s->cap);
     kvs__free(s->fences);
+    for (uint32_t i = 0; i < s->nidx; i++)
+        kvs__free(s->idx[i].key);
+    kvs__free(s->idx);
     kvs__free(s->name);
     kvs__free(s->node);
     kvs__free(s->endpoint);
@@ -850,7 +931,13 @@ int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
         seg_destroy(s);
         return KVS_NO_MEMORY;
     }
-    s->id = new_segment_id(m);
+    /* A re-registration keeps its id (readers' mappings and placements name it); ids are
+     * random, so a collision with a live segment only comes from a confused owner. */
+    if (req->segment_id != 0 && seg_by_id(m, req->segment_id) != NULL) {
+        seg_destroy(s);
+        return KVS_SEGMENT_ALREADY_EXISTS;
+    }
+    s->id = req->segment_id != 0 ? req->segment_id : new_segment_id(m);
     s->client_id = client_id;
     if (req->write_key.len == KVS_WRITE_KEY_LEN &&
         kvs__cap_ctx_new(req->write_key.ptr, &s->cap) != KVS_OK) {
@@ -980,7 +1067,7 @@ int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
 {
     if (m == NULL || client_id == 0 || (rsp != NULL && arena == NULL))
         return KVS_INVALID_PARAMS;
-    uint32_t found = 0, nfences = 0;
+    uint32_t found = 0, nfences = 0, nidx = 0;
     for (uint32_t i = 0; i < m->nseg; i++) {
         seg_t *s = m->segs[i];
         if (s->client_id != client_id)
@@ -993,6 +1080,7 @@ int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
             if (req->acks[j].segment_id == s->id) {
                 served = true;
                 fence_acked(m, s, req->acks[j].seq, now_ns);
+                idx_acked(s, req->acks[j].index_seq);
             }
         }
         if (!served)
@@ -1001,6 +1089,7 @@ int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
         s->graced = false;
         found++;
         nfences += s->nfences;
+        nidx += s->nidx;
     }
     if (rsp == NULL)
         return found ? KVS_OK : KVS_SEGMENT_NOT_FOUND;
@@ -1021,6 +1110,31 @@ int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
              served && s->client_id == client_id && j < s->nfences && rsp->nfences < nfences; j++)
             rsp->fences[rsp->nfences++] =
                 (kvs__fence_t){s->id, s->fences[j].token, s->fences[j].seq, s->fences[j].epoch};
+    }
+    /* Index changes likewise, oldest first (the keys borrowed: encoded before anything runs). */
+    nidx = KVS_MIN(nidx, KVS_MAX_INDEX_OPS);
+    rsp->index = kvs__arena_alloc(arena, (size_t)KVS_MAX(nidx, 1) * sizeof(*rsp->index));
+    if (rsp->index == NULL)
+        return KVS_NO_MEMORY;
+    for (uint32_t i = 0; i < m->nseg && rsp->nindex < nidx; i++) {
+        seg_t *s = m->segs[i];
+        bool served = req == NULL;
+        for (uint32_t j = 0; req != NULL && j < req->nacks; j++)
+            served |= req->acks[j].segment_id == s->id;
+        for (uint32_t j = 0;
+             served && s->client_id == client_id && j < s->nidx && rsp->nindex < nidx; j++) {
+            const midx_t *e = &s->idx[j];
+            rsp->index[rsp->nindex++] = (kvs__index_op_t){.segment_id = s->id,
+                                                          .seq = e->seq,
+                                                          .op = e->op,
+                                                          .key = {e->key, e->key_len},
+                                                          .offset = e->offset,
+                                                          .size = e->size,
+                                                          .token = e->token,
+                                                          .writer = e->writer,
+                                                          .version = e->version,
+                                                          .flags = e->flags};
+        }
     }
     return KVS_OK;
 }
@@ -1452,6 +1566,9 @@ static int op_put_end(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
     }
     list_unlink(o);
     o->state = KVS_OBJ_COMPLETE;
+    o->version = m->cfg.version_base + ++m->completions;
+    for (uint32_t i = 0; i < o->nrep; i++)
+        idx_push(m, o->reps[i].seg, KVS_INDEX_ADD, o, o->reps[i].offset);
     m->npending--;
     list_push_front(&m->lru, o);
     m->c.puts_ended++;
@@ -1505,9 +1622,10 @@ static int op_replica_clear(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
     }
     uint32_t kept = 0;
     for (uint32_t i = 0; i < o->nrep; i++) {
-        if (kvs__str_eq(kvs__str_c(o->reps[i].seg->name), k->segment))
+        if (kvs__str_eq(kvs__str_c(o->reps[i].seg->name), k->segment)) {
+            idx_push(m, o->reps[i].seg, KVS_INDEX_DEL, o, 0);
             kvs__seg_alloc_free(o->reps[i].seg->alloc, o->reps[i].handle);
-        else
+        } else
             o->reps[kept++] = o->reps[i];
     }
     if (kept == o->nrep)
@@ -1692,6 +1810,120 @@ static bool default_prefix_ok(kvs__str_t prefix, const obj_t *o)
 {
     return (prefix.len > 0 && memchr(prefix.ptr, '\0', prefix.len) != NULL) ||
            memchr(o->key, '\0', o->key_len) == NULL;
+}
+
+/* ---- recovery (HA) ------------------------------------------------------------------------ */
+
+/* Space a new leader keeps unused until `until_ns`: a reader of the old leader may still read
+ * what lay there. NO_MEMORY: the caller frees nothing (the space stays taken for good). */
+static int limbo_hold(kvs__master_t *m, seg_t *sg, uint32_t handle, uint64_t until_ns)
+{
+    limbo_t *l = kvs__calloc(1, sizeof(*l));
+    if (l == NULL)
+        return KVS_NO_MEMORY;
+    l->seg = sg;
+    l->handle = handle;
+    l->until_ns = until_ns;
+    l->writer_done = true;
+    l->next = m->limbo;
+    m->limbo = l;
+    return KVS_OK;
+}
+
+/* One object of a RECOVER: see kvs__master_recover. */
+static int recover_one(kvs__master_t *m, uint64_t now_ns, seg_t *sg, const kvs__index_op_t *e)
+{
+    if (e->op != KVS_INDEX_ADD || e->size == 0 || e->token == 0 ||
+        ns_key_check(e->key.ptr, e->key.len) != KVS_OK)
+        return KVS_INVALID_PARAMS;
+    uint32_t handle;
+    int rc = kvs__seg_alloc_claim(sg->alloc, e->offset, e->size, &handle);
+    if (rc != KVS_OK)
+        return rc;
+    uint64_t until = now_ns + m->cfg.lease_ms * KVS_NS_PER_MS;
+    uint64_t hash = kvs__hash64(e->key.ptr, e->key.len);
+    obj_t *o = obj_find(m, e->key, hash);
+    if (o != NULL && o->state == KVS_OBJ_COMPLETE && o->token == e->token &&
+        o->size == e->size && !obj_on_seg(o, sg) && o->nrep < KVS_MAX_REPLICAS) {
+        mrep_t *r = kvs__realloc(o->reps, (o->nrep + 1) * sizeof(*r));
+        if (r == NULL) {
+            kvs__seg_alloc_free(sg->alloc, handle);
+            return KVS_NO_MEMORY;
+        }
+        o->reps = r;
+        o->reps[o->nrep++] = (mrep_t){sg, e->offset, handle, 0};
+        return KVS_OK;
+    }
+    if (o != NULL && (o->state != KVS_OBJ_COMPLETE || o->version >= e->version ||
+                      o->token == e->token)) {
+        /* A newer version (or a put since the failover, or a duplicate): this copy is stale. */
+        if (limbo_hold(m, sg, handle, until) != KVS_OK)
+            kvs__seg_alloc_free(sg->alloc, handle); /* no reader could be told it anyway */
+        return KVS_OBJECT_ALREADY_EXISTS;
+    }
+    obj_t *n = kvs__calloc(1, sizeof(*n) + e->key.len + 1);
+    mrep_t *reps = kvs__calloc(1, sizeof(*reps));
+    if (n == NULL || reps == NULL || obj_lease(n, 0, now_ns, until) == 0) {
+        if (n != NULL)
+            kvs__free(n->readers);
+        kvs__free(n);
+        kvs__free(reps);
+        kvs__seg_alloc_free(sg->alloc, handle);
+        return KVS_NO_MEMORY;
+    }
+    if (o != NULL && obj_retire(m, now_ns, o, false) != KVS_OK) {
+        /* An older version stays; this one cannot replace it now. */
+        kvs__free(n->readers);
+        kvs__free(n);
+        kvs__free(reps);
+        kvs__seg_alloc_free(sg->alloc, handle);
+        return KVS_NO_MEMORY;
+    }
+    reps[0] = (mrep_t){sg, e->offset, handle, 0};
+    memcpy(n->key, e->key.ptr, e->key.len);
+    n->key_len = e->key.len;
+    n->hash = hash;
+    n->size = e->size;
+    n->state = KVS_OBJ_COMPLETE;
+    n->started_ns = now_ns;
+    n->writer = e->writer;
+    n->token = e->token;
+    n->version = e->version;
+    n->cap_epoch = cap_epoch(m, now_ns);
+    n->hard_pin = (e->flags & KVS_INDEX_FLAG_HARD_PIN) != 0;
+    n->reps = reps;
+    n->nrep = 1;
+    table_insert(m, n);
+    list_push_front(&m->lru, n);
+    return KVS_OK;
+}
+
+int kvs__master_recover(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
+                        const kvs__recover_req_t *req, kvs__arena_t *arena,
+                        kvs__status_list_rsp_t *rsp)
+{
+    if (m == NULL || req == NULL || arena == NULL || rsp == NULL)
+        return KVS_INVALID_PARAMS;
+    int rc = status_rsp_init(req->nobjects, arena, rsp);
+    if (rc != KVS_OK)
+        return rc;
+    seg_t *sg = seg_by_id(m, req->segment_id);
+    if (sg == NULL || sg->client_id != client_id) {
+        rsp->status = KVS_SEGMENT_NOT_FOUND;
+        rsp->nresults = 0;
+        return KVS_OK;
+    }
+    for (uint32_t i = 0; i < req->nobjects; i++) {
+        const kvs__index_op_t *e = &req->objects[i];
+        rsp->results[i] = recover_one(m, now_ns, sg, e);
+        if (rsp->results[i] == KVS_OK) {
+            m->c.objects_recovered++;
+            /* The new leader's index entry: this owner already has it (under its token). */
+        } else {
+            m->c.objects_recover_refused++;
+        }
+    }
+    return KVS_OK;
 }
 
 int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t *arena,

@@ -23,6 +23,10 @@ typedef struct {
     uint64_t default_soft_pin_ttl_ms; /* a soft pin's time-to-live when the put names none */
     uint64_t max_soft_pin_ttl_ms;     /* the longest a put may ask for (24 h) */
     bool allow_evict_soft_pinned;     /* soft-pinned objects may go after every unpinned one */
+    /* High availability (docs/ha.md): owners keep an index of their complete objects, fed by
+     * HEARTBEAT replies, that a new leader rebuilds from (RECOVER). */
+    bool owner_index;
+    uint64_t version_base; /* objects' versions start above this (the leader's term << 32) */
 } kvs__master_config_t;
 
 /* Defaults, then KVS_MASTER_LEASE_MS, KVS_MASTER_HEARTBEAT_TIMEOUT_MS, KVS_MASTER_PUT_DISCARD_MS,
@@ -107,6 +111,16 @@ int kvs__master_remove(kvs__master_t *m, uint64_t now_ns, const kvs__keys_req_t 
 int kvs__master_replica_clear(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
                               const kvs__keys_req_t *req, kvs__arena_t *arena,
                               kvs__status_list_rsp_t *rsp);
+/* RECOVER: the owner `client_id` re-registered segment req->segment_id (a MOUNT naming its
+ * id) and gives the complete objects it holds. Each becomes complete again with this replica
+ * (joining the object of the same key and token from another owner), claiming its range, and
+ * leased for one lease period as if read just now: a reader of the old leader may still read
+ * it. One result per object: OK, INVALID_PARAMS (malformed, outside the segment, overlapping
+ * one recovered before), OBJECT_ALREADY_EXISTS (a newer version of the key is known; its
+ * range waits one lease period before reuse). SEGMENT_NOT_FOUND: not the client's segment. */
+int kvs__master_recover(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
+                        const kvs__recover_req_t *req, kvs__arena_t *arena,
+                        kvs__status_list_rsp_t *rsp);
 int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t *arena,
                      kvs__list_rsp_t *rsp);
 int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs__stat_rsp_t *rsp);

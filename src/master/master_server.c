@@ -1,6 +1,8 @@
 /* The master's epoll event loop: framing, dispatch to the state machine, back-pressure. */
 #define _GNU_SOURCE
 #include "master_server_int.h"
+#include "master_ha_int.h"
+#include "../ha/etcd_int.h"
 #include "../proto/net_int.h"
 
 #include <errno.h>
@@ -107,6 +109,15 @@ struct kvs__master_server {
     pthread_t thread;
     bool thread_started;
 
+    /* High availability: the election, and what this master serves as leader. */
+    kvs__ha_t *ha;           /* NULL: alone */
+    int ha_fd;               /* eventfd the election writes when leadership changes */
+    char advertise[KVS_MAX_NAME_LEN + 1];
+    uint64_t ha_gen;         /* the election's generation this state belongs to (0: none) */
+    bool ha_serving;         /* leading under ha_gen: requests are served */
+    uint64_t term;           /* the term led (HELLO tells it) */
+    uint64_t recover_until;  /* master clock: clients wait until owners re-registered */
+
     /* What peers may cost. */
     conn_list_t handshaking; /* before the handshake is done, by the time they were accepted */
     conn_list_t idle;        /* after it, by their last request */
@@ -128,6 +139,9 @@ int kvs__master_server_config_init(kvs__master_server_config_t *cfg)
     cfg->idle_timeout_ms = 600000;
     cfg->tick_ms = 100;
     cfg->probe_ms = 1000;
+    cfg->etcd_ttl_s = KVS_HA_DEFAULT_TTL_S;
+    cfg->etcd_poll_ms = KVS_HA_DEFAULT_POLL_MS;
+    cfg->recovery_ms = 300;
     return kvs__master_config_init(&cfg->master);
 }
 
@@ -163,6 +177,113 @@ static uint64_t server_now(kvs__master_server_t *s)
     return now - s->paused_ns;
 }
 
+/* Joins the election (after listening: the leader record names a port that answers). */
+static int ha_setup(kvs__master_server_t *s)
+{
+    const kvs__master_server_config_t *cfg = &s->cfg;
+    const char *bind = cfg->bind_host ? cfg->bind_host : "127.0.0.1";
+    if (cfg->advertise != NULL) {
+        snprintf(s->advertise, sizeof(s->advertise), "%s", cfg->advertise);
+    } else if (strcmp(bind, "0.0.0.0") == 0 || strcmp(bind, "::") == 0 || bind[0] == '\0') {
+        kvs_error("master: bound to %s, the leader record needs an address clients can reach: "
+                  "give --advertise HOST:PORT",
+                  bind);
+        return KVS_INVALID_PARAMS;
+    } else {
+        snprintf(s->advertise, sizeof(s->advertise), strchr(bind, ':') ? "[%s]:%u" : "%s:%u", bind,
+                 (unsigned)s->port);
+    }
+    s->ha_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    struct epoll_event hev = {.events = EPOLLIN, .data.ptr = &s->ha_fd};
+    if (s->ha_fd < 0 || epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->ha_fd, &hev) != 0)
+        return KVS_IO_ERROR;
+    kvs__ha_config_t hc = {.etcd = cfg->etcd,
+                           .prefix = cfg->etcd_prefix,
+                           .advertise = s->advertise,
+                           .ttl_s = cfg->etcd_ttl_s,
+                           .poll_ms = cfg->etcd_poll_ms,
+                           .wake_fd = s->ha_fd};
+    int rc = kvs__ha_start(&hc, &s->ha);
+    if (rc != KVS_OK)
+        kvs_error("master: cannot join the election at etcd://%s: %s", cfg->etcd,
+                  kvs_status_str(rc));
+    else
+        kvs_info("master: a leader candidate at etcd://%s as %s", cfg->etcd, s->advertise);
+    return rc;
+}
+
+static void conn_close(kvs__master_server_t *s, struct conn *c);
+
+/* This candidate won the election (generation lead->generation): it serves from fresh state,
+ * under the incarnation its leader record carries, and every connection made before (to a
+ * standby, or to an earlier term of this one) starts again. */
+static void ha_take_office(kvs__master_server_t *s, const kvs__ha_lead_t *lead)
+{
+    while (s->conns != NULL)
+        conn_close(s, s->conns);
+    kvs__master_t *fresh = NULL;
+    kvs__master_config_t mc = s->cfg.master;
+    mc.version_base = lead->term << 32;
+    if (kvs__master_create(&mc, &fresh) != KVS_OK) {
+        kvs_error("master: out of memory taking office; serving nothing");
+        return;
+    }
+    kvs__master_destroy(s->master);
+    s->master = fresh;
+    s->incarnation = lead->incarnation;
+    s->term = lead->term;
+    s->ha_gen = lead->generation;
+    s->ha_serving = true;
+    s->recover_until = server_now(s) + s->cfg.recovery_ms * KVS_NS_PER_MS;
+    kvs_info("master: leading (term %llu); owners have %llu ms to re-register",
+             (unsigned long long)s->term, (unsigned long long)s->cfg.recovery_ms);
+}
+
+/* Follows the election: office taken when won, requests refused once lost. */
+static void ha_check(kvs__master_server_t *s)
+{
+    if (s->ha == NULL)
+        return;
+    uint64_t v;
+    ssize_t r = read(s->ha_fd, &v, sizeof(v));
+    KVS_UNUSED(r);
+    kvs__ha_lead_t lead;
+    bool leading = kvs__ha_leading(s->ha, kvs__now_ns(), &lead);
+    if (leading && lead.generation != s->ha_gen)
+        ha_take_office(s, &lead);
+    else if (!leading && s->ha_serving) {
+        s->ha_serving = false;
+        kvs_warn("master: no longer the leader (term %llu): every request is refused",
+                 (unsigned long long)s->term);
+    }
+}
+
+/* Whether a request of `type` is served now. A leader checks its lease deadline before every
+ * request (it stops serving before a standby can be elected); in its first moments it lets
+ * owners re-register first. Otherwise `msg` gets where to go instead. */
+static bool ha_serves(kvs__master_server_t *s, unsigned type, uint64_t now, char *msg,
+                      size_t len)
+{
+    msg[0] = '\0';
+    if (s->ha == NULL)
+        return true;
+    kvs__ha_lead_t lead;
+    bool leading = kvs__ha_leading(s->ha, kvs__now_ns(), &lead);
+    if (!leading || lead.generation != s->ha_gen || !s->ha_serving) {
+        if (s->ha_serving && !leading)
+            ha_check(s);
+        kvs__ha_leader(s->ha, msg, len);
+        return false;
+    }
+    bool owner_msg = type == KVS_MSG_MOUNT || type == KVS_MSG_UNMOUNT ||
+                     type == KVS_MSG_HEARTBEAT || type == KVS_MSG_RECOVER || type == KVS_MSG_STAT;
+    if (!owner_msg && now < s->recover_until) {
+        snprintf(msg, len, "%s", s->advertise); /* here, in a moment */
+        return false;
+    }
+    return true;
+}
+
 int kvs__master_server_create(const kvs__master_server_config_t *cfg,
                               kvs__master_server_t **server_p)
 {
@@ -175,7 +296,7 @@ int kvs__master_server_create(const kvs__master_server_config_t *cfg,
     if (s == NULL)
         return KVS_NO_MEMORY;
     s->cfg = *cfg;
-    s->listen_fd = s->epoll_fd = s->stop_fd = -1;
+    s->listen_fd = s->epoll_fd = s->stop_fd = s->ha_fd = -1;
     kvs__spare_fd_init(&s->spare);
     s->incarnation = kvs__random_u64();
     if (cfg->tls) {
@@ -189,7 +310,9 @@ int kvs__master_server_create(const kvs__master_server_config_t *cfg,
     }
     s->pause_ns = server_pause_ms(cfg) * KVS_NS_PER_MS;
     kvs__wbuf_init(&s->scratch);
-    int rc = kvs__master_create(&cfg->master, &s->master);
+    if (cfg->etcd != NULL)
+        s->cfg.master.owner_index = true; /* a new leader rebuilds from the owners */
+    int rc = kvs__master_create(&s->cfg.master, &s->master);
     if (rc != KVS_OK)
         goto err;
     s->listen_fd = kvs__tcp_listen(cfg->bind_host ? cfg->bind_host : "127.0.0.1", cfg->port, 512);
@@ -212,6 +335,8 @@ int kvs__master_server_create(const kvs__master_server_config_t *cfg,
         rc = KVS_IO_ERROR;
         goto err;
     }
+    if (cfg->etcd != NULL && (rc = ha_setup(s)) != KVS_OK)
+        goto err;
     *server_p = s;
     return KVS_OK;
 err:
@@ -607,7 +732,7 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     kvs__frame_begin(w, (uint16_t)(type | KVS_RSP_FLAG), c->h.req_id,
                      kvs__proto_reply_version(ver));
     int rc = KVS_OK;
-    char msg[160];
+    char msg[KVS_MAX_NAME_LEN + 64];
 
     if (type & KVS_RSP_FLAG || type == KVS_MSG_ERROR) {
         send_error(s, c, c->h.req_id, KVS_PROTOCOL_ERROR, "responses are not requests", true);
@@ -640,6 +765,11 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
         send_error(s, c, c->h.req_id, KVS_UNSUPPORTED, msg, false);
         goto out;
     }
+    if (type != KVS_MSG_HELLO && type != KVS_MSG_AUTH &&
+        !ha_serves(s, type, now, msg, sizeof(msg))) {
+        send_error(s, c, c->h.req_id, KVS_NOT_LEADER, msg, false);
+        goto out;
+    }
     switch (type) {
     case KVS_MSG_HELLO: {
         kvs__hello_req_t req;
@@ -667,6 +797,7 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
                                 .incarnation = s->incarnation,
                                 .lease_ms = s->cfg.master.lease_ms,
                                 .heartbeat_timeout_ms = s->cfg.master.heartbeat_timeout_ms,
+                                .term = s->ha_serving ? s->term : 0,
                                 .next_probe = req.next_probe};
         if (kvs__auth_server_hello(&s->cfg.auth, KVS_AUTH_MASTER, NULL, &req, &c->auth, &rsp) !=
             KVS_OK) {
@@ -729,6 +860,17 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
             }
         }
         kvs__mount_rsp_encode(w, &rsp);
+        break;
+    }
+    case KVS_MSG_RECOVER: {
+        kvs__recover_req_t req;
+        kvs__status_list_rsp_t rsp;
+        if ((rc = kvs__recover_req_decode(p, len, ver, &arena, &req)) != KVS_OK)
+            break;
+        rc = ver < 4 ? KVS_UNSUPPORTED
+                     : kvs__master_recover(s->master, now, c->client_id, &req, &arena, &rsp);
+        if (rc == KVS_OK)
+            kvs__status_list_rsp_encode(w, &rsp);
         break;
     }
     case KVS_MSG_UNMOUNT: {
@@ -1140,6 +1282,10 @@ int kvs__master_server_run(kvs__master_server_t *s)
             void *tag = evs[i].data.ptr;
             if (tag == &s->stop_fd)
                 return KVS_OK;
+            if (tag == &s->ha_fd) {
+                ha_check(s);
+                continue;
+            }
             if (tag == &s->listen_fd) {
                 accept_all(s);
                 continue;
@@ -1167,6 +1313,7 @@ int kvs__master_server_run(kvs__master_server_t *s)
         probes_free_dead(s);
         conns_expire(s, now);
         if (now >= next_tick) {
+            ha_check(s);
             kvs__master_tick(s->master, now);
             listen_resume(s);
             next_tick = now + tick_ns;
@@ -1207,6 +1354,9 @@ void kvs__master_server_destroy(kvs__master_server_t *s)
         kvs__master_server_stop(s);
         pthread_join(s->thread, NULL);
     }
+    kvs__ha_stop(s->ha); /* revokes the lease: a standby takes over at once */
+    if (s->ha_fd >= 0)
+        close(s->ha_fd);
     while (s->conns != NULL)
         conn_close(s, s->conns);
     probes_free_dead(s);

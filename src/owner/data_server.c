@@ -45,6 +45,8 @@ typedef struct {
     uint64_t epoch; /* the master's capability epoch, as its latest reply said */
     bool keyed;     /* writes need a capability under write_key */
     uint8_t write_key[KVS_WRITE_KEY_LEN];
+    uint64_t key_gen; /* counts write keys (kvs__data_server_rekey): a write in progress under
+                       * an older one stops */
 } served_t;
 
 static bool fence_has(const fence_set_t *f, uint64_t token)
@@ -228,6 +230,7 @@ static void send_error(const kvs__io_t *io, unsigned version, uint32_t req_id, i
 typedef struct {
     kvs__cap_ctx_t *ctx;
     uint64_t segment_id; /* 0: not keyed yet */
+    uint64_t key_gen;    /* of that segment's key */
 } cap_cache_t;
 
 /* Whether a write lies inside the range its capability names: the master allocated that range
@@ -243,12 +246,13 @@ static bool write_allowed(const served_t *g, const kvs__data_req_t *r, cap_cache
      * capabilities are refused: their puts' fences are forgotten. */
     if (r->cap_epoch + 1 < g->epoch || r->cap_epoch > g->epoch + 1)
         return false;
-    if (cc->segment_id != g->id) {
+    if (cc->segment_id != g->id || cc->key_gen != g->key_gen) {
         int rc = cc->ctx == NULL ? kvs__cap_ctx_new(g->write_key, &cc->ctx)
                                  : kvs__cap_ctx_rekey(cc->ctx, g->write_key);
         if (rc != KVS_OK)
             return false;
         cc->segment_id = g->id;
+        cc->key_gen = g->key_gen;
     }
     uint64_t cap = kvs__cap_ctx_compute(cc->ctx, g->id, r->alloc_offset, r->alloc_size, r->token,
                                         r->cap_epoch);
@@ -257,9 +261,11 @@ static bool write_allowed(const served_t *g, const kvs__data_req_t *r, cap_cache
 
 /* Finds the segment and checks [offset, offset + length) lies inside it, and for a write that
  * its put is not fenced and, with `cap` (the connection's MAC context), that its capability
- * allows it (once per request: a segment's key never changes under its id). Read lock held. */
+ * allows it (once per request). *key_gen_p is the segment's key generation the request was
+ * checked under (0: not yet; set now): a write whose segment was rekeyed since (a new leader
+ * master) is refused part way, as a fenced one is. Read lock held. */
 static int check_range(kvs__data_server_t *s, const kvs__data_req_t *r, bool write,
-                       cap_cache_t *cap, char **addr_p)
+                       cap_cache_t *cap, uint64_t *key_gen_p, char **addr_p)
 {
     for (uint32_t i = 0; i < s->nseg; i++) {
         if (s->segs[i].id != r->segment_id)
@@ -272,6 +278,9 @@ static int check_range(kvs__data_server_t *s, const kvs__data_req_t *r, bool wri
             return KVS_INVALID_WRITE;
         if (write && cap != NULL && s->segs[i].keyed && !write_allowed(&s->segs[i], r, cap))
             return KVS_INVALID_WRITE;
+        if (write && *key_gen_p != 0 && *key_gen_p != s->segs[i].key_gen)
+            return KVS_INVALID_WRITE;
+        *key_gen_p = s->segs[i].key_gen;
         *addr_p = s->segs[i].base + r->offset;
         return KVS_OK;
     }
@@ -311,7 +320,7 @@ void __tsan_ignore_thread_end(void);
  * complete objects), through sockets and other processes that ThreadSanitizer cannot see, so
  * its checks are off for these bytes (and only these). */
 static int segment_io(kvs__data_server_t *s, const kvs__io_t *io, const kvs__data_req_t *r,
-                      bool to_segment, uint64_t deadline, uint64_t *done_p)
+                      bool to_segment, uint64_t key_gen, uint64_t deadline, uint64_t *done_p)
 {
     uint64_t done = 0;
     int rc = KVS_OK;
@@ -321,7 +330,7 @@ static int segment_io(kvs__data_server_t *s, const kvs__io_t *io, const kvs__dat
         ssize_t n = -1;
         int err = 0;
         short events = to_segment ? POLLIN : POLLOUT;
-        rc = check_range(s, r, to_segment, NULL, &addr);
+        rc = check_range(s, r, to_segment, NULL, &key_gen, &addr);
         if (rc == KVS_OK) {
             size_t want = (size_t)(r->length - done);
             TSAN_IGNORE_BEGIN();
@@ -561,7 +570,8 @@ static void serve_requests(kvs__data_server_t *s, const kvs__io_t *io, uint64_t 
 #endif
         pthread_rwlock_rdlock(&s->seg_lock);
         char *addr = NULL;
-        rc = check_range(s, &r, is_write, cc, &addr);
+        uint64_t key_gen = 0;
+        rc = check_range(s, &r, is_write, cc, &key_gen, &addr);
         pthread_rwlock_unlock(&s->seg_lock);
         uint64_t done = 0;
         deadline = kvs__now_ns() + io_ns + r.length / 256; /* at least ~256 MB/s */
@@ -571,12 +581,12 @@ static void serve_requests(kvs__data_server_t *s, const kvs__io_t *io, uint64_t 
                 return;
             /* Any failure after the OK header (a remove part way included) leaves the frame
              * short: only closing the connection tells the reader. */
-            if (segment_io(s, io, &r, false, deadline, &done) != KVS_OK)
+            if (segment_io(s, io, &r, false, key_gen, deadline, &done) != KVS_OK)
                 return;
             continue;
         }
         if (rc == KVS_OK) {
-            rc = segment_io(s, io, &r, true, deadline, &done);
+            rc = segment_io(s, io, &r, true, key_gen, deadline, &done);
             if (rc == KVS_OK) {
                 if (send_status(io, ver, KVS_MSG_DATA_WRITE, h.req_id, KVS_OK, 0, deadline) !=
                     KVS_OK)
@@ -612,7 +622,7 @@ static void serve(kvs__data_server_t *s, int fd)
         kvs_debug("data server: a peer failed the TLS handshake");
         return;
     }
-    cap_cache_t cc = {NULL, 0};
+    cap_cache_t cc = {NULL, 0, 0};
     serve_requests(s, &io, handshake_deadline, &cc);
     kvs__cap_ctx_free(cc.ctx);
     kvs__io_free(&io);
@@ -1117,7 +1127,7 @@ int kvs__data_server_add(kvs__data_server_t *s, uint64_t segment_id, void *base,
         rc = KVS_NO_MEMORY;
     if (rc == KVS_OK) {
         s->segs = segs;
-        served_t g = {segment_id, base, size, fd, {NULL, 0, 0}, epoch, write_key != NULL, {0}};
+        served_t g = {segment_id, base, size, fd, {NULL, 0, 0}, epoch, write_key != NULL, {0}, 1};
         if (write_key != NULL)
             memcpy(g.write_key, write_key, KVS_WRITE_KEY_LEN);
         s->segs[s->nseg++] = g;
@@ -1161,6 +1171,30 @@ int kvs__data_server_fence(kvs__data_server_t *s, uint64_t segment_id, const uin
         rc = KVS_OK;
         for (size_t j = 0; j < n && rc == KVS_OK; j++)
             rc = fence_add(&g->fenced, tokens[j], epochs ? epochs[j] : g->epoch, g->epoch);
+    }
+    pthread_rwlock_unlock(&s->seg_lock);
+    return rc;
+}
+
+int kvs__data_server_rekey(kvs__data_server_t *s, uint64_t segment_id, const uint8_t *write_key,
+                           uint64_t epoch)
+{
+    if (s == NULL || write_key == NULL)
+        return KVS_INVALID_PARAMS;
+    /* The write lock waits for every step in progress; each later one sees the new key. */
+    pthread_rwlock_wrlock(&s->seg_lock);
+    int rc = KVS_SEGMENT_NOT_FOUND;
+    for (uint32_t i = 0; i < s->nseg; i++) {
+        served_t *g = &s->segs[i];
+        if (g->id != segment_id)
+            continue;
+        memcpy(g->write_key, write_key, KVS_WRITE_KEY_LEN);
+        g->keyed = true;
+        g->key_gen++;
+        g->epoch = epoch; /* the new master's epochs: its own count */
+        kvs__free(g->fenced.slots);
+        g->fenced = (fence_set_t){NULL, 0, 0}; /* every old capability fails under the new key */
+        rc = KVS_OK;
     }
     pthread_rwlock_unlock(&s->seg_lock);
     return rc;

@@ -5,9 +5,25 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+/* One complete object of the segment, as the master told us (HA): enough for a new leader to
+ * serve it again. Chained by token. */
+typedef struct ientry {
+    struct ientry *next;
+    uint64_t token, offset, size, writer, version;
+    uint32_t flags;
+    uint32_t key_len;
+    char key[];
+} ientry_t;
+
+typedef struct {
+    ientry_t **buckets;
+    size_t nbuckets, n; /* nbuckets: a power of two, or 0 */
+} index_t;
 
 struct kvs__owner {
     kvs__owner_config_t cfg;
@@ -19,6 +35,12 @@ struct kvs__owner {
     _Atomic uint64_t segment_id; /* read by other threads (kvs__owner_segment_id) */
     uint64_t incarnation;        /* of the master that mounted segment_id */
     uint64_t fence_applied;      /* every fence of the segment up to this one is applied */
+    bool follows;                /* HA: the master is whoever leads in etcd */
+    uint64_t term;               /* the highest leader term registered under (HA) */
+    uint64_t index_applied;      /* every index change up to this one is applied */
+    index_t index;               /* guarded by index_lock (read by kvs__owner_index_size) */
+    pthread_mutex_t index_lock;
+    _Atomic uint64_t recovered;
     pthread_t hb_thread;
     bool hb_started;
     pthread_mutex_t lock;
@@ -31,6 +53,230 @@ static int owner_call(kvs__owner_t *o, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
 {
     int rc = kvs__frame_end(req);
     return rc == KVS_OK ? kvs__rpc_call(o->rpc, req, rsp) : rc;
+}
+
+/* ---- the index (HA) ---------------------------------------------------------------------- */
+
+static size_t index_slot(const index_t *x, uint64_t token)
+{
+    return (size_t)(kvs__hash64(&token, sizeof(token)) & (x->nbuckets - 1));
+}
+
+static void index_clear(index_t *x)
+{
+    for (size_t b = 0; b < x->nbuckets; b++) {
+        for (ientry_t *e = x->buckets[b], *next; e != NULL; e = next) {
+            next = e->next;
+            kvs__free(e);
+        }
+    }
+    kvs__free(x->buckets);
+    *x = (index_t){NULL, 0, 0};
+}
+
+static void index_del(index_t *x, uint64_t token)
+{
+    if (x->nbuckets == 0)
+        return;
+    for (ientry_t **p = &x->buckets[index_slot(x, token)]; *p != NULL; p = &(*p)->next) {
+        if ((*p)->token == token) {
+            ientry_t *e = *p;
+            *p = e->next;
+            kvs__free(e);
+            x->n--;
+            return;
+        }
+    }
+}
+
+static int index_add(index_t *x, const kvs__index_op_t *op)
+{
+    if (x->n >= x->nbuckets) {
+        size_t nb = x->nbuckets ? 2 * x->nbuckets : 1024;
+        ientry_t **b = kvs__calloc(nb, sizeof(*b));
+        if (b == NULL)
+            return KVS_NO_MEMORY;
+        index_t y = {b, nb, x->n};
+        for (size_t i = 0; i < x->nbuckets; i++) {
+            for (ientry_t *e = x->buckets[i], *next; e != NULL; e = next) {
+                next = e->next;
+                size_t k = index_slot(&y, e->token);
+                e->next = b[k];
+                b[k] = e;
+            }
+        }
+        kvs__free(x->buckets);
+        *x = y;
+    }
+    index_del(x, op->token);
+    ientry_t *e = kvs__malloc(sizeof(*e) + op->key.len);
+    if (e == NULL)
+        return KVS_NO_MEMORY;
+    *e = (ientry_t){NULL, op->token, op->offset, op->size, op->writer, op->version, op->flags,
+                    (uint32_t)op->key.len};
+    memcpy(e->key, op->key.ptr, op->key.len);
+    size_t k = index_slot(x, op->token);
+    e->next = x->buckets[k];
+    x->buckets[k] = e;
+    x->n++;
+    return KVS_OK;
+}
+
+/* Applies a HEARTBEAT reply's index changes that are new for our segment, in order. An entry
+ * that cannot be added (no memory) is lost to a failover, not wrong: logged. */
+static void owner_apply_index(kvs__owner_t *o, const kvs__heartbeat_rsp_t *hr, bool *applied_p)
+{
+    pthread_mutex_lock(&o->index_lock);
+    for (uint32_t i = 0; i < hr->nindex; i++) {
+        const kvs__index_op_t *op = &hr->index[i];
+        if (op->segment_id != o->segment_id || op->seq <= o->index_applied)
+            continue;
+        if (op->op == KVS_INDEX_ADD && index_add(&o->index, op) != KVS_OK)
+            kvs_warn("segment %llu: out of memory for the index; an object will not survive a "
+                     "failover", (unsigned long long)o->segment_id);
+        else if (op->op == KVS_INDEX_DEL)
+            index_del(&o->index, op->token);
+        o->index_applied = op->seq;
+        *applied_p = true;
+    }
+    pthread_mutex_unlock(&o->index_lock);
+}
+
+static int cmp_entry_offset(const void *a, const void *b)
+{
+    const ientry_t *x = *(ientry_t *const *)a, *y = *(ientry_t *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Gives a new leader the index, in pages, in ascending order of offset (the master claims
+ * each range; ascending claims are O(1)). Entries it refuses leave the index: their space is
+ * the master's again. */
+static int owner_recover(kvs__owner_t *o)
+{
+    pthread_mutex_lock(&o->index_lock);
+    size_t n = o->index.n;
+    ientry_t **all = kvs__malloc(KVS_MAX(n, 1) * sizeof(*all));
+    kvs__index_op_t *ops = kvs__malloc(KVS_MAX_INDEX_OPS * sizeof(*ops));
+    int rc = all && ops ? KVS_OK : KVS_NO_MEMORY;
+    size_t k = 0;
+    for (size_t b = 0; rc == KVS_OK && b < o->index.nbuckets; b++)
+        for (ientry_t *e = o->index.buckets[b]; e != NULL; e = e->next)
+            all[k++] = e;
+    if (rc == KVS_OK)
+        qsort(all, n, sizeof(*all), cmp_entry_offset);
+    uint64_t *refused = rc == KVS_OK ? kvs__calloc(KVS_MAX(n, 1), sizeof(*refused)) : NULL;
+    size_t nrefused = 0, nok = 0;
+    if (rc == KVS_OK && refused == NULL)
+        rc = KVS_NO_MEMORY;
+    for (size_t start = 0; rc == KVS_OK && start < n; start += KVS_MAX_INDEX_OPS) {
+        size_t m = KVS_MIN(n - start, (size_t)KVS_MAX_INDEX_OPS);
+        for (size_t i = 0; i < m; i++) {
+            const ientry_t *e = all[start + i];
+            ops[i] = (kvs__index_op_t){.segment_id = o->segment_id,
+                                       .op = KVS_INDEX_ADD,
+                                       .key = {e->key, e->key_len},
+                                       .offset = e->offset,
+                                       .size = e->size,
+                                       .token = e->token,
+                                       .writer = e->writer,
+                                       .version = e->version,
+                                       .flags = e->flags};
+        }
+        kvs__wbuf_t req, rsp;
+        kvs__wbuf_init(&req);
+        kvs__wbuf_init(&rsp);
+        kvs__rpc_begin(o->rpc, &req, KVS_MSG_RECOVER);
+        kvs__recover_req_t r = {o->segment_id, (uint32_t)m, ops};
+        kvs__recover_req_encode(&req, &r);
+        rc = owner_call(o, &req, &rsp);
+        kvs__arena_t a;
+        kvs__arena_init(&a);
+        kvs__status_list_rsp_t sl;
+        if (rc == KVS_OK)
+            rc = kvs__status_list_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &sl);
+        if (rc == KVS_OK)
+            rc = sl.status != KVS_OK ? sl.status : sl.nresults == m ? KVS_OK : KVS_PROTOCOL_ERROR;
+        for (size_t i = 0; rc == KVS_OK && i < m; i++) {
+            if (sl.results[i] == KVS_OK)
+                nok++;
+            else
+                refused[nrefused++] = all[start + i]->token;
+        }
+        kvs__arena_free(&a);
+        kvs__wbuf_free(&req);
+        kvs__wbuf_free(&rsp);
+    }
+    for (size_t i = 0; rc == KVS_OK && i < nrefused; i++)
+        index_del(&o->index, refused[i]);
+    pthread_mutex_unlock(&o->index_lock);
+    kvs__free(all);
+    kvs__free(ops);
+    kvs__free(refused);
+    if (rc == KVS_OK) {
+        o->recovered += nok;
+        kvs_info("segment '%s' (%llu) re-registered with the new leader: %zu object(s) kept, "
+                 "%zu refused", o->name, (unsigned long long)o->segment_id, nok, nrefused);
+    }
+    return rc;
+}
+
+/* A new leader: the segment is registered again under its id, in the same memory, with a new
+ * write key (every capability of the old leader fails from now on, writes in progress
+ * included), then its index. NOT_LEADER when the new master's term is older than one we were
+ * registered under. A MOUNT the master refuses (the id or name taken) falls back to a fresh
+ * mount. */
+static int owner_reregister(kvs__owner_t *o)
+{
+    kvs__hello_rsp_t h = kvs__rpc_hello(o->rpc);
+    if (h.term != 0 && h.term < o->term) {
+        kvs_warn("master of term %llu is older than term %llu: not registering with it",
+                 (unsigned long long)h.term, (unsigned long long)o->term);
+        return KVS_NOT_LEADER;
+    }
+    kvs__wbuf_t req, rsp;
+    kvs__wbuf_init(&req);
+    kvs__wbuf_init(&rsp);
+    kvs__rpc_begin(o->rpc, &req, KVS_MSG_MOUNT);
+    uint8_t key[KVS_WRITE_KEY_LEN];
+    kvs__write_key_new(key);
+    kvs__mount_req_t m = {.name = kvs__str_c(o->name),
+                          .node = kvs__str_c(kvs__rpc_node(o->rpc)),
+                          .endpoint = kvs__str_c(o->endpoint),
+                          .size = o->mem.size,
+                          .write_key = {key, sizeof(key)},
+                          .segment_id = o->segment_id};
+    kvs__mount_req_encode(&req, &m);
+    int rc = owner_call(o, &req, &rsp);
+    kvs__mount_rsp_t mr;
+    if (rc == KVS_OK)
+        rc = kvs__mount_rsp_decode(rsp.data, rsp.len, rsp.version, NULL, &mr);
+    if (rc == KVS_OK)
+        rc = mr.status;
+    if (rc == KVS_OK && mr.segment_id != o->segment_id)
+        rc = KVS_PROTOCOL_ERROR;
+    if (rc == KVS_OK)
+        rc = kvs__data_server_rekey(o->data, o->segment_id, key, mr.epoch);
+    kvs__secret_wipe(req.data, req.len);
+    kvs__secret_wipe(key, sizeof(key));
+    kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
+    if (rc == KVS_OK) {
+        h = kvs__rpc_hello(o->rpc);
+        o->incarnation = h.incarnation;
+        o->term = KVS_MAX(o->term, h.term);
+        o->fence_applied = 0;
+        o->index_applied = 0;
+        rc = owner_recover(o);
+        return rc;
+    }
+    if (rc == KVS_SEGMENT_ALREADY_EXISTS) {
+        kvs_warn("segment '%s' cannot keep id %llu at the new leader: mounting it afresh",
+                 o->name, (unsigned long long)o->segment_id);
+        return KVS_SEGMENT_NOT_FOUND;
+    }
+    kvs_warn("cannot re-register segment '%s' with the new leader: %s", o->name,
+             kvs_status_str(rc));
+    return rc;
 }
 
 static int owner_mount(kvs__owner_t *o)
@@ -54,11 +300,11 @@ static int owner_mount(kvs__owner_t *o)
     /* A key per mount, told only to the master: writes then need its capabilities. */
     uint8_t key[KVS_WRITE_KEY_LEN];
     kvs__write_key_new(key);
-    kvs__mount_req_t m = {kvs__str_c(o->name),
-                          kvs__str_c(kvs__rpc_node(o->rpc)),
-                          kvs__str_c(o->endpoint),
-                          o->mem.size,
-                          {key, sizeof(key)}};
+    kvs__mount_req_t m = {.name = kvs__str_c(o->name),
+                          .node = kvs__str_c(kvs__rpc_node(o->rpc)),
+                          .endpoint = kvs__str_c(o->endpoint),
+                          .size = o->mem.size,
+                          .write_key = {key, sizeof(key)}};
     kvs__mount_req_encode(&req, &m);
     int rc = owner_call(o, &req, &rsp);
     kvs__mount_rsp_t mr;
@@ -81,6 +327,11 @@ static int owner_mount(kvs__owner_t *o)
             o->segment_id = mr.segment_id;
             o->incarnation = kvs__rpc_incarnation(o->rpc);
             o->fence_applied = 0; /* a new segment id: its fences start afresh */
+            o->index_applied = 0;
+            o->term = KVS_MAX(o->term, kvs__rpc_hello(o->rpc).term);
+            pthread_mutex_lock(&o->index_lock);
+            index_clear(&o->index);
+            pthread_mutex_unlock(&o->index_lock);
         }
     }
     kvs__secret_wipe(req.data, req.len); /* the MOUNT carried the write key */
@@ -138,7 +389,7 @@ static int owner_heartbeat_once(kvs__owner_t *o, bool *applied_p)
     kvs__wbuf_init(&req);
     kvs__wbuf_init(&rsp);
     kvs__rpc_begin(o->rpc, &req, KVS_MSG_HEARTBEAT);
-    kvs__fence_ack_t ack = {o->segment_id, o->fence_applied};
+    kvs__fence_ack_t ack = {o->segment_id, o->fence_applied, o->index_applied};
     kvs__heartbeat_req_t hb = {o->segment_id != 0 ? 1 : 0, &ack};
     kvs__heartbeat_req_encode(&req, &hb);
     int rc = owner_call(o, &req, &rsp);
@@ -149,8 +400,13 @@ static int owner_heartbeat_once(kvs__owner_t *o, bool *applied_p)
         rc = kvs__heartbeat_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &hr);
     if (rc == KVS_OK)
         rc = hr.status;
+    kvs__hello_rsp_t h = kvs__rpc_hello(o->rpc);
+    if (rc == KVS_OK && o->follows && h.term != 0 && h.term < o->term)
+        rc = KVS_NOT_LEADER; /* a leader of an older term: nothing it says is applied */
     if (rc == KVS_OK)
         rc = owner_apply_fences(o, &hr, applied_p);
+    if (rc == KVS_OK)
+        owner_apply_index(o, &hr, applied_p);
     kvs__arena_free(&a);
     kvs__wbuf_free(&req);
     kvs__wbuf_free(&rsp);
@@ -188,6 +444,13 @@ static int owner_keepalive(kvs__owner_t *o)
     int rc = owner_heartbeat(o);
     if (rc == KVS_OK && kvs__rpc_incarnation(o->rpc) != o->incarnation)
         rc = KVS_SEGMENT_NOT_FOUND; /* a new master: it cannot know the segment */
+    if (rc == KVS_SEGMENT_NOT_FOUND && o->follows && o->segment_id != 0 &&
+        kvs__rpc_incarnation(o->rpc) != o->incarnation) {
+        /* A new leader: it knows nothing yet, but we keep what the segment holds. */
+        rc = owner_reregister(o);
+        if (rc != KVS_SEGMENT_NOT_FOUND)
+            return rc;
+    }
     if (rc == KVS_SEGMENT_NOT_FOUND) {
         kvs_warn("the master dropped segment %llu; mounting again",
                  (unsigned long long)o->segment_id);
@@ -232,15 +495,19 @@ static void *heartbeat_thread(void *arg)
 
 int kvs__owner_create(const kvs__owner_config_t *cfg, kvs__owner_t **owner_p)
 {
-    if (cfg == NULL || owner_p == NULL || cfg->master_host == NULL || cfg->master_port == 0 ||
+    if (cfg == NULL || owner_p == NULL ||
+        (cfg->etcd == NULL && (cfg->master_host == NULL || cfg->master_port == 0)) ||
         cfg->segment_size < 4096 || cfg->rpc_timeout_ms == 0)
         return KVS_INVALID_PARAMS;
     kvs__owner_t *o = kvs__calloc(1, sizeof(*o));
     if (o == NULL)
         return KVS_NO_MEMORY;
     o->cfg = *cfg;
+    o->follows = cfg->etcd != NULL;
     if (o->cfg.heartbeat_max_ms == 0)
-        o->cfg.heartbeat_max_ms = KVS_OWNER_HEARTBEAT_MAX_MS;
+        o->cfg.heartbeat_max_ms =
+            o->follows ? KVS_OWNER_HA_HEARTBEAT_MAX_MS : KVS_OWNER_HEARTBEAT_MAX_MS;
+    pthread_mutex_init(&o->index_lock, NULL);
     if (o->cfg.retry_min_ms == 0)
         o->cfg.retry_min_ms = KVS_OWNER_RETRY_MIN_MS;
     pthread_mutex_init(&o->lock, NULL);
@@ -259,7 +526,9 @@ int kvs__owner_create(const kvs__owner_config_t *cfg, kvs__owner_t **owner_p)
                               .node = cfg->node,
                               .timeout_ms = cfg->rpc_timeout_ms,
                               .auth = cfg->data.auth,
-                              .tls = cfg->data.tls};
+                              .tls = cfg->data.tls,
+                              .etcd = cfg->etcd,
+                              .etcd_prefix = cfg->etcd_prefix};
     rc = kvs__rpc_open(&rcfg, &o->rpc);
     if (rc != KVS_OK)
         goto err;
@@ -300,6 +569,19 @@ uint16_t kvs__owner_data_port(const kvs__owner_t *o)
     return kvs__data_server_port(o->data);
 }
 
+size_t kvs__owner_index_size(kvs__owner_t *o)
+{
+    pthread_mutex_lock(&o->index_lock);
+    size_t n = o->index.n;
+    pthread_mutex_unlock(&o->index_lock);
+    return n;
+}
+
+uint64_t kvs__owner_recovered(kvs__owner_t *o)
+{
+    return o->recovered;
+}
+
 void kvs__owner_destroy(kvs__owner_t *o)
 {
     if (o == NULL)
@@ -327,6 +609,8 @@ void kvs__owner_destroy(kvs__owner_t *o)
     kvs__data_server_destroy(o->data);
     kvs__rpc_close(o->rpc);
     kvs__segment_mem_destroy(&o->mem);
+    index_clear(&o->index);
+    pthread_mutex_destroy(&o->index_lock);
     pthread_mutex_destroy(&o->lock);
     pthread_cond_destroy(&o->cond);
     kvs__free(o);

@@ -74,6 +74,11 @@ int kvs__data_server_remove(kvs__data_server_t *srv, uint64_t segment_id);
  * served. */
 int kvs__data_server_fence(kvs__data_server_t *srv, uint64_t segment_id, const uint64_t *tokens,
                            const uint64_t *epochs, size_t n);
+/* Replaces the segment's write key (a new leader master was told `write_key` at its MOUNT):
+ * every capability made under the old key is refused from now on, including the rest of a
+ * write in progress, and the old master's fences and epoch are forgotten for `epoch`. */
+int kvs__data_server_rekey(kvs__data_server_t *srv, uint64_t segment_id, const uint8_t *write_key,
+                           uint64_t epoch);
 /* The master's capability epoch now (from a HEARTBEAT reply): capabilities older than the
  * previous epoch are refused from now on, and their fences forgotten. Never goes back. */
 int kvs__data_server_epoch(kvs__data_server_t *srv, uint64_t segment_id, uint64_t epoch);
@@ -95,6 +100,13 @@ typedef struct {
     uint64_t rpc_timeout_ms;
     uint64_t heartbeat_max_ms; /* longest heartbeat period (0: KVS_OWNER_HEARTBEAT_MAX_MS) */
     uint64_t retry_min_ms;     /* first back-off after a failed heartbeat or mount (0: default) */
+    /* High availability (docs/ha.md): follow the leader master named in etcd at these
+     * endpoints (master_host/port are then unused). The owner keeps an index of its complete
+     * objects (fed by the master) and re-registers the segment and the index with every new
+     * leader, so the cache survives a failover; heartbeats come at least every
+     * KVS_OWNER_HA_HEARTBEAT_MAX_MS unless heartbeat_max_ms says otherwise. */
+    const char *etcd;
+    const char *etcd_prefix;
     kvs__data_server_config_t data;
 } kvs__owner_config_t;
 
@@ -102,6 +114,7 @@ typedef struct {
  * notices a restarted master at its next heartbeat, so this bounds the time to mount again. */
 #define KVS_OWNER_HEARTBEAT_MAX_MS 500u
 #define KVS_OWNER_RETRY_MIN_MS     20u
+#define KVS_OWNER_HA_HEARTBEAT_MAX_MS 100u
 
 typedef struct kvs__owner kvs__owner_t;
 
@@ -115,6 +128,10 @@ uint64_t kvs__owner_segment_id(const kvs__owner_t *o);
 /* The name the segment is mounted under (valid until the owner is destroyed). */
 const char *kvs__owner_name(const kvs__owner_t *o);
 uint16_t kvs__owner_data_port(const kvs__owner_t *o);
+/* Objects in the owner's index (HA; 0 otherwise), and how many it re-registered with new
+ * leaders so far. For tests and logs. */
+size_t kvs__owner_index_size(kvs__owner_t *o);
+uint64_t kvs__owner_recovered(kvs__owner_t *o);
 /* Unmounts, stops the threads, unmaps. NULL is a no-op. */
 void kvs__owner_destroy(kvs__owner_t *o);
 

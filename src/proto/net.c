@@ -1,6 +1,7 @@
 /* Socket helpers with deadlines and the blocking master RPC connection. */
 #define _GNU_SOURCE
 #include "net_int.h"
+#include "../ha/etcd_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -354,6 +355,7 @@ typedef struct {
     void *ssl; /* its TLS session, when the pool has TLS on */
     uint32_t next_req_id;
     bool busy;
+    uint64_t target_gen; /* the target it was connected to (rpc->target_gen then) */
 } rpc_conn_t;
 
 static kvs__io_t conn_io(const rpc_conn_t *cn)
@@ -372,8 +374,12 @@ static void conn_drop(rpc_conn_t *cn)
 }
 
 struct kvs__rpc {
-    char *host;
+    char *host; /* the master now (under lock once calls run: a leader change moves it) */
     uint16_t port;
+    uint64_t target_gen; /* counts moves of host:port; older connections are dropped */
+    kvs__etcd_t *etcd;   /* NULL: one master at host:port */
+    char etcd_prefix[KVS_MAX_NAME_LEN + 1];
+    bool resolved; /* host:port came from etcd (or a NOT_LEADER) since the last failure */
     char node[KVS_MAX_NAME_LEN + 1];
     char tenant[KVS_MAX_TENANT_LEN + 1];
     uint64_t timeout_ns;
@@ -399,7 +405,8 @@ static bool conn_dead(int fd)
 
 /* One frame out, one frame back, with the request id and type matched. The connection is the
  * caller's (busy); rpc->lock is not held. */
-static int rpc_exchange(rpc_conn_t *cn, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint64_t deadline)
+static int rpc_exchange(rpc_conn_t *cn, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint64_t deadline,
+                        bool *sent_p, char *leader, size_t leader_len)
 {
     uint32_t id = ++cn->next_req_id;
     kvs__frame_hdr_t sent;
@@ -410,6 +417,7 @@ static int rpc_exchange(rpc_conn_t *cn, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint
     kvs__frame_log("rpc", "->", &sent, req->data + KVS_FRAME_HDR_LEN, sent.len);
     kvs__io_t io = conn_io(cn);
     int rc = kvs__io_send_all(&io, req->data, req->len, deadline);
+    *sent_p = rc == KVS_OK;
     uint8_t hb[KVS_FRAME_HDR_LEN];
     if (rc == KVS_OK)
         rc = kvs__io_recv_all(&io, hb, sizeof(hb), deadline);
@@ -456,6 +464,11 @@ static int rpc_exchange(rpc_conn_t *cn, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint
     if (h.type == (KVS_MSG_ERROR | KVS_RSP_FLAG)) {
         kvs__error_rsp_t e;
         if (kvs__error_rsp_decode(rsp->data, rsp->len, rsp->version, NULL, &e) == KVS_OK) {
+            if (e.status == KVS_NOT_LEADER) {
+                /* A standby: its message is the leader's address, or empty when it knows none. */
+                snprintf(leader, leader_len, "%.*s", (int)e.message.len, e.message.ptr);
+                return KVS_NOT_LEADER;
+            }
             kvs_error("master refused %s: %.*s (%s)", kvs__msg_name(sent.type), (int)e.message.len,
                       e.message.ptr, kvs_status_name(e.status));
             return e.status < 0 ? e.status : KVS_RPC_FAIL;
@@ -465,21 +478,34 @@ static int rpc_exchange(rpc_conn_t *cn, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint
     return KVS_OK;
 }
 
-/* Connects `cn` and says HELLO, all before `deadline`. */
+/* Connects `cn` to the current target and says HELLO, all before `deadline`. */
 static int rpc_connect(kvs__rpc_t *rpc, rpc_conn_t *cn, uint64_t deadline)
 {
-    int fd = kvs__tcp_connect(rpc->host, rpc->port, deadline);
+    char host[KVS_MAX_NAME_LEN + 1];
+    pthread_mutex_lock(&rpc->lock);
+    snprintf(host, sizeof(host), "%s", rpc->host ? rpc->host : "");
+    uint16_t port = rpc->port;
+    uint64_t gen = rpc->target_gen;
+    pthread_mutex_unlock(&rpc->lock);
+    if (port == 0)
+        return KVS_NO_LEADER; /* following etcd, which has named no leader yet */
+    int fd = kvs__tcp_connect(host, port, deadline);
     if (fd < 0) {
-        kvs_error("cannot reach the master at %s:%u: %s", rpc->host, (unsigned)rpc->port,
-                  kvs_status_str(fd));
+        if (rpc->etcd == NULL)
+            kvs_error("cannot reach the master at %s:%u: %s", host, (unsigned)port,
+                      kvs_status_str(fd));
+        else
+            kvs_debug("cannot reach the master at %s:%u: %s", host, (unsigned)port,
+                      kvs_status_str(fd));
         return fd == KVS_TIMED_OUT ? KVS_TIMED_OUT : KVS_RPC_FAIL;
     }
     cn->fd = fd;
+    cn->target_gen = gen;
     if (rpc->tls != NULL) {
         kvs__io_t io;
         int trc = kvs__tls_handshake(rpc->tls, fd, deadline, &io);
         if (trc != KVS_OK) {
-            kvs_error("TLS with the master at %s:%u failed: %s", rpc->host, (unsigned)rpc->port,
+            kvs_error("TLS with the master at %s:%u failed: %s", host, (unsigned)port,
                       trc == KVS_AUTH_FAILED ? "it has another token"
                       : trc == KVS_TIMED_OUT ? "no answer in time"
                                              : "it does not speak TLS (is it started with --tls?)");
@@ -492,7 +518,7 @@ static int rpc_connect(kvs__rpc_t *rpc, rpc_conn_t *cn, uint64_t deadline)
     uint64_t client_id = rpc->hello.client_id;
     pthread_mutex_unlock(&rpc->lock);
     char peer[300];
-    snprintf(peer, sizeof(peer), "the master at %s:%u", rpc->host, (unsigned)rpc->port);
+    snprintf(peer, sizeof(peer), "the master at %s:%u", host, (unsigned)port);
     kvs__handshake_t hs = {.auth = &rpc->auth,
                            .endpoint = KVS_AUTH_MASTER,
                            .node = rpc->node,
@@ -514,6 +540,39 @@ static int rpc_connect(kvs__rpc_t *rpc, rpc_conn_t *cn, uint64_t deadline)
         if (rc == KVS_IO_ERROR || rc == KVS_PROTOCOL_ERROR || rc == KVS_NO_MEMORY)
             rc = KVS_RPC_FAIL;
     }
+    return rc;
+}
+
+/* Points the pool at host:port (a new leader): connections to the old target are dropped
+ * when next taken. */
+static void rpc_retarget(kvs__rpc_t *rpc, const char *host, uint16_t port)
+{
+    char *h = kvs__strdup(host);
+    if (h == NULL)
+        return;
+    pthread_mutex_lock(&rpc->lock);
+    if (rpc->host == NULL || strcmp(rpc->host, host) != 0 || rpc->port != port) {
+        kvs__free(rpc->host);
+        rpc->host = h;
+        h = NULL;
+        rpc->port = port;
+        rpc->target_gen++;
+        kvs_info("following the leader master at %s:%u", host, (unsigned)port);
+    }
+    rpc->resolved = true;
+    pthread_mutex_unlock(&rpc->lock);
+    kvs__free(h);
+}
+
+/* Asks etcd who leads and points the pool there. NO_LEADER when nobody does. */
+static int rpc_resolve(kvs__rpc_t *rpc, kvs__etcd_leader_t *l_p)
+{
+    kvs__etcd_leader_t l;
+    int rc = kvs__etcd_leader(rpc->etcd, rpc->etcd_prefix, &l);
+    if (rc == KVS_OK)
+        rpc_retarget(rpc, l.host, l.port);
+    if (l_p != NULL)
+        *l_p = l;
     return rc;
 }
 
@@ -556,17 +615,34 @@ static void conn_give(kvs__rpc_t *rpc, rpc_conn_t *cn)
     pthread_mutex_unlock(&rpc->lock);
 }
 
+static int rpc_follow_connect(kvs__rpc_t *rpc, uint64_t deadline);
+
 int kvs__rpc_open(const kvs__rpc_config_t *cfg, kvs__rpc_t **rpc_p)
 {
-    if (cfg == NULL || rpc_p == NULL || cfg->host == NULL || cfg->port == 0 ||
-        cfg->timeout_ms == 0 || cfg->max_conns > KVS_RPC_MAX_CONNS)
+    if (cfg == NULL || rpc_p == NULL ||
+        (cfg->etcd == NULL && (cfg->host == NULL || cfg->port == 0)) || cfg->timeout_ms == 0 ||
+        cfg->max_conns > KVS_RPC_MAX_CONNS ||
+        (cfg->etcd_prefix != NULL && strlen(cfg->etcd_prefix) > KVS_MAX_NAME_LEN))
         return KVS_INVALID_PARAMS;
     kvs__rpc_t *rpc = kvs__calloc(1, sizeof(*rpc));
     if (rpc == NULL)
         return KVS_NO_MEMORY;
     rpc->version = KVS_PROTO_VERSION_MAX;
-    rpc->host = kvs__strdup(cfg->host);
-    rpc->port = cfg->port;
+    if (cfg->etcd != NULL) {
+        /* etcd calls get a share of the call's time, so that one slow endpoint leaves time to
+         * try another and the master. */
+        int erc = kvs__etcd_open(cfg->etcd, KVS_MAX(cfg->timeout_ms / 4, 1), &rpc->etcd);
+        if (erc != KVS_OK) {
+            kvs__free(rpc);
+            return erc;
+        }
+        snprintf(rpc->etcd_prefix, sizeof(rpc->etcd_prefix), "%s",
+                 cfg->etcd_prefix ? cfg->etcd_prefix : KVS_ETCD_DEFAULT_PREFIX);
+        rpc->host = kvs__strdup(""); /* port 0: not resolved yet */
+    } else {
+        rpc->host = kvs__strdup(cfg->host);
+        rpc->port = cfg->port;
+    }
     rpc->timeout_ns = cfg->timeout_ms * KVS_NS_PER_MS;
     rpc->auth = cfg->auth;
     if (cfg->tls) {
@@ -574,6 +650,7 @@ int kvs__rpc_open(const kvs__rpc_config_t *cfg, kvs__rpc_t **rpc_p)
         int trc = kvs__tls_create(&cfg->auth, false, &rpc->tls, why, sizeof(why));
         if (trc != KVS_OK) {
             kvs_error("%s", why);
+            kvs__etcd_close(rpc->etcd);
             kvs__free(rpc->host);
             kvs__free(rpc);
             return trc;
@@ -594,7 +671,7 @@ int kvs__rpc_open(const kvs__rpc_config_t *cfg, kvs__rpc_t **rpc_p)
     int rc = rpc->host ? KVS_OK : KVS_NO_MEMORY;
     if (rc == KVS_OK) {
         uint64_t deadline = cfg->deadline_ns ? cfg->deadline_ns : kvs__now_ns() + rpc->timeout_ns;
-        rc = rpc_connect(rpc, &rpc->conns[0], deadline);
+        rc = rpc->etcd ? rpc_follow_connect(rpc, deadline) : rpc_connect(rpc, &rpc->conns[0], deadline);
     }
     if (rc != KVS_OK) {
         kvs__rpc_close(rpc);
@@ -611,6 +688,7 @@ void kvs__rpc_close(kvs__rpc_t *rpc)
     for (uint32_t i = 0; i < KVS_RPC_MAX_CONNS; i++)
         conn_drop(&rpc->conns[i]);
     kvs__tls_destroy(rpc->tls);
+    kvs__etcd_close(rpc->etcd);
     kvs__auth_wipe(&rpc->auth);
     pthread_mutex_destroy(&rpc->lock);
     pthread_cond_destroy(&rpc->cond);
@@ -654,24 +732,188 @@ uint64_t kvs__rpc_deadline(const kvs__rpc_t *rpc)
     return kvs__now_ns() + rpc->timeout_ns;
 }
 
+/* One try of a call on one connection (made now if needed, to the current target): `sent` says
+ * whether the request went out whole, `leader` gets a NOT_LEADER's address. */
+static int rpc_attempt(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp,
+                       uint64_t connect_deadline, uint64_t deadline, bool *sent, char *leader,
+                       size_t leader_len)
+{
+    *sent = false;
+    rpc_conn_t *cn;
+    int rc = conn_take(rpc, deadline, &cn);
+    if (rc != KVS_OK)
+        return rc;
+    pthread_mutex_lock(&rpc->lock);
+    bool moved = cn->target_gen != rpc->target_gen;
+    pthread_mutex_unlock(&rpc->lock);
+    if (cn->fd >= 0 && (moved || conn_dead(cn->fd)))
+        conn_drop(cn);
+    if (cn->fd < 0)
+        rc = rpc_connect(rpc, cn, connect_deadline);
+    if (rc == KVS_OK)
+        rc = rpc_exchange(cn, req, rsp, deadline, sent, leader, leader_len);
+    conn_give(rpc, cn);
+    return rc;
+}
+
+/* Whether anything listens at the current target: a master that failed during a request and
+ * still accepts connections may have served it, so it is not sent again. */
+static bool target_alive(kvs__rpc_t *rpc, uint64_t deadline)
+{
+    char host[KVS_MAX_NAME_LEN + 1];
+    pthread_mutex_lock(&rpc->lock);
+    snprintf(host, sizeof(host), "%s", rpc->host ? rpc->host : "");
+    uint16_t port = rpc->port;
+    pthread_mutex_unlock(&rpc->lock);
+    int fd = port ? kvs__tcp_connect(host, port, deadline) : -1;
+    if (fd >= 0)
+        close(fd);
+    return fd >= 0;
+}
+
+static void sleep_until_at_most(uint64_t ns, uint64_t deadline)
+{
+    uint64_t now = kvs__now_ns();
+    if (now >= deadline)
+        return;
+    ns = KVS_MIN(ns, deadline - now);
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    nanosleep(&ts, NULL);
+}
+
+#define FOLLOW_BACKOFF_MIN_NS (10 * KVS_NS_PER_MS)
+#define FOLLOW_BACKOFF_MAX_NS (100 * KVS_NS_PER_MS)
+
+/* The call of a pool that follows the leader (see kvs__rpc_config_t.etcd). */
+static int rpc_follow_call(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp,
+                           uint64_t deadline)
+{
+    uint64_t backoff = FOLLOW_BACKOFF_MIN_NS;
+    int last = KVS_NO_LEADER;
+    for (;;) {
+        pthread_mutex_lock(&rpc->lock);
+        bool resolved = rpc->resolved && rpc->port != 0;
+        pthread_mutex_unlock(&rpc->lock);
+        if (!resolved) {
+            int r = rpc_resolve(rpc, NULL);
+            if (r != KVS_OK)
+                last = r;
+        }
+        uint64_t now = kvs__now_ns();
+        /* A connect gets part of the time: a leader that is gone must leave time for the next. */
+        uint64_t cdl = KVS_MIN(deadline, now + KVS_MAX(rpc->timeout_ns / 4, 200 * KVS_NS_PER_MS));
+        uint64_t inc = kvs__rpc_incarnation(rpc);
+        bool sent = false;
+        char leader[KVS_MAX_NAME_LEN + 8] = "";
+        int rc = KVS_NO_LEADER;
+        pthread_mutex_lock(&rpc->lock);
+        resolved = rpc->port != 0;
+        pthread_mutex_unlock(&rpc->lock);
+        if (resolved)
+            rc = rpc_attempt(rpc, req, rsp, cdl, deadline, &sent, leader, sizeof(leader));
+        if (rc == KVS_OK || (rc != KVS_NOT_LEADER && rc != KVS_RPC_FAIL &&
+                             rc != KVS_TIMED_OUT && rc != KVS_NO_LEADER))
+            return rc;
+        last = rc;
+        pthread_mutex_lock(&rpc->lock);
+        rpc->resolved = false;
+        pthread_mutex_unlock(&rpc->lock);
+        char *lh = NULL;
+        uint16_t lp = 0;
+        if (rc == KVS_NOT_LEADER && leader[0] != '\0' &&
+            kvs__parse_host_port(leader, NULL, &lh, &lp) == KVS_OK && lh != NULL && lp != 0)
+            rpc_retarget(rpc, lh, lp); /* the standby's word; etcd is asked if it fails too */
+        kvs__free(lh);
+        if (sent && rc != KVS_NOT_LEADER) {
+            /* The master failed during the request, which it may have served: it is sent again
+             * only to another leader (this one is then gone, with what it did). */
+            for (;;) {
+                kvs__etcd_leader_t l;
+                int r = rpc_resolve(rpc, &l);
+                if (r == KVS_OK && l.incarnation != inc)
+                    break;
+                if (r == KVS_OK && target_alive(rpc, KVS_MIN(deadline, kvs__now_ns() +
+                                                                        200 * KVS_NS_PER_MS)))
+                    return rc; /* it still leads and lives: not ours to repeat */
+                if (kvs__now_ns() + backoff >= deadline)
+                    return r == KVS_NO_LEADER ? KVS_NO_LEADER : rc;
+                sleep_until_at_most(backoff, deadline);
+                backoff = KVS_MIN(2 * backoff, FOLLOW_BACKOFF_MAX_NS);
+            }
+            continue;
+        }
+        if (kvs__now_ns() + (rc == KVS_NOT_LEADER && lp ? 0 : backoff) >= deadline)
+            break;
+        if (!(rc == KVS_NOT_LEADER && lp != 0)) {
+            sleep_until_at_most(backoff, deadline);
+            backoff = KVS_MIN(2 * backoff, FOLLOW_BACKOFF_MAX_NS);
+        }
+    }
+    if (last == KVS_NO_LEADER || last == KVS_NOT_LEADER) {
+        kvs_error("no master leads the cluster at etcd://%s (prefix %s) yet",
+                  kvs__etcd_endpoints(rpc->etcd), rpc->etcd_prefix);
+        return KVS_NO_LEADER;
+    }
+    return last;
+}
+
+/* open's first connection when following: find the leader and say HELLO, until the deadline. */
+static int rpc_follow_connect(kvs__rpc_t *rpc, uint64_t deadline)
+{
+    uint64_t backoff = FOLLOW_BACKOFF_MIN_NS;
+    int rc;
+    for (;;) {
+        rc = rpc_resolve(rpc, NULL);
+        if (rc == KVS_OK) {
+            uint64_t now = kvs__now_ns();
+            uint64_t cdl = KVS_MIN(deadline, now + KVS_MAX(rpc->timeout_ns / 4,
+                                                           200 * KVS_NS_PER_MS));
+            rc = rpc_connect(rpc, &rpc->conns[0], cdl);
+            if (rc == KVS_OK || rc == KVS_AUTH_FAILED || rc == KVS_INVALID_VERSION)
+                return rc;
+        } else if (rc != KVS_NO_LEADER && rc != KVS_RPC_FAIL) {
+            return rc;
+        }
+        if (kvs__now_ns() + backoff >= deadline)
+            break;
+        sleep_until_at_most(backoff, deadline);
+        backoff = KVS_MIN(2 * backoff, FOLLOW_BACKOFF_MAX_NS);
+    }
+    if (rc == KVS_NO_LEADER)
+        kvs_error("no master leads the cluster at etcd://%s (prefix %s)",
+                  kvs__etcd_endpoints(rpc->etcd), rpc->etcd_prefix);
+    else if (rc == KVS_RPC_FAIL)
+        kvs_error("cannot reach etcd at %s, or the leader it names", kvs__etcd_endpoints(rpc->etcd));
+    return rc;
+}
+
 int kvs__rpc_call_until(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint64_t deadline_ns)
 {
     if (rpc == NULL || req == NULL || req->failed || rsp == NULL)
         return KVS_INVALID_PARAMS;
     if (kvs__now_ns() >= deadline_ns)
         return KVS_TIMED_OUT;
-    rpc_conn_t *cn;
-    int rc = conn_take(rpc, deadline_ns, &cn);
-    if (rc != KVS_OK)
-        return rc;
-    if (cn->fd >= 0 && conn_dead(cn->fd))
-        conn_drop(cn);
-    if (cn->fd < 0)
-        rc = rpc_connect(rpc, cn, deadline_ns);
-    if (rc == KVS_OK)
-        rc = rpc_exchange(cn, req, rsp, deadline_ns);
-    conn_give(rpc, cn);
+    if (rpc->etcd != NULL)
+        return rpc_follow_call(rpc, req, rsp, deadline_ns);
+    bool sent;
+    char leader[8];
+    int rc = rpc_attempt(rpc, req, rsp, deadline_ns, deadline_ns, &sent, leader, sizeof(leader));
+    if (rc == KVS_NOT_LEADER)
+        kvs_error("the master at %s:%u is a standby of an etcd cluster: give etcd://... as the "
+                  "master address", rpc->host, (unsigned)rpc->port);
     return rc;
+}
+
+void kvs__rpc_target(kvs__rpc_t *rpc, char *buf, size_t len)
+{
+    pthread_mutex_lock(&rpc->lock);
+    snprintf(buf, len, "%s:%u", rpc->host ? rpc->host : "", (unsigned)rpc->port);
+    pthread_mutex_unlock(&rpc->lock);
+}
+
+bool kvs__rpc_follows(const kvs__rpc_t *rpc)
+{
+    return rpc != NULL && rpc->etcd != NULL;
 }
 
 int kvs__rpc_call(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp)

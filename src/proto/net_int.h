@@ -119,6 +119,15 @@ typedef struct {
     uint64_t deadline_ns; /* of the first connection, made by open; 0: now + timeout_ms */
     kvs__auth_t auth;     /* the secret to prove to the master (and it to us), if on */
     bool tls;             /* TLS on every connection (needs auth; the master must have it on) */
+    /* High availability (docs/ha.md): the leader's address is read from etcd at these endpoints
+     * ("HOST:PORT[,...]", an "etcd://" in front accepted; host and port are then unused), under
+     * `etcd_prefix` (NULL: KVS_ETCD_DEFAULT_PREFIX). Calls follow the leader: a NOT_LEADER
+     * answer (which names the leader), a master that cannot be reached, or one that failed
+     * during the request and is then found gone (it no longer leads, or cannot be reached),
+     * make the call find the leader again and retry, until its deadline; NO_LEADER when etcd
+     * names none by then. */
+    const char *etcd;
+    const char *etcd_prefix;
 } kvs__rpc_config_t;
 
 int kvs__rpc_open(const kvs__rpc_config_t *cfg, kvs__rpc_t **rpc_p);
@@ -131,6 +140,10 @@ unsigned kvs__rpc_version(kvs__rpc_t *rpc);
 /* The incarnation of the master the connection last said HELLO to (random per master start;
  * a change means the master restarted and forgot every segment, object and lease). */
 uint64_t kvs__rpc_incarnation(kvs__rpc_t *rpc);
+/* The master this pool talks to now, "HOST:PORT" (for messages). */
+void kvs__rpc_target(kvs__rpc_t *rpc, char *buf, size_t len);
+/* Whether the pool follows a leader through etcd. */
+bool kvs__rpc_follows(const kvs__rpc_t *rpc);
 /* Starts a request frame of `type` in that version (kvs__frame_begin). */
 void kvs__rpc_begin(kvs__rpc_t *rpc, kvs__wbuf_t *req, uint16_t type);
 

@@ -42,6 +42,9 @@
 #define KVS_MAX_FENCES      65536u /* fences in one HEARTBEAT reply (more follow in the next) */
 #define KVS_MAX_RELEASES    4096u  /* lease releases carried by one request */
 #define KVS_MAX_TENANT_LEN  64u    /* tenant names: [A-Za-z0-9._-], "default" is the default */
+#define KVS_MAX_INDEX_OPS   4096u  /* owner index entries in one HEARTBEAT reply or RECOVER */
+/* A key as the master stores it: the tenant, a NUL byte, the client's key (docs/protocol.md). */
+#define KVS_MAX_NS_KEY_LEN (KVS_MAX_TENANT_LEN + 1 + KVS_MAX_KEY_LEN)
 
 /* ---- records used inside messages -------------------------------------------------------- */
 
@@ -109,6 +112,7 @@
     X(R, U32, auth, 3, 0, 0) /* KVS_HELLO_AUTH_*: what must follow before any request */           \
     X(R, BLOB, auth_nonce, 3, KVS_AUTH_NONCE_LEN, 0) /* the server's, fresh per connection */      \
     X(R, BLOB, auth_proof, 3, KVS_AUTH_PROOF_LEN, 0) /* the server's proof over both nonces */     \
+    X(R, U64, term, 4, 0, 0) /* the leader's term (docs/ha.md); 0: no etcd, or not leading */     \
     X(R, U64, next_probe, KVS_PROTO_V_NEXT_, 0, 0)   /* echoes the request's */
 
 /* AUTH, after a HELLO answered with KVS_HELLO_AUTH_HMAC: the client's proof over both nonces.
@@ -126,7 +130,8 @@
     X(R, STR, node, 2, KVS_MAX_NAME_LEN, 0)                                                        \
     X(R, STR, endpoint, 2, KVS_MAX_NAME_LEN, 0)                                                    \
     X(R, U64, size, 2, 0, 0)                                                                       \
-    X(R, BLOB, write_key, 3, KVS_WRITE_KEY_LEN, 0) /* the segment's key for write caps */
+    X(R, BLOB, write_key, 3, KVS_WRITE_KEY_LEN, 0) /* the segment's key for write caps */       \
+    X(R, U64, segment_id, 4, 0, 0) /* re-registration with a new leader: its id; else 0 */
 
 /* Segment ids are random per mount: never reused, also across master restarts, so an id
  * names one generation of one segment (a re-mount gets a new one). */
@@ -150,7 +155,35 @@
 
 #define KVS_FIELDS_fence_ack(X, R)                                                                 \
     X(R, U64, segment_id, 2, 0, 0)                                                                 \
-    X(R, U64, seq, 2, 0, 0) /* every fence of the segment up to this one is applied */
+    X(R, U64, seq, 2, 0, 0) /* every fence of the segment up to this one is applied */          \
+    X(R, U64, index_seq, 4, 0, 0) /* and every index change up to this one */
+
+/* High availability (docs/ha.md): every owner keeps an index of the complete objects in its
+ * segment, so that a new leader master can rebuild its metadata from the owners. The master
+ * tells each owner what changes, in HEARTBEAT replies, numbered per segment like fences: ADD
+ * (an object completed, with everything needed to serve it again) and DEL (it went: removed,
+ * evicted, replaced, its copy cleared; only the token is set). The owner acknowledges the
+ * highest number applied in fence_ack.index_seq. A RECOVER request carries the owner's index
+ * (ADD entries, seq 0) to a new leader after the MOUNT that re-registers the segment under its
+ * old id. `version` orders two versions of one key across owners (higher is newer). */
+#define KVS_INDEX_ADD           1u
+#define KVS_INDEX_DEL           2u
+#define KVS_INDEX_FLAG_HARD_PIN 0x1u
+#define KVS_FIELDS_index_op(X, R)                                                                  \
+    X(R, U64, segment_id, 4, 0, 0)                                                                 \
+    X(R, U64, seq, 4, 0, 0)                                                                        \
+    X(R, U32, op, 4, 0, 0) /* KVS_INDEX_* */                                                       \
+    X(R, STR, key, 4, KVS_MAX_NS_KEY_LEN, 0)                                                       \
+    X(R, U64, offset, 4, 0, 0)                                                                     \
+    X(R, U64, size, 4, 0, 0)                                                                       \
+    X(R, U64, token, 4, 0, 0)   /* the put's: names the entry */                                   \
+    X(R, U64, writer, 4, 0, 0)  /* the client that wrote it */                                     \
+    X(R, U64, version, 4, 0, 0) /* grows with every completion, across leaders */                  \
+    X(R, U32, flags, 4, 0, 0)   /* KVS_INDEX_FLAG_* */
+
+#define KVS_FIELDS_recover_req(X, R)                                                               \
+    X(R, U64, segment_id, 4, 0, 0)                                                                 \
+    X(R, ARR, objects, 4, index_op, KVS_MAX_INDEX_OPS)
 
 /* One ack per segment the owner serves: only the segments named stay mounted. */
 #define KVS_FIELDS_heartbeat_req(X, R) X(R, ARR, acks, 2, fence_ack, KVS_MAX_SEGMENTS)
@@ -158,7 +191,8 @@
 #define KVS_FIELDS_heartbeat_rsp(X, R)                                                             \
     X(R, I32, status, 2, 0, 0)                                                                     \
     X(R, ARR, fences, 2, fence, KVS_MAX_FENCES)                                                    \
-    X(R, U64, epoch, 3, 0, 0) /* the master's capability epoch now */
+    X(R, U64, epoch, 3, 0, 0) /* the master's capability epoch now */                              \
+    X(R, ARR, index, 4, index_op, KVS_MAX_INDEX_OPS) /* changes not yet acknowledged */
 
 /* UNMOUNT: a segment of the connection's client. */
 #define KVS_FIELDS_ids_req(X, R) X(R, U64, segment_id, 2, 0, 0)
@@ -272,6 +306,8 @@
     REC(list_entry)                                                                                \
     REC(counter)                                                                                   \
     REC(fence)                                                                                     \
+    REC(index_op)                                                                                  \
+    REC(recover_req)                                                                               \
     REC(fence_ack)                                                                                 \
     REC(hello_req)                                                                                 \
     REC(hello_rsp)                                                                                 \
@@ -318,7 +354,8 @@
     M(DATA_WRITE, 15, data_req, data_status, KVS_MSG_RAW_REQ)                                      \
     M(RELEASE, 16, keys_req, status_list_rsp, 0) /* only releases; no keys */                      \
     M(AUTH, 17, auth_req, auth_rsp, 0)                                                             \
-    M(REPLICA_CLEAR, 18, keys_req, status_list_rsp, 0) /* version 4 */
+    M(REPLICA_CLEAR, 18, keys_req, status_list_rsp, 0) /* version 4 */                             \
+    M(RECOVER, 19, recover_req, status_list_rsp, 0)    /* version 4: one result per object */
 
 /* hello_rsp.auth and shm_hello.auth. */
 #define KVS_HELLO_AUTH_NONE 0u /* the server has no secret: requests may follow at once */

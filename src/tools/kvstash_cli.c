@@ -3,6 +3,7 @@
  * printed escaped, and standard descriptors that were closed at start are never reused. */
 #define _GNU_SOURCE
 #include "cli_int.h"
+#include "ha/etcd_int.h"
 #include "proto/net_int.h"
 
 #include <kvstash/kvstash.h>
@@ -125,8 +126,11 @@ static int master_check(const char *master, const char *from)
         fprintf(stderr, "kvstash: %s is empty; it wants HOST:PORT\n", from);
         return 2;
     }
+    if (kvs__is_etcd_addr(master))
+        return 0; /* endpoints are checked when the client opens */
     if (kvs__parse_host_port(master, "127.0.0.1", &host, &port) != KVS_OK) {
-        fprintf(stderr, "kvstash: %s wants HOST:PORT, got '%s'\n", from, master);
+        fprintf(stderr, "kvstash: %s wants HOST:PORT or etcd://HOST:PORT[,...], got '%s'\n",
+                from, master);
         return 2;
     }
     kvs__free(host);
@@ -159,12 +163,16 @@ static int cli_open(const char *master, uint64_t timeout_ms, cli_t *c)
     char *host;
     uint16_t port;
     memset(c, 0, sizeof(*c));
-    int rc = kvs__parse_host_port(master, "127.0.0.1", &host, &port);
+    bool etcd = kvs__is_etcd_addr(master);
+    int rc = etcd ? KVS_OK : kvs__parse_host_port(master, "127.0.0.1", &host, &port);
+    if (etcd)
+        host = kvs__strdup("");
     if (rc != KVS_OK) {
         fprintf(stderr, "kvstash: master address '%s': %s\n", master, kvs_status_str(rc));
         return 1;
     }
-    kvs__rpc_config_t rcfg = {.host = host, .port = port, .timeout_ms = timeout_ms};
+    kvs__rpc_config_t rcfg = {
+        .host = host, .port = port, .timeout_ms = timeout_ms, .etcd = etcd ? master : NULL};
     char why[512];
     if (kvs__auth_configure(NULL, &rcfg.auth, why, sizeof(why)) != KVS_OK) {
         fprintf(stderr, "kvstash: %s\n", why);

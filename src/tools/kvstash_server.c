@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "master/master_server_int.h"
 #include "owner/owner_int.h"
+#include "ha/etcd_int.h"
 
 #include <pthread.h>
 
@@ -24,7 +25,18 @@ static void usage(FILE *f)
             "\n"
             "  --master-only              run only the metadata master\n"
             "  --owner-only               run only an owner; it joins the master of --master\n"
-            "  --master HOST:PORT         master an owner joins (default 127.0.0.1:50051)\n"
+            "  --master HOST:PORT         master an owner joins (default 127.0.0.1:50051), or\n"
+            "                             etcd://HOST:PORT[,...] to follow the leader there\n"
+            "  --etcd HOST:PORT[,...]     high availability (docs/ha.md): the master is a leader\n"
+            "                             candidate on this etcd cluster; the embedded owner\n"
+            "                             follows the leader\n"
+            "  --etcd-prefix PATH         keys in etcd under this prefix (default /kvstash)\n"
+            "  --etcd-ttl-s N             the leader's etcd lease TTL in seconds (default 2):\n"
+            "                             a dead leader is replaced after about this long\n"
+            "  --advertise HOST:PORT      the master address the leader record gives clients\n"
+            "                             (default BIND:PORT; needed with --bind 0.0.0.0)\n"
+            "  --recovery-ms N            a new leader lets owners re-register this long before\n"
+            "                             serving clients (default 300)\n"
             "  --segment-size SIZE        owner segment size, e.g. 4GiB (default 1GiB)\n"
             "  --segment-name NAME        owner segment name (default HOST:DATAPORT)\n"
             "  --data-port N              owner data port (default 0: any free port)\n"
@@ -150,7 +162,12 @@ int main(int argc, char **argv)
         O_DATA_IDLE,
         O_AUTH_FILE,
         O_INSECURE,
-        O_TLS
+        O_TLS,
+        O_ETCD,
+        O_ETCD_PREFIX,
+        O_ETCD_TTL,
+        O_ADVERTISE,
+        O_RECOVERY
     };
     static const struct option opts[] = {
         {"master-only", no_argument, NULL, O_MASTER_ONLY},
@@ -176,6 +193,11 @@ int main(int argc, char **argv)
         {"auth-token-file", required_argument, NULL, O_AUTH_FILE},
         {"insecure-no-auth", no_argument, NULL, O_INSECURE},
         {"tls", no_argument, NULL, O_TLS},
+        {"etcd", required_argument, NULL, O_ETCD},
+        {"etcd-prefix", required_argument, NULL, O_ETCD_PREFIX},
+        {"etcd-ttl-s", required_argument, NULL, O_ETCD_TTL},
+        {"advertise", required_argument, NULL, O_ADVERTISE},
+        {"recovery-ms", required_argument, NULL, O_RECOVERY},
         {"high-watermark", required_argument, NULL, O_HWM},
         {"evict-ratio", required_argument, NULL, O_EVICT},
         {"default-soft-pin-ttl-ms", required_argument, NULL, O_PIN_TTL},
@@ -302,6 +324,41 @@ int main(int argc, char **argv)
         case O_TLS:
             tls = true;
             break;
+        case O_ETCD:
+            cfg.etcd = kvs__is_etcd_addr(optarg) ? optarg + 7 : optarg;
+            break;
+        case O_ETCD_PREFIX:
+            if (optarg[0] != '/' || strlen(optarg) > KVS_MAX_NAME_LEN) {
+                fprintf(stderr, "kvstash-server: --etcd-prefix wants a path starting with '/', "
+                                "at most 256 bytes\n");
+                return 2;
+            }
+            cfg.etcd_prefix = optarg;
+            break;
+        case O_ETCD_TTL:
+            if (kvs__parse_u64(optarg, 3600, &cfg.etcd_ttl_s) != KVS_OK || cfg.etcd_ttl_s == 0) {
+                fprintf(stderr, "kvstash-server: --etcd-ttl-s wants seconds (1..3600), got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case O_ADVERTISE: {
+            char *h = NULL;
+            uint16_t p = 0;
+            if (kvs__parse_host_port(optarg, NULL, &h, &p) != KVS_OK || h == NULL || p == 0 ||
+                strlen(optarg) > KVS_MAX_NAME_LEN) {
+                kvs__free(h);
+                fprintf(stderr, "kvstash-server: --advertise wants HOST:PORT, got '%s'\n", optarg);
+                return 2;
+            }
+            kvs__free(h);
+            cfg.advertise = optarg;
+            break;
+        }
+        case O_RECOVERY:
+            if (parse_ms("--recovery-ms", optarg, &cfg.recovery_ms))
+                return 2;
+            break;
         case O_PIN_TTL:
             if (parse_ms("--default-soft-pin-ttl-ms", optarg, &cfg.master.default_soft_pin_ttl_ms))
                 return 2;
@@ -361,6 +418,19 @@ int main(int argc, char **argv)
     }
     if (master_addr != NULL && !owner_only) {
         fprintf(stderr, "kvstash-server: --master only applies with --owner-only\n");
+        return 2;
+    }
+    if (cfg.etcd != NULL && owner_only) {
+        fprintf(stderr, "kvstash-server: an owner follows etcd with --master etcd://HOST:PORT; "
+                        "--etcd makes a master candidate\n");
+        return 2;
+    }
+    const char *owner_etcd = cfg.etcd;
+    if (owner_only && master_addr != NULL && kvs__is_etcd_addr(master_addr))
+        owner_etcd = master_addr + 7;
+    if ((cfg.etcd != NULL || owner_etcd != NULL) && !kvs__etcd_supported()) {
+        fprintf(stderr, "kvstash-server: --etcd and etcd:// need a build with etcd support "
+                        "(libcurl and json-c; Debian: libcurl4-openssl-dev libjson-c-dev)\n");
         return 2;
     }
     if (auth_file != NULL && *auth_file == '\0') {
@@ -437,7 +507,11 @@ int main(int argc, char **argv)
         oc.data.port = (uint16_t)data_port;
         char *host = NULL;
         uint16_t mport = 0;
-        if (owner_only) {
+        oc.etcd = owner_etcd;
+        oc.etcd_prefix = cfg.etcd_prefix;
+        if (owner_etcd != NULL) {
+            host = kvs__strdup(""); /* the leader, from etcd */
+        } else if (owner_only) {
             if (kvs__parse_host_port(master_addr ? master_addr : "127.0.0.1:50051", "127.0.0.1",
                                      &host, &mport) != KVS_OK ||
                 mport == 0) {
@@ -447,7 +521,10 @@ int main(int argc, char **argv)
                 goto out;
             }
         } else {
-            host = kvs__strdup("127.0.0.1");
+            /* The embedded master, where it listens (loopback when it listens everywhere). */
+            const char *b = cfg.bind_host;
+            bool wild = b == NULL || !strcmp(b, "0.0.0.0") || !strcmp(b, "::") || !*b;
+            host = kvs__strdup(wild ? (b && !strcmp(b, "::") ? "::1" : "127.0.0.1") : b);
             mport = shown_port;
         }
         oc.master_host = host;
