@@ -163,6 +163,55 @@ static void test_bookkeeping_alloc_failure(void)
     kvs__seg_alloc_destroy(a);
 }
 
+/* A new leader claims the exact ranges owners re-register: in any order, never overlapping,
+ * and the claimed space frees and coalesces like any allocation. */
+static void test_claim_exact_ranges(void)
+{
+    kvs__seg_alloc_t *a;
+    CHECK_STATUS(kvs__seg_alloc_create(1 << 20, &a), KVS_OK);
+    uint32_t h[8];
+    CHECK_STATUS(kvs__seg_alloc_claim(a, 4096, 1000, &h[0]), KVS_OK);
+    CHECK_STATUS(kvs__seg_alloc_claim(a, 8192, 64, &h[1]), KVS_OK);
+    CHECK_STATUS(kvs__seg_alloc_claim(a, 0, 64, &h[2]), KVS_OK); /* before the others */
+    CHECK_STATUS(kvs__seg_alloc_check(a), KVS_OK);
+    CHECK_EQ_U64(kvs__seg_alloc_used(a), 1024 + 64 + 64);
+    /* Taken, partly taken, outside, unaligned, empty: refused and nothing changes. */
+    CHECK_STATUS(kvs__seg_alloc_claim(a, 4096, 64, &h[3]), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__seg_alloc_claim(a, 4096 - 64, 128, &h[3]), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__seg_alloc_claim(a, 4096 + 960, 64, &h[3]), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__seg_alloc_claim(a, (1 << 20) - 64, 65, &h[3]), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__seg_alloc_claim(a, 1 << 20, 64, &h[3]), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__seg_alloc_claim(a, 100, 64, &h[3]), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__seg_alloc_claim(a, 65536, 0, &h[3]), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__seg_alloc_check(a), KVS_OK);
+    CHECK_EQ_U64(kvs__seg_alloc_used(a), 1024 + 64 + 64);
+    /* The last unit of the segment can be claimed. */
+    CHECK_STATUS(kvs__seg_alloc_claim(a, (1 << 20) - 64, 64, &h[3]), KVS_OK);
+    /* Allocation works around claims; frees coalesce back to one block. */
+    uint64_t off;
+    CHECK_STATUS(kvs__seg_alloc_alloc(a, 2000, &off, &h[4]), KVS_OK);
+    static const uint64_t taken[4][2] = {{0, 64}, {4096, 5120}, {8192, 8256}, {(1 << 20) - 64, 1 << 20}};
+    for (int i = 0; i < 4; i++)
+        CHECK(off + 2000 <= taken[i][0] || off >= taken[i][1]);
+    for (int i = 0; i < 5; i++)
+        CHECK_STATUS(kvs__seg_alloc_free(a, h[i]), KVS_OK);
+    CHECK_STATUS(kvs__seg_alloc_check(a), KVS_OK);
+    CHECK_EQ_U64(kvs__seg_alloc_used(a), 0);
+    CHECK_EQ_U64(kvs__seg_alloc_largest_free(a), 1 << 20);
+    /* Many ascending claims (a segment's whole index), then a full free. */
+    uint32_t *hs = kvs__calloc(4096, sizeof(*hs));
+    CHECK(hs != NULL);
+    for (uint32_t i = 0; i < 4096; i++)
+        CHECK_STATUS(kvs__seg_alloc_claim(a, (uint64_t)i * 256, 200, &hs[i]), KVS_OK);
+    CHECK_STATUS(kvs__seg_alloc_check(a), KVS_OK);
+    for (uint32_t i = 0; i < 4096; i++)
+        CHECK_STATUS(kvs__seg_alloc_free(a, hs[i]), KVS_OK);
+    CHECK_STATUS(kvs__seg_alloc_check(a), KVS_OK);
+    CHECK_EQ_U64(kvs__seg_alloc_used(a), 0);
+    kvs__free(hs);
+    kvs__seg_alloc_destroy(a);
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
@@ -171,6 +220,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_fallback_finds_snug_hole),
         KVS_TEST_CASE(test_random_workload_invariants),
         KVS_TEST_CASE(test_bookkeeping_alloc_failure),
+        KVS_TEST_CASE(test_claim_exact_ranges),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
 }

@@ -165,7 +165,7 @@ static uint32_t heartbeat_ack(fx_t *f, uint64_t client, uint64_t seg, uint64_t s
                               kvs__fence_t **fences_p)
 {
     kvs__fence_ack_t ack = {seg, seq, 0};
-    kvs__heartbeat_req_t req = {1, &ack};
+    kvs__heartbeat_req_t req = {1, &ack, 0};
     kvs__heartbeat_rsp_t rsp;
     CHECK_STATUS(kvs__master_heartbeat(f->m, f->now, client, &req, &f->arena, &rsp), KVS_OK);
     CHECK_STATUS(rsp.status, KVS_OK);
@@ -200,7 +200,7 @@ static void test_revoke_frees_space(void)
     uint64_t other = kvs__master_new_client(f.m);
     uint64_t s_other = mount(&f, other, "s-other", "n", 1 << 16);
     kvs__fence_ack_t bad[2] = {{s_other, 0, 0}, {s1, fences[0].seq, 0}};
-    kvs__heartbeat_req_t breq = {2, bad};
+    kvs__heartbeat_req_t breq = {2, bad, 0};
     kvs__heartbeat_rsp_t brsp;
     CHECK_STATUS(kvs__master_heartbeat(f.m, f.now, other, &breq, &f.arena, &brsp), KVS_OK);
     CHECK_EQ_INT(brsp.nfences, 0);
@@ -1325,6 +1325,174 @@ static void test_preferred_segments_for_every_copy(void)
     fx_fini(&f);
 }
 
+/* ---- owners' indexes and recovery (HA) ------------------------------------------------------ */
+
+static kvs__master_t *ha_master(uint64_t term)
+{
+    kvs__master_config_t cfg;
+    CHECK_STATUS(kvs__master_config_init(&cfg), KVS_OK);
+    cfg.lease_ms = 1000;
+    cfg.heartbeat_timeout_ms = 1000;
+    cfg.put_discard_ms = 2000;
+    cfg.owner_index = true;
+    cfg.version_base = term << 32;
+    kvs__master_t *m;
+    CHECK_STATUS(kvs__master_create(&cfg, &m), KVS_OK);
+    return m;
+}
+
+/* A heartbeat acknowledging index changes up to `iseq`; returns the changes listed. */
+static uint32_t heartbeat_index(fx_t *f, uint64_t client, uint64_t seg, uint64_t iseq,
+                                kvs__index_op_t **ops_p)
+{
+    kvs__fence_ack_t ack = {seg, 0, iseq};
+    kvs__heartbeat_req_t req = {1, &ack, 0};
+    kvs__heartbeat_rsp_t rsp;
+    CHECK_STATUS(kvs__master_heartbeat(f->m, f->now, client, &req, &f->arena, &rsp), KVS_OK);
+    CHECK_STATUS(rsp.status, KVS_OK);
+    *ops_p = rsp.index;
+    return rsp.nindex;
+}
+
+static uint64_t mount_id(fx_t *f, uint64_t client, const char *name, uint64_t size, uint64_t id,
+                         int want)
+{
+    kvs__mount_req_t req = {.name = kvs__str_c(name),
+                            .node = kvs__str_c("n"),
+                            .endpoint = kvs__str_c("h:1"),
+                            .size = size,
+                            .segment_id = id};
+    uint64_t got = 0;
+    CHECK_STATUS(kvs__master_mount(f->m, f->now, client, &req, &got), want);
+    return got;
+}
+
+static int recover(fx_t *f, uint64_t client, uint64_t seg, uint32_t n, kvs__index_op_t *ops,
+                   int *results)
+{
+    kvs__recover_req_t req = {seg, n, ops};
+    kvs__status_list_rsp_t rsp;
+    CHECK_STATUS(kvs__master_recover(f->m, f->now, client, &req, &f->arena, &rsp), KVS_OK);
+    if (rsp.status == KVS_OK) {
+        CHECK_EQ_INT(rsp.nresults, n);
+        memcpy(results, rsp.results, n * sizeof(*results));
+    }
+    return rsp.status;
+}
+
+/* The master tells each owner what its segment holds (ADD at the end of a put, DEL when it
+ * goes), in order, until acknowledged. */
+static void test_owner_index_follows_puts_and_removes(void)
+{
+    fx_t f = {.m = ha_master(1), .now = 1000 * MS};
+    kvs__arena_init(&f.arena);
+    f.client = kvs__master_new_client(f.m);
+    uint64_t s1 = mount(&f, f.client, "s1", "n", 1 << 20);
+    kvs__obj_desc_t da, db;
+    CHECK_STATUS(put_start_ex(&f, "a", 1000, 1, "n", "", 0, &da), KVS_OK);
+    kvs__index_op_t *ops;
+    CHECK_EQ_INT(heartbeat_index(&f, f.client, s1, 0, &ops), 0); /* pending: not in the index */
+    CHECK_STATUS(END(&f, "a"), KVS_OK);
+    CHECK_STATUS(put_start_ex(&f, "b", 3000, 1, "n", "", 0, &db), KVS_OK);
+    CHECK_STATUS(END(&f, "b"), KVS_OK);
+    CHECK_STATUS(REMOVE(&f, "b", 0), KVS_OK);
+    CHECK_EQ_INT(heartbeat_index(&f, f.client, s1, 0, &ops), 3);
+    CHECK_EQ_INT(ops[0].op, KVS_INDEX_ADD);
+    CHECK(kvs__str_eq(ops[0].key, kvs__str_c("a")));
+    CHECK_EQ_U64(ops[0].offset, da.reps[0].offset);
+    CHECK_EQ_U64(ops[0].size, 1000);
+    CHECK_EQ_U64(ops[0].token, da.token);
+    CHECK_EQ_U64(ops[0].writer, f.client);
+    CHECK(ops[0].version > (1ull << 32));
+    CHECK_EQ_INT(ops[1].op, KVS_INDEX_ADD);
+    CHECK(ops[1].version > ops[0].version);
+    CHECK_EQ_INT(ops[2].op, KVS_INDEX_DEL);
+    CHECK_EQ_U64(ops[2].token, db.token);
+    CHECK(ops[0].seq < ops[1].seq && ops[1].seq < ops[2].seq);
+    /* Acknowledged changes are not sent again. */
+    CHECK_EQ_INT(heartbeat_index(&f, f.client, s1, ops[1].seq, &ops), 1);
+    CHECK_EQ_INT(ops[0].op, KVS_INDEX_DEL);
+    CHECK_EQ_INT(heartbeat_index(&f, f.client, s1, ops[0].seq, &ops), 0);
+    fx_fini(&f);
+}
+
+/* A new leader rebuilds from what owners re-register: the objects read as before, every one
+ * leased for a lease period (a reader of the old leader may still read it), and bad or
+ * overlapping entries are refused without touching what was recovered. */
+static void test_recover_rebuilds_from_owners(void)
+{
+    fx_t f = {.m = ha_master(7), .now = 5000 * MS};
+    kvs__arena_init(&f.arena);
+    f.client = kvs__master_new_client(f.m);
+    uint64_t other = kvs__master_new_client(f.m);
+    uint64_t old_id = 0x1234567890abcdefull;
+    CHECK_EQ_U64(mount_id(&f, f.client, "s1", 1 << 20, old_id, KVS_OK), old_id);
+    mount_id(&f, other, "s9", 1 << 20, old_id, KVS_SEGMENT_ALREADY_EXISTS); /* the id is taken */
+    uint64_t s2 = mount_id(&f, other, "s2", 1 << 20, 0, KVS_OK);
+    kvs__index_op_t ops[6] = {
+        {.op = KVS_INDEX_ADD, .key = kvs__str_c("a"), .offset = 0, .size = 1000, .token = 11,
+         .writer = 5, .version = 100},
+        {.op = KVS_INDEX_ADD, .key = kvs__str_c("b"), .offset = 512, .size = 64, .token = 12,
+         .version = 101}, /* overlaps a */
+        {.op = KVS_INDEX_ADD, .key = kvs__str_c("c"), .offset = (1 << 20) - 64, .size = 128,
+         .token = 13, .version = 102}, /* past the end */
+        {.op = KVS_INDEX_DEL, .key = kvs__str_c("d"), .offset = 4096, .size = 64, .token = 14},
+        {.op = KVS_INDEX_ADD, .key = kvs__str_c("e"), .offset = 8192, .size = 4096, .token = 15,
+         .version = 103, .flags = KVS_INDEX_FLAG_HARD_PIN},
+        {.op = KVS_INDEX_ADD, .key = kvs__str_c("f"), .offset = 100, .size = 64, .token = 16,
+         .version = 104}, /* unaligned */
+    };
+    int res[6];
+    CHECK_STATUS(recover(&f, other, old_id, 1, ops, res), KVS_SEGMENT_NOT_FOUND); /* not its own */
+    CHECK_STATUS(recover(&f, f.client, old_id, 6, ops, res), KVS_OK);
+    CHECK_STATUS(res[0], KVS_OK);
+    CHECK_STATUS(res[1], KVS_INVALID_PARAMS);
+    CHECK_STATUS(res[2], KVS_INVALID_PARAMS);
+    CHECK_STATUS(res[3], KVS_INVALID_PARAMS);
+    CHECK_STATUS(res[4], KVS_OK);
+    CHECK_STATUS(res[5], KVS_INVALID_PARAMS);
+    CHECK_EQ_U64(counter(&f, "objects_recovered"), 2);
+    kvs__obj_desc_t d;
+    CHECK_STATUS(lookup(&f, "a", &d), KVS_OK);
+    CHECK_EQ_U64(d.size, 1000);
+    CHECK_EQ_INT(d.nreps, 1);
+    CHECK_EQ_U64(d.reps[0].segment_id, old_id);
+    CHECK_EQ_U64(d.reps[0].offset, 0);
+    CHECK_EQ_INT(lookup(&f, "b", NULL), KVS_OBJECT_NOT_FOUND);
+    /* Our lookup's lease aside, the recovered object is leased for a lease period. */
+    kvs__lease_release_t rel = {kvs__str_c("a"), d.lease_id};
+    CHECK_STATUS(kvs__master_release(f.m, f.now, f.client, &rel, 1), KVS_OK);
+    CHECK_STATUS(REMOVE(&f, "a", 0), KVS_OBJECT_HAS_LEASE);
+    /* The same object's copy from another owner joins it (same key and token). */
+    kvs__index_op_t copy = ops[0];
+    copy.offset = 4096;
+    CHECK_STATUS(recover(&f, other, s2, 1, &copy, res), KVS_OK);
+    CHECK_STATUS(res[0], KVS_OK);
+    CHECK_STATUS(lookup(&f, "a", &d), KVS_OK);
+    CHECK_EQ_INT(d.nreps, 2);
+    rel.lease_id = d.lease_id;
+    CHECK_STATUS(kvs__master_release(f.m, f.now, f.client, &rel, 1), KVS_OK);
+    /* An older version of a key is refused; a newer one replaces it. */
+    kvs__index_op_t older = {.op = KVS_INDEX_ADD, .key = kvs__str_c("e"), .offset = 65536,
+                             .size = 64, .token = 21, .version = 50};
+    CHECK_STATUS(recover(&f, other, s2, 1, &older, res), KVS_OK);
+    CHECK_STATUS(res[0], KVS_OBJECT_ALREADY_EXISTS);
+    kvs__index_op_t newer = older;
+    newer.token = 22;
+    newer.version = 500;
+    newer.offset = 131072; /* the older one's range waits in limbo */
+    CHECK_STATUS(recover(&f, other, s2, 1, &newer, res), KVS_OK);
+    CHECK_STATUS(res[0], KVS_OK);
+    CHECK_STATUS(lookup(&f, "e", &d), KVS_OK);
+    CHECK_EQ_U64(d.size, 64);
+    CHECK_EQ_U64(d.reps[0].segment_id, s2);
+    /* After the lease period the recovered object is the store's like any other. */
+    f.now += 1001 * MS;
+    CHECK_STATUS(REMOVE(&f, "a", 0), KVS_OK);
+    CHECK_EQ_INT(lookup(&f, "a", NULL), KVS_OBJECT_NOT_FOUND);
+    fx_fini(&f);
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
@@ -1344,6 +1512,8 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_soft_pins_kept_when_not_allowed),
         KVS_TEST_CASE(test_upsert_swap),
         KVS_TEST_CASE(test_tombstone_ends_with_its_last_release),
+        KVS_TEST_CASE(test_owner_index_follows_puts_and_removes),
+        KVS_TEST_CASE(test_recover_rebuilds_from_owners),
         KVS_TEST_CASE(test_upsert_survives_eviction),
         KVS_TEST_CASE(test_liveness),
         KVS_TEST_CASE(test_put_discard),

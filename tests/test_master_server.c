@@ -503,7 +503,7 @@ static void test_liveness_over_the_network(void)
         kvs__wbuf_init(&rsp);
         kvs__rpc_begin(rpc, &req, KVS_MSG_HEARTBEAT);
         kvs__fence_ack_t ack = {seg_id, 0, 0};
-        kvs__heartbeat_req_t hb = {1, &ack};
+        kvs__heartbeat_req_t hb = {1, &ack, 0};
         kvs__heartbeat_req_encode(&req, &hb);
         CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
         CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);

@@ -95,9 +95,14 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
                            master);
             goto err_free;
         }
-        c->etcd = kvs__strdup(master + 7);
+        if (kvs__etcd_addr_parse(master, &c->etcd, &c->etcd_prefix) != KVS_OK) {
+            rc = kvs__fail(KVS_INVALID_PARAMS,
+                           "master address '%s' is not etcd://HOST:PORT[,HOST:PORT...][/PREFIX]",
+                           master);
+            goto err_free;
+        }
         c->master_host = kvs__strdup("");
-        if (c->etcd == NULL || c->master_host == NULL) {
+        if (c->master_host == NULL) {
             rc = kvs__fail(KVS_NO_MEMORY, "kvs_client_open: out of memory");
             goto err_free;
         }
@@ -175,7 +180,8 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
                               .max_conns = (uint32_t)conns,
                               .auth = c->auth,
                               .tls = cfg->tls,
-                              .etcd = c->etcd};
+                              .etcd = c->etcd,
+                              .etcd_prefix = c->etcd_prefix};
     rc = kvs__rpc_open(&rcfg, &c->rpc);
     if (rc != KVS_OK) {
         rc = kvs__fail(rc, "cannot reach the master at %s: %s", master, kvs_status_str(rc));
@@ -217,6 +223,7 @@ err_free:
     kvs__staging_destroy(c->staging);
     kvs__free(c->master_host);
     kvs__free(c->etcd);
+    kvs__free(c->etcd_prefix);
     kvs__free(c);
     return rc;
 }
@@ -279,6 +286,7 @@ void kvs_client_close(kvs_client_t *c)
     kvs__free(c->node);
     kvs__free(c->master_host);
     kvs__free(c->etcd);
+    kvs__free(c->etcd_prefix);
     kvs__auth_wipe(&c->auth);
     kvs__free(c);
 }
@@ -295,6 +303,7 @@ int kvs_client_mount_segment(kvs_client_t *c, uint64_t size, const char *name,
         .master_host = c->master_host,
         .master_port = c->master_port,
         .etcd = c->etcd,
+        .etcd_prefix = c->etcd_prefix,
         .segment_name = name,
         .segment_size = size,
         .advertise_host = advertise_host,

@@ -80,6 +80,7 @@ struct kvs_client {
     bool tls;         /* TLS to the master and owners, and on our own segments' data ports */
     uint16_t master_port;
     char *etcd; /* the master's etcd endpoints (master given as etcd://...); NULL: host:port */
+    char *etcd_prefix;
     char *node;
     uint64_t transfer_timeout_ms;
     kvs__rpc_t *rpc;

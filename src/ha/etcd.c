@@ -12,6 +12,28 @@ bool kvs__is_etcd_addr(const char *addr)
     return addr != NULL && strncmp(addr, "etcd://", 7) == 0;
 }
 
+int kvs__etcd_addr_parse(const char *addr, char **endpoints_p, char **prefix_p)
+{
+    *endpoints_p = *prefix_p = NULL;
+    if (!kvs__is_etcd_addr(addr))
+        return KVS_INVALID_PARAMS;
+    const char *eps = addr + 7, *slash = strchr(eps, '/');
+    const char *env = getenv("KVS_ETCD_PREFIX");
+    const char *pre = slash ? slash : env && *env ? env : KVS_ETCD_DEFAULT_PREFIX;
+    size_t n = slash ? (size_t)(slash - eps) : strlen(eps);
+    if (n == 0 || pre[0] != '/' || strlen(pre) > KVS_MAX_NAME_LEN)
+        return KVS_INVALID_PARAMS;
+    *endpoints_p = kvs__strndup(eps, n);
+    *prefix_p = kvs__strdup(pre);
+    if (*endpoints_p == NULL || *prefix_p == NULL) {
+        kvs__free(*endpoints_p);
+        kvs__free(*prefix_p);
+        *endpoints_p = *prefix_p = NULL;
+        return KVS_NO_MEMORY;
+    }
+    return KVS_OK;
+}
+
 void kvs__etcd_leader_key(const char *prefix, char *buf, size_t len)
 {
     snprintf(buf, len, "%s/leader", prefix && *prefix ? prefix : KVS_ETCD_DEFAULT_PREFIX);

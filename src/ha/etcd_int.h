@@ -65,7 +65,12 @@ int kvs__etcd_leader(kvs__etcd_t *e, const char *prefix, kvs__etcd_leader_t *l);
 /* "<prefix>/leader" into buf. */
 void kvs__etcd_leader_key(const char *prefix, char *buf, size_t len);
 
-/* Whether `addr` names etcd ("etcd://HOST:PORT[,...]"). */
+/* Whether `addr` names etcd ("etcd://HOST:PORT[,...][/PREFIX]"). */
 bool kvs__is_etcd_addr(const char *addr);
+/* Splits an etcd:// address into its endpoints and its key prefix (caller frees both with
+ * kvs__free): the prefix is the path after the endpoints ("etcd://h:2379/prod" -> "/prod"),
+ * else KVS_ETCD_PREFIX from the environment, else KVS_ETCD_DEFAULT_PREFIX. INVALID_PARAMS for
+ * an address that is not one. */
+int kvs__etcd_addr_parse(const char *addr, char **endpoints_p, char **prefix_p);
 
 #endif

@@ -66,6 +66,7 @@ typedef struct seg {
     kvs__cap_ctx_t *cap; /* keyed with the owner's write key: every replica's capability
                           * (NULL: the owner gave none, and checks none) */
     uint64_t idx_seq;    /* index changes issued on this segment */
+    uint64_t idx_acked;  /* the owner has applied every change up to this one */
     midx_t *idx;         /* issued and not acknowledged, in order */
     uint32_t nidx, cap_idx;
 } seg_t;
@@ -155,6 +156,10 @@ typedef struct limbo {
     uint32_t handle;
     uint64_t until_ns;
     uint64_t fence_seq; /* 0: no fence needed */
+    /* HA: the owner's index still lists the object that lay here until it applies change
+     * idx_seq (its DEL); reusing the space earlier could let a failover restore that object
+     * over another's bytes. 0: none. */
+    uint64_t idx_seq;
     /* A put's writer may still be copying into a same-host mapping, which no owner fence can
      * stop: the space also waits until the writer is known to be done with it (it ended or
      * revoked that key, or its connection closed). */
@@ -192,6 +197,9 @@ struct kvs__master {
     uint32_t nseg, cap_seg;
     uint64_t completions; /* puts completed: with cfg.version_base, each one's version */
     bool idx_failed;      /* an index change could not be queued (no memory): logged once */
+    kvs__index_mark_t marks[KVS_MAX_REPLICAS * 4]; /* ADDs of the current request (HA) */
+    uint32_t nmarks;
+    bool marks_overflow; /* more than fit: the request waits for all of its segments' acks */
     group_t **groups; /* chained table of placement groups */
     size_t ngroup_buckets, ngroups;
     counters_t c;
@@ -408,10 +416,11 @@ static void group_put(kvs__master_t *m, group_t *g)
  * an ADD lost makes the object unrecoverable after a failover, a DEL lost leaves an entry that a
  * new leader refuses or tombstones (its version is older than what replaced it, or its range is
  * free again there only after a lease period); both are logged. */
-static void idx_push(kvs__master_t *m, seg_t *sg, uint32_t op, const obj_t *o, uint64_t offset)
+static uint64_t idx_push(kvs__master_t *m, seg_t *sg, uint32_t op, const obj_t *o,
+                         uint64_t offset)
 {
     if (!m->cfg.owner_index)
-        return;
+        return 0;
     if (sg->nidx == sg->cap_idx) {
         uint32_t cap = sg->cap_idx ? 2 * sg->cap_idx : 16;
         midx_t *x = kvs__realloc(sg->idx, cap * sizeof(*x));
@@ -435,17 +444,53 @@ static void idx_push(kvs__master_t *m, seg_t *sg, uint32_t op, const obj_t *o, u
     }
     sg->idx[sg->nidx++] = e;
     sg->idx_seq++;
-    return;
+    if (op == KVS_INDEX_ADD) {
+        uint32_t i = 0;
+        while (i < m->nmarks && m->marks[i].segment_id != sg->id)
+            i++;
+        if (i < m->nmarks)
+            m->marks[i].seq = sg->idx_seq;
+        else if (m->nmarks < KVS_ARRAY_SIZE(m->marks))
+            m->marks[m->nmarks++] = (kvs__index_mark_t){sg->id, sg->idx_seq};
+        else
+            m->marks_overflow = true;
+    }
+    return sg->idx_seq;
 fail:
     if (!m->idx_failed)
         kvs_error("out of memory: the owner of segment '%s' misses an index change (a failover "
-                  "may lose or refuse that object)",
+                  "may lose that object)",
                   sg->name);
     m->idx_failed = true;
+    return 0;
+}
+
+/* The space of a copy whose DEL is change `seq` of its segment: reusable once the owner has
+ * applied it (limbo), at once without HA. Without memory for the wait the space is given up
+ * (until the segment goes) rather than risk it. */
+static void rep_release(kvs__master_t *m, const mrep_t *r, uint64_t seq)
+{
+    if (seq == 0) {
+        kvs__seg_alloc_free(r->seg->alloc, r->handle);
+        return;
+    }
+    limbo_t *l = kvs__calloc(1, sizeof(*l));
+    if (l == NULL) {
+        kvs_error("out of memory: %llu bytes of segment '%s' stay unused",
+                  (unsigned long long)kvs__seg_alloc_used(r->seg->alloc), r->seg->name);
+        return;
+    }
+    l->seg = r->seg;
+    l->handle = r->handle;
+    l->idx_seq = seq;
+    l->writer_done = true;
+    l->next = m->limbo;
+    m->limbo = l;
 }
 
 static void idx_acked(seg_t *sg, uint64_t seq)
 {
+    sg->idx_acked = KVS_MAX(sg->idx_acked, KVS_MIN(seq, sg->idx_seq));
     uint32_t k = 0;
     while (k < sg->nidx && sg->idx[k].seq <= seq)
         kvs__free(sg->idx[k++].key);
@@ -453,20 +498,14 @@ static void idx_acked(seg_t *sg, uint64_t seq)
     sg->nidx -= k;
 }
 
-/* A complete object's copies leave their owners' indexes (removed, evicted, replaced). */
-static void idx_del_all(kvs__master_t *m, const obj_t *o)
-{
-    if (o->state != KVS_OBJ_COMPLETE)
-        return;
-    for (uint32_t i = 0; i < o->nrep; i++)
-        idx_push(m, o->reps[i].seg, KVS_INDEX_DEL, o, 0);
-}
-
 static void obj_destroy(kvs__master_t *m, obj_t *o)
 {
-    idx_del_all(m, o);
-    for (uint32_t i = 0; i < o->nrep; i++)
-        kvs__seg_alloc_free(o->reps[i].seg->alloc, o->reps[i].handle);
+    for (uint32_t i = 0; i < o->nrep; i++) {
+        uint64_t seq = o->state == KVS_OBJ_COMPLETE
+                           ? idx_push(m, o->reps[i].seg, KVS_INDEX_DEL, o, 0)
+                           : 0;
+        rep_release(m, &o->reps[i], seq);
+    }
     if (o->state == KVS_OBJ_PENDING)
         m->npending--;
     if (!o->in_table && o->state == KVS_OBJ_PENDING)
@@ -621,7 +660,8 @@ static int obj_retire(kvs__master_t *m, uint64_t now_ns, obj_t *o, bool writer_d
             l[i]->next = m->limbo;
             m->limbo = l[i];
         }
-        idx_del_all(m, o);
+        for (uint32_t i = 0; i < n && !pending; i++)
+            l[i]->idx_seq = idx_push(m, o->reps[i].seg, KVS_INDEX_DEL, o, 0);
         o->nrep = 0; /* the space is limbo's now */
         m->c.tombstones += leased;
     }
@@ -692,7 +732,8 @@ static void limbo_sweep(kvs__master_t *m, uint64_t now_ns, bool all)
         limbo_t *l = *pp;
         bool writer_ok =
             l->writer_done || now_ns >= l->writer_deadline_ns || writer_gone(m, l->writer, now_ns);
-        bool due = limbo_until(l) <= now_ns && l->fence_seq <= l->seg->fence_acked && writer_ok;
+        bool due = limbo_until(l) <= now_ns && l->fence_seq <= l->seg->fence_acked && writer_ok &&
+                   l->idx_seq <= l->seg->idx_acked;
         if (all || due) {
             if (!all)
                 kvs__seg_alloc_free(l->seg->alloc, l->handle);
@@ -1079,8 +1120,11 @@ int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
         for (uint32_t j = 0; req != NULL && j < req->nacks; j++) {
             if (req->acks[j].segment_id == s->id) {
                 served = true;
-                fence_acked(m, s, req->acks[j].seq, now_ns);
+                uint64_t before = s->idx_acked;
                 idx_acked(s, req->acks[j].index_seq);
+                fence_acked(m, s, req->acks[j].seq, now_ns);
+                if (s->idx_acked != before)
+                    limbo_sweep(m, now_ns, false);
             }
         }
         if (!served)
@@ -1622,10 +1666,9 @@ static int op_replica_clear(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
     }
     uint32_t kept = 0;
     for (uint32_t i = 0; i < o->nrep; i++) {
-        if (kvs__str_eq(kvs__str_c(o->reps[i].seg->name), k->segment)) {
-            idx_push(m, o->reps[i].seg, KVS_INDEX_DEL, o, 0);
-            kvs__seg_alloc_free(o->reps[i].seg->alloc, o->reps[i].handle);
-        } else
+        if (kvs__str_eq(kvs__str_c(o->reps[i].seg->name), k->segment))
+            rep_release(m, &o->reps[i], idx_push(m, o->reps[i].seg, KVS_INDEX_DEL, o, 0));
+        else
             o->reps[kept++] = o->reps[i];
     }
     if (kept == o->nrep)
@@ -2018,6 +2061,43 @@ int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs
         c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c(counter_descs[i].name), v};
     }
     return KVS_OK;
+}
+
+uint32_t kvs__master_take_marks(kvs__master_t *m, kvs__index_mark_t *out, uint32_t cap,
+                                bool *all_p)
+{
+    uint32_t n = KVS_MIN(m->nmarks, cap);
+    if (out != NULL)
+        memcpy(out, m->marks, n * sizeof(*out));
+    if (all_p != NULL)
+        *all_p = m->marks_overflow || n < m->nmarks;
+    m->nmarks = 0;
+    m->marks_overflow = false;
+    return n;
+}
+
+bool kvs__master_mark_acked(kvs__master_t *m, const kvs__index_mark_t *mk)
+{
+    seg_t *s = seg_by_id(m, mk->segment_id);
+    return s == NULL || s->idx_acked >= mk->seq;
+}
+
+bool kvs__master_segments_synced(kvs__master_t *m)
+{
+    for (uint32_t i = 0; i < m->nseg; i++)
+        if (m->segs[i]->idx_acked < m->segs[i]->idx_seq)
+            return false;
+    return true;
+}
+
+bool kvs__master_heartbeat_due(kvs__master_t *m, uint64_t client_id)
+{
+    for (uint32_t i = 0; i < m->nseg; i++) {
+        const seg_t *s = m->segs[i];
+        if (s->client_id == client_id && (s->nidx > 0 || s->nfences > 0))
+            return true;
+    }
+    return false;
 }
 
 uint64_t kvs__master_counter(kvs__master_t *m, const char *name)

@@ -138,6 +138,22 @@ void kvs__master_resumed(kvs__master_t *m, uint64_t now_ns);
 /* Time-driven work: discards stale puts and drops silent owners. Cheap when nothing is due. */
 void kvs__master_tick(kvs__master_t *m, uint64_t now_ns);
 
+/* HA: the owners' index changes the last requests added (ADDs, per segment its highest
+ * number), taken and forgotten: a PUT_END's reply waits until every mark is acknowledged
+ * (kvs__master_mark_acked), so an object readers can see survives a failover. *all_p: more
+ * marks than `cap` (wait for kvs__master_segments_synced instead). */
+typedef struct {
+    uint64_t segment_id, seq;
+} kvs__index_mark_t;
+uint32_t kvs__master_take_marks(kvs__master_t *m, kvs__index_mark_t *out, uint32_t cap,
+                                bool *all_p);
+/* Whether the owner has applied the mark (or the segment is gone). */
+bool kvs__master_mark_acked(kvs__master_t *m, const kvs__index_mark_t *mk);
+/* Whether every owner has applied every index change. */
+bool kvs__master_segments_synced(kvs__master_t *m);
+/* Whether a HEARTBEAT of this client has something to tell now (fences or index changes not
+ * yet acknowledged): a waiting heartbeat (heartbeat_req.wait_ms) is answered then. */
+bool kvs__master_heartbeat_due(kvs__master_t *m, uint64_t client_id);
 /* Reads one named counter (as in the STAT response); UINT64_MAX when unknown. For tests. */
 uint64_t kvs__master_counter(kvs__master_t *m, const char *name);
 

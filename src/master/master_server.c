@@ -70,7 +70,20 @@ typedef struct conn {
     kvs__wbuf_t out;
     size_t out_sent;
     uint32_t events; /* what epoll currently watches */
+    /* HA waits (parked meanwhile): a HEARTBEAT answered once there is news for its owner, or a
+     * PUT_END reply held until the owners have indexed its objects. */
+    uint8_t wait;
+    struct conn *wprev, *wnext;
+    uint64_t wait_until; /* master clock: answered then at the latest */
+    uint32_t wait_req_id;
+    unsigned wait_version;
+    kvs__wbuf_t held;
+    kvs__index_mark_t marks[KVS_MAX_REPLICAS * 4];
+    uint32_t nmarks;
+    bool marks_all;
 } conn_t;
+
+enum { WAIT_NONE = 0, WAIT_HEARTBEAT, WAIT_INDEXED };
 
 /* A MOUNT of a name whose owner may be dead (no connection of its client is open) waits while
  * a non-blocking connect to that owner's data endpoint, driven by the event loop, finds out:
@@ -117,6 +130,8 @@ struct kvs__master_server {
     bool ha_serving;         /* leading under ha_gen: requests are served */
     uint64_t term;           /* the term led (HELLO tells it) */
     uint64_t recover_until;  /* master clock: clients wait until owners re-registered */
+    conn_t *waiting;         /* connections in an HA wait */
+    uint64_t index_timeouts; /* PUT_END replies sent before their owners indexed them */
 
     /* What peers may cost. */
     conn_list_t handshaking; /* before the handshake is done, by the time they were accepted */
@@ -142,6 +157,7 @@ int kvs__master_server_config_init(kvs__master_server_config_t *cfg)
     cfg->etcd_ttl_s = KVS_HA_DEFAULT_TTL_S;
     cfg->etcd_poll_ms = KVS_HA_DEFAULT_POLL_MS;
     cfg->recovery_ms = 300;
+    cfg->index_wait_ms = 1000;
     return kvs__master_config_init(&cfg->master);
 }
 
@@ -417,9 +433,39 @@ static void send_error_now(kvs__master_server_t *s, int fd, unsigned version, in
 
 static void probe_unlink(kvs__master_server_t *s, probe_t *p);
 
+static void wait_unlink(kvs__master_server_t *s, conn_t *c)
+{
+    if (c->wait == WAIT_NONE)
+        return;
+    if (c->wprev)
+        c->wprev->wnext = c->wnext;
+    else
+        s->waiting = c->wnext;
+    if (c->wnext)
+        c->wnext->wprev = c->wprev;
+    c->wprev = c->wnext = NULL;
+    c->wait = WAIT_NONE;
+    c->parked = false;
+}
+
+static void wait_link(kvs__master_server_t *s, conn_t *c, uint8_t kind, uint64_t until)
+{
+    timer_unlink(c); /* no idle time-out while it waits for us */
+    c->wait = kind;
+    c->parked = true;
+    c->wait_until = until;
+    c->wprev = NULL;
+    c->wnext = s->waiting;
+    if (s->waiting)
+        s->waiting->wprev = c;
+    s->waiting = c;
+}
+
 static void conn_close(kvs__master_server_t *s, conn_t *c)
 {
     timer_unlink(c);
+    wait_unlink(s, c);
+    kvs__wbuf_free(&c->held);
     if (c->probe != NULL)
         probe_unlink(s, c->probe);
     if (c->authed)
@@ -618,6 +664,70 @@ static probe_rc_t mount_probe(kvs__master_server_t *s, conn_t *c, uint64_t now,
 
 static void dispatch(kvs__master_server_t *s, conn_t *c);
 
+/* Ends the HA waits that are over: a waiting HEARTBEAT whose owner has news (or whose wait
+ * ran out) is answered now, and a held PUT_END reply goes once its owners have indexed its
+ * objects (or the index wait ran out: the objects are readable, though a failover before the
+ * owner catches up would lose them). */
+static void waits_run(kvs__master_server_t *s, uint64_t now)
+{
+    for (conn_t *c = s->waiting, *next; c != NULL; c = next) {
+        next = c->wnext;
+        bool over = now >= c->wait_until;
+        if (c->wait == WAIT_HEARTBEAT) {
+            if (!over && !kvs__master_heartbeat_due(s->master, c->client_id))
+                continue;
+            kvs__arena_t arena;
+            kvs__arena_init(&arena);
+            kvs__heartbeat_rsp_t rsp;
+            kvs__wbuf_t *w = &s->scratch;
+            kvs__frame_begin(w, KVS_MSG_HEARTBEAT | KVS_RSP_FLAG, c->wait_req_id, c->wait_version);
+            int rc = kvs__master_heartbeat(s->master, now, c->client_id, NULL, &arena, &rsp);
+            if (rc == KVS_OK) {
+                kvs__heartbeat_rsp_encode(w, &rsp);
+                rc = kvs__frame_end(w);
+            }
+            wait_unlink(s, c);
+            if (rc == KVS_OK)
+                conn_queue(c, w);
+            else
+                send_error(s, c, c->wait_req_id, rc, "HEARTBEAT failed", false);
+            kvs__arena_free(&arena);
+        } else {
+            bool done = c->marks_all ? kvs__master_segments_synced(s->master) : true;
+            for (uint32_t i = 0; i < c->nmarks && done; i++)
+                done = kvs__master_mark_acked(s->master, &c->marks[i]);
+            if (!done && !over)
+                continue;
+            if (!done && s->index_timeouts++ % 1000 == 0)
+                kvs_warn("an owner has not indexed objects %llu ms after their PUT_END: replying "
+                         "anyway (a failover now would lose them)",
+                         (unsigned long long)s->cfg.index_wait_ms);
+            wait_unlink(s, c);
+            conn_queue(c, &c->held);
+            kvs__wbuf_reset(&c->held);
+        }
+        conn_served(s, c);
+        conn_update_events(s, c);
+    }
+}
+
+/* A PUT_END reply (in `w`) that waits for the owners' index: true when held. */
+static bool hold_for_index(kvs__master_server_t *s, conn_t *c, kvs__wbuf_t *w, uint64_t now)
+{
+    bool all = false;
+    uint32_t n = kvs__master_take_marks(s->master, c->marks, KVS_ARRAY_SIZE(c->marks), &all);
+    if (n == 0 && !all)
+        return false;
+    kvs__wbuf_reset(&c->held);
+    kvs__wbuf_put_bytes(&c->held, w->data, w->len);
+    if (c->held.failed)
+        return false;
+    c->nmarks = n;
+    c->marks_all = all;
+    wait_link(s, c, WAIT_INDEXED, now + s->cfg.index_wait_ms * KVS_NS_PER_MS);
+    return true;
+}
+
 /* A probe ended: `dead` when its connect was refused. The parked MOUNT is served again, after
  * the old registration went if it is proven dead; its reply goes out from the loop (the
  * connection is never closed here: the current event batch may still name it). */
@@ -729,6 +839,7 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     kvs__arena_init(&arena);
     kvs__wbuf_t *w = &s->scratch;
     kvs__frame_log("master", "<-", &c->h, p, len);
+    kvs__master_take_marks(s->master, NULL, 0, NULL);
     kvs__frame_begin(w, (uint16_t)(type | KVS_RSP_FLAG), c->h.req_id,
                      kvs__proto_reply_version(ver));
     int rc = KVS_OK;
@@ -885,6 +996,16 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     case KVS_MSG_HEARTBEAT: {
         kvs__heartbeat_req_t req;
         kvs__heartbeat_rsp_t rsp;
+        if (s->ha != NULL && ver >= 4 &&
+            kvs__heartbeat_req_decode(p, len, ver, &arena, &req) == KVS_OK && req.wait_ms > 0 &&
+            kvs__master_heartbeat(s->master, now, c->client_id, &req, NULL, NULL) == KVS_OK &&
+            !kvs__master_heartbeat_due(s->master, c->client_id)) {
+            /* Nothing to tell yet: answered when there is (waits_run), or after the wait. */
+            c->wait_req_id = c->h.req_id;
+            c->wait_version = kvs__proto_reply_version(ver);
+            wait_link(s, c, WAIT_HEARTBEAT, now + KVS_MIN(req.wait_ms, 2000) * KVS_NS_PER_MS);
+            goto out;
+        }
         if ((rc = kvs__heartbeat_req_decode(p, len, ver, &arena, &req)) != KVS_OK ||
             (rc = kvs__master_heartbeat(s->master, now, c->client_id, &req, &arena, &rsp)) !=
                 KVS_OK)
@@ -1010,7 +1131,8 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
             if (kvs__frame_hdr_decode(w->data, w->len, KVS_FRAME_MAX_PAYLOAD, &rh) == KVS_OK)
                 kvs__frame_log("master", "->", &rh, w->data + KVS_FRAME_HDR_LEN, rh.len);
         }
-        conn_queue(c, w);
+        if (!(type == KVS_MSG_PUT_END && s->ha != NULL && hold_for_index(s, c, w, now)))
+            conn_queue(c, w);
     } else {
         snprintf(msg, sizeof(msg), "%s request %s", kvs__msg_name(type),
                  rc == KVS_PROTOCOL_ERROR ? "is malformed" : "failed");
@@ -1020,6 +1142,8 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     }
 out:
     kvs__arena_free(&arena);
+    if (s->waiting != NULL)
+        waits_run(s, now);
 }
 
 /* Reads what is available and serves each complete frame. Returns false to close now. */
@@ -1312,6 +1436,8 @@ int kvs__master_server_run(kvs__master_server_t *s)
         probes_expire(s, now);
         probes_free_dead(s);
         conns_expire(s, now);
+        if (s->waiting != NULL)
+            waits_run(s, now);
         if (now >= next_tick) {
             ha_check(s);
             kvs__master_tick(s->master, now);

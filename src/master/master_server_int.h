@@ -38,6 +38,8 @@ typedef struct {
     uint64_t etcd_poll_ms;      /* how often a standby reads the leader key (default 50) */
     uint64_t recovery_ms;       /* after taking office, clients wait this long for owners to
                                  * re-register (default 300) */
+    uint64_t index_wait_ms;     /* a PUT_END reply waits this long at most for the owners to
+                                 * index its objects (default 1000) */
     kvs__auth_t auth;         /* peers must prove this secret at HELLO (AUTH), if on */
     bool tls;                 /* TLS on every connection (needs auth) */
     kvs__master_config_t master;

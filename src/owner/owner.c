@@ -383,6 +383,8 @@ static int owner_apply_fences(kvs__owner_t *o, const kvs__heartbeat_rsp_t *hr, b
 
 /* One HEARTBEAT: keeps the segment alive, acknowledges the fences applied so far and applies
  * the ones the reply lists. */
+static uint64_t owner_period_ms(const kvs__owner_t *o);
+
 static int owner_heartbeat_once(kvs__owner_t *o, bool *applied_p)
 {
     kvs__wbuf_t req, rsp;
@@ -390,7 +392,10 @@ static int owner_heartbeat_once(kvs__owner_t *o, bool *applied_p)
     kvs__wbuf_init(&rsp);
     kvs__rpc_begin(o->rpc, &req, KVS_MSG_HEARTBEAT);
     kvs__fence_ack_t ack = {o->segment_id, o->fence_applied, o->index_applied};
-    kvs__heartbeat_req_t hb = {o->segment_id != 0 ? 1 : 0, &ack};
+    /* Following a leader, the master holds the heartbeat until it has news (index changes,
+     * fences), so they reach us at once; other masters answer at once. */
+    kvs__heartbeat_req_t hb = {o->segment_id != 0 ? 1 : 0, &ack,
+                               o->follows && o->segment_id != 0 ? owner_period_ms(o) : 0};
     kvs__heartbeat_req_encode(&req, &hb);
     int rc = owner_call(o, &req, &rsp);
     kvs__arena_t a;
@@ -413,8 +418,9 @@ static int owner_heartbeat_once(kvs__owner_t *o, bool *applied_p)
     return rc;
 }
 
-/* A heartbeat; newly applied fences are acknowledged by a second one right away, so the
- * master can reuse their space without waiting a heartbeat period. */
+/* A heartbeat; newly applied fences and index changes are acknowledged by a second one right
+ * away, so the master can reuse their space (and answer a PUT_END) without waiting a
+ * heartbeat period. */
 static int owner_heartbeat(kvs__owner_t *o)
 {
     bool applied = false;
@@ -468,9 +474,10 @@ static void *heartbeat_thread(void *arg)
 {
     kvs__owner_t *o = arg;
     uint64_t period_ms = owner_period_ms(o), backoff_ms = 0;
+    bool again = false;
     pthread_mutex_lock(&o->lock);
     while (!o->stopping) {
-        uint64_t wait_ms = backoff_ms ? backoff_ms : period_ms;
+        uint64_t wait_ms = again ? 0 : backoff_ms ? backoff_ms : period_ms;
         /* Retries get up to a quarter more at random, so that the owners of a restarted master
          * do not all come back in the same millisecond. */
         if (backoff_ms != 0)
@@ -481,6 +488,7 @@ static void *heartbeat_thread(void *arg)
         if (o->stopping)
             break;
         pthread_mutex_unlock(&o->lock);
+        uint64_t t0 = kvs__now_ns();
         int rc = owner_keepalive(o);
         period_ms = owner_period_ms(o);
         if (rc == KVS_OK)
@@ -488,6 +496,9 @@ static void *heartbeat_thread(void *arg)
         else
             backoff_ms = KVS_MIN(backoff_ms ? 2 * backoff_ms : o->cfg.retry_min_ms, period_ms);
         pthread_mutex_lock(&o->lock);
+        /* A heartbeat the master held (following a leader) was the wait: go again at once. */
+        uint64_t took_ms = (kvs__now_ns() - t0) / KVS_NS_PER_MS;
+        again = rc == KVS_OK && o->follows && took_ms >= period_ms / 2;
     }
     pthread_mutex_unlock(&o->lock);
     return NULL;

@@ -356,6 +356,7 @@ typedef struct {
     uint32_t next_req_id;
     bool busy;
     uint64_t target_gen; /* the target it was connected to (rpc->target_gen then) */
+    uint64_t incarnation; /* of the master its HELLO reached */
 } rpc_conn_t;
 
 static kvs__io_t conn_io(const rpc_conn_t *cn)
@@ -405,8 +406,30 @@ static bool conn_dead(int fd)
 
 /* One frame out, one frame back, with the request id and type matched. The connection is the
  * caller's (busy); rpc->lock is not held. */
-static int rpc_exchange(rpc_conn_t *cn, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint64_t deadline,
-                        bool *sent_p, char *leader, size_t leader_len)
+static bool leader_moved(kvs__rpc_t *rpc, uint64_t incarnation);
+
+/* Receives the first byte of a reply. A pool that follows the leader looks at etcd every
+ * FOLLOW_WAIT_SLICE_NS meanwhile: a master that stopped (paused, partitioned) and lost the
+ * lead gives RPC_FAIL, so the call goes to the new leader within its deadline. */
+#define FOLLOW_WAIT_SLICE_NS (250 * KVS_NS_PER_MS)
+static int recv_first(kvs__rpc_t *follow, const rpc_conn_t *cn, kvs__io_t *io, uint8_t *b,
+                      uint64_t deadline)
+{
+    for (;;) {
+        uint64_t now = kvs__now_ns();
+        uint64_t until = follow ? KVS_MIN(deadline, now + FOLLOW_WAIT_SLICE_NS) : deadline;
+        int rc = kvs__io_recv_all(io, b, 1, until);
+        if (rc != KVS_TIMED_OUT || until >= deadline)
+            return rc;
+        if (leader_moved(follow, cn->incarnation)) {
+            kvs_warn("the master stopped answering and another leads now: going there");
+            return KVS_RPC_FAIL;
+        }
+    }
+}
+
+static int rpc_exchange(kvs__rpc_t *follow, rpc_conn_t *cn, kvs__wbuf_t *req, kvs__wbuf_t *rsp,
+                        uint64_t deadline, bool *sent_p, char *leader, size_t leader_len)
 {
     uint32_t id = ++cn->next_req_id;
     kvs__frame_hdr_t sent;
@@ -420,7 +443,9 @@ static int rpc_exchange(rpc_conn_t *cn, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint
     *sent_p = rc == KVS_OK;
     uint8_t hb[KVS_FRAME_HDR_LEN];
     if (rc == KVS_OK)
-        rc = kvs__io_recv_all(&io, hb, sizeof(hb), deadline);
+        rc = recv_first(follow, cn, &io, hb, deadline);
+    if (rc == KVS_OK)
+        rc = kvs__io_recv_all(&io, hb + 1, sizeof(hb) - 1, deadline);
     kvs__frame_hdr_t h;
     bool conn_error = false;
     if (rc == KVS_OK) {
@@ -529,6 +554,7 @@ static int rpc_connect(kvs__rpc_t *rpc, rpc_conn_t *cn, uint64_t deadline)
     kvs__io_t io = conn_io(cn);
     int rc = kvs__client_handshake(&io, &hs, deadline, &h);
     if (rc == KVS_OK) {
+        cn->incarnation = h.incarnation;
         pthread_mutex_lock(&rpc->lock);
         rpc->hello = h;
         rpc->version = h.version;
@@ -736,7 +762,7 @@ uint64_t kvs__rpc_deadline(const kvs__rpc_t *rpc)
  * whether the request went out whole, `leader` gets a NOT_LEADER's address. */
 static int rpc_attempt(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp,
                        uint64_t connect_deadline, uint64_t deadline, bool *sent, char *leader,
-                       size_t leader_len)
+                       size_t leader_len, uint64_t *inc_p)
 {
     *sent = false;
     rpc_conn_t *cn;
@@ -750,10 +776,21 @@ static int rpc_attempt(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp,
         conn_drop(cn);
     if (cn->fd < 0)
         rc = rpc_connect(rpc, cn, connect_deadline);
+    if (inc_p != NULL)
+        *inc_p = cn->incarnation;
     if (rc == KVS_OK)
-        rc = rpc_exchange(cn, req, rsp, deadline, sent, leader, leader_len);
+        rc = rpc_exchange(rpc->etcd ? rpc : NULL, cn, req, rsp, deadline, sent, leader,
+                          leader_len);
     conn_give(rpc, cn);
     return rc;
+}
+
+/* Whether etcd names a leader other than the master of `incarnation`. */
+static bool leader_moved(kvs__rpc_t *rpc, uint64_t incarnation)
+{
+    kvs__etcd_leader_t l;
+    return kvs__etcd_leader(rpc->etcd, rpc->etcd_prefix, &l) == KVS_OK &&
+           l.incarnation != incarnation;
 }
 
 /* Whether anything listens at the current target: a master that failed during a request and
@@ -802,7 +839,7 @@ static int rpc_follow_call(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp,
         uint64_t now = kvs__now_ns();
         /* A connect gets part of the time: a leader that is gone must leave time for the next. */
         uint64_t cdl = KVS_MIN(deadline, now + KVS_MAX(rpc->timeout_ns / 4, 200 * KVS_NS_PER_MS));
-        uint64_t inc = kvs__rpc_incarnation(rpc);
+        uint64_t inc = 0;
         bool sent = false;
         char leader[KVS_MAX_NAME_LEN + 8] = "";
         int rc = KVS_NO_LEADER;
@@ -810,7 +847,7 @@ static int rpc_follow_call(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp,
         resolved = rpc->port != 0;
         pthread_mutex_unlock(&rpc->lock);
         if (resolved)
-            rc = rpc_attempt(rpc, req, rsp, cdl, deadline, &sent, leader, sizeof(leader));
+            rc = rpc_attempt(rpc, req, rsp, cdl, deadline, &sent, leader, sizeof(leader), &inc);
         if (rc == KVS_OK || (rc != KVS_NOT_LEADER && rc != KVS_RPC_FAIL &&
                              rc != KVS_TIMED_OUT && rc != KVS_NO_LEADER))
             return rc;
@@ -821,8 +858,15 @@ static int rpc_follow_call(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp,
         char *lh = NULL;
         uint16_t lp = 0;
         if (rc == KVS_NOT_LEADER && leader[0] != '\0' &&
-            kvs__parse_host_port(leader, NULL, &lh, &lp) == KVS_OK && lh != NULL && lp != 0)
-            rpc_retarget(rpc, lh, lp); /* the standby's word; etcd is asked if it fails too */
+            kvs__parse_host_port(leader, NULL, &lh, &lp) == KVS_OK && lh != NULL && lp != 0) {
+            pthread_mutex_lock(&rpc->lock);
+            bool same = rpc->port == lp && rpc->host != NULL && strcmp(rpc->host, lh) == 0;
+            pthread_mutex_unlock(&rpc->lock);
+            if (same)
+                lp = 0; /* the leader itself, not serving clients yet: wait a moment */
+            else
+                rpc_retarget(rpc, lh, lp); /* the standby's word; etcd is asked if it fails */
+        }
         kvs__free(lh);
         if (sent && rc != KVS_NOT_LEADER) {
             /* The master failed during the request, which it may have served: it is sent again
@@ -897,7 +941,8 @@ int kvs__rpc_call_until(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uin
         return rpc_follow_call(rpc, req, rsp, deadline_ns);
     bool sent;
     char leader[8];
-    int rc = rpc_attempt(rpc, req, rsp, deadline_ns, deadline_ns, &sent, leader, sizeof(leader));
+    int rc = rpc_attempt(rpc, req, rsp, deadline_ns, deadline_ns, &sent, leader, sizeof(leader),
+                         NULL);
     if (rc == KVS_NOT_LEADER)
         kvs_error("the master at %s:%u is a standby of an etcd cluster: give etcd://... as the "
                   "master address", rpc->host, (unsigned)rpc->port);

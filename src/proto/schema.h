@@ -186,7 +186,11 @@
     X(R, ARR, objects, 4, index_op, KVS_MAX_INDEX_OPS)
 
 /* One ack per segment the owner serves: only the segments named stay mounted. */
-#define KVS_FIELDS_heartbeat_req(X, R) X(R, ARR, acks, 2, fence_ack, KVS_MAX_SEGMENTS)
+/* wait_ms (HA): the master may hold the reply this long, until it has fences or index
+ * changes to tell (the owner then hears of them at once, and acknowledges them at once). */
+#define KVS_FIELDS_heartbeat_req(X, R)                                                             \
+    X(R, ARR, acks, 2, fence_ack, KVS_MAX_SEGMENTS)                                                \
+    X(R, U64, wait_ms, 4, 0, 0)
 
 #define KVS_FIELDS_heartbeat_rsp(X, R)                                                             \
     X(R, I32, status, 2, 0, 0)                                                                     \

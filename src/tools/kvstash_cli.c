@@ -160,19 +160,21 @@ static int cli_call(cli_t *c)
 /* Connects to the master at `master` (checked by master_check). Returns 0, or 1 with a message. */
 static int cli_open(const char *master, uint64_t timeout_ms, cli_t *c)
 {
-    char *host;
-    uint16_t port;
+    char *host = NULL;
+    uint16_t port = 0;
     memset(c, 0, sizeof(*c));
     bool etcd = kvs__is_etcd_addr(master);
-    int rc = etcd ? KVS_OK : kvs__parse_host_port(master, "127.0.0.1", &host, &port);
-    if (etcd)
+    char *eps = NULL, *pre = NULL;
+    int rc = etcd ? kvs__etcd_addr_parse(master, &eps, &pre)
+                  : kvs__parse_host_port(master, "127.0.0.1", &host, &port);
+    if (etcd && rc == KVS_OK)
         host = kvs__strdup("");
     if (rc != KVS_OK) {
         fprintf(stderr, "kvstash: master address '%s': %s\n", master, kvs_status_str(rc));
         return 1;
     }
     kvs__rpc_config_t rcfg = {
-        .host = host, .port = port, .timeout_ms = timeout_ms, .etcd = etcd ? master : NULL};
+        .host = host, .port = port, .timeout_ms = timeout_ms, .etcd = eps, .etcd_prefix = pre};
     char why[512];
     if (kvs__auth_configure(NULL, &rcfg.auth, why, sizeof(why)) != KVS_OK) {
         fprintf(stderr, "kvstash: %s\n", why);
@@ -185,8 +187,10 @@ static int cli_open(const char *master, uint64_t timeout_ms, cli_t *c)
         return 1;
     }
     rc = kvs__rpc_open(&rcfg, &c->rpc);
+    kvs__free(eps);
+    kvs__free(pre);
     if (rc != KVS_OK) {
-        fprintf(stderr, "kvstash: cannot reach the master at %s:%u: %s\n", host, (unsigned)port,
+        fprintf(stderr, "kvstash: cannot reach the master at %s: %s\n", master,
                 kvs_status_str(rc));
         kvs__free(host);
         return 1;

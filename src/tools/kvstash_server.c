@@ -397,7 +397,13 @@ int main(int argc, char **argv)
             break;
         }
         case O_VERSION:
-            printf("kvstash-server %s\n", KVS_VERSION_STRING);
+#ifdef KVS_TEST_HOOKS
+            const char *hooks = "yes";
+#else
+            const char *hooks = "no";
+#endif
+            printf("kvstash-server %s\nfeatures: etcd %s, test-hooks %s\n", KVS_VERSION_STRING,
+                   kvs__etcd_supported() ? "yes" : "no", hooks);
             return 0;
         case 'h':
             usage(stdout);
@@ -425,9 +431,18 @@ int main(int argc, char **argv)
                         "--etcd makes a master candidate\n");
         return 2;
     }
-    const char *owner_etcd = cfg.etcd;
-    if (owner_only && master_addr != NULL && kvs__is_etcd_addr(master_addr))
-        owner_etcd = master_addr + 7;
+    const char *owner_etcd = cfg.etcd, *owner_prefix = cfg.etcd_prefix;
+    char *etcd_eps = NULL, *etcd_pre = NULL;
+    if (owner_only && master_addr != NULL && kvs__is_etcd_addr(master_addr)) {
+        if (kvs__etcd_addr_parse(master_addr, &etcd_eps, &etcd_pre) != KVS_OK) {
+            fprintf(stderr, "kvstash-server: --master wants etcd://HOST:PORT[,...][/PREFIX], "
+                            "got '%s'\n", master_addr);
+            return 2;
+        }
+        owner_etcd = etcd_eps;
+        if (owner_prefix == NULL)
+            owner_prefix = etcd_pre;
+    }
     if ((cfg.etcd != NULL || owner_etcd != NULL) && !kvs__etcd_supported()) {
         fprintf(stderr, "kvstash-server: --etcd and etcd:// need a build with etcd support "
                         "(libcurl and json-c; Debian: libcurl4-openssl-dev libjson-c-dev)\n");
@@ -508,7 +523,7 @@ int main(int argc, char **argv)
         char *host = NULL;
         uint16_t mport = 0;
         oc.etcd = owner_etcd;
-        oc.etcd_prefix = cfg.etcd_prefix;
+        oc.etcd_prefix = owner_prefix;
         if (owner_etcd != NULL) {
             host = kvs__strdup(""); /* the leader, from etcd */
         } else if (owner_only) {
@@ -562,6 +577,8 @@ int main(int argc, char **argv)
 out:
     kvs__owner_destroy(owner);
     kvs__master_server_destroy(master);
+    kvs__free(etcd_eps);
+    kvs__free(etcd_pre);
     fprintf(stderr, "kvstash-server: stopped\n");
     return exit_code;
 }
