@@ -3,7 +3,10 @@
 # cmake, a C compiler and make build kvstash; clang and libclang-rt-14-dev build and run the
 # libFuzzer targets; pkgconf checks the installed pkg-config file; python3-dev builds the Python
 # module; libssl-dev gives libcrypto's headers (HMAC-SHA256 for authentication); python3-torch
-# runs the tensor API's tests. CUDA (nvcc) is optional and never installed here.
+# runs the tensor API's tests; libcurl4-openssl-dev and libjson-c-dev give the etcd client its
+# HTTP and JSON (high availability, docs/ha.md: optional at build time), etcd-server and
+# etcd-client run its tests, and iproute2 builds the network namespaces of the multi-host test.
+# CUDA (nvcc) is optional and never installed here.
 set -euo pipefail
 need=()
 command -v cmake >/dev/null || need+=(cmake)
@@ -16,6 +19,12 @@ command -v pkg-config >/dev/null || need+=(pkgconf)
 dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
 # PyTorch on the CPU for the tensor API's tests (Debian's, for /usr/bin/python3).
 dpkg -s python3-torch >/dev/null 2>&1 || need+=(python3-torch)
+# High availability: the etcd client's libraries, and a real etcd for its tests.
+dpkg -s libcurl4-openssl-dev >/dev/null 2>&1 || need+=(libcurl4-openssl-dev)
+dpkg -s libjson-c-dev >/dev/null 2>&1 || need+=(libjson-c-dev)
+command -v etcd >/dev/null || need+=(etcd-server)
+command -v etcdctl >/dev/null || need+=(etcd-client)
+command -v ip >/dev/null || need+=(iproute2)
 # Python.h for the extension module, wherever this python3 looks for it.
 inc=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null || true)
 [ -n "$inc" ] && [ -f "$inc/Python.h" ] || need+=(python3-dev)

@@ -190,7 +190,8 @@ static void test_claim_exact_ranges(void)
     /* Allocation works around claims; frees coalesce back to one block. */
     uint64_t off;
     CHECK_STATUS(kvs__seg_alloc_alloc(a, 2000, &off, &h[4]), KVS_OK);
-    static const uint64_t taken[4][2] = {{0, 64}, {4096, 5120}, {8192, 8256}, {(1 << 20) - 64, 1 << 20}};
+    static const uint64_t taken[4][2] = {
+        {0, 64}, {4096, 5120}, {8192, 8256}, {(1 << 20) - 64, 1 << 20}};
     for (int i = 0; i < 4; i++)
         CHECK(off + 2000 <= taken[i][0] || off >= taken[i][1]);
     for (int i = 0; i < 5; i++)

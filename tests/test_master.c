@@ -40,7 +40,8 @@ static void fx_fini(fx_t *f)
 
 static uint64_t mount(fx_t *f, uint64_t client, const char *name, const char *node, uint64_t size)
 {
-    kvs__mount_req_t req = {kvs__str_c(name), kvs__str_c(node), kvs__str_c("h:1"), size, {NULL, 0}, 0};
+    kvs__mount_req_t req = {
+        kvs__str_c(name), kvs__str_c(node), kvs__str_c("h:1"), size, {NULL, 0}, 0};
     uint64_t id = 0;
     CHECK_STATUS(kvs__master_mount(f->m, f->now, client, &req, &id), KVS_OK);
     return id;
@@ -1430,16 +1431,38 @@ static void test_recover_rebuilds_from_owners(void)
     mount_id(&f, other, "s9", 1 << 20, old_id, KVS_SEGMENT_ALREADY_EXISTS); /* the id is taken */
     uint64_t s2 = mount_id(&f, other, "s2", 1 << 20, 0, KVS_OK);
     kvs__index_op_t ops[6] = {
-        {.op = KVS_INDEX_ADD, .key = kvs__str_c("a"), .offset = 0, .size = 1000, .token = 11,
-         .writer = 5, .version = 100},
-        {.op = KVS_INDEX_ADD, .key = kvs__str_c("b"), .offset = 512, .size = 64, .token = 12,
+        {.op = KVS_INDEX_ADD,
+         .key = kvs__str_c("a"),
+         .offset = 0,
+         .size = 1000,
+         .token = 11,
+         .writer = 5,
+         .version = 100},
+        {.op = KVS_INDEX_ADD,
+         .key = kvs__str_c("b"),
+         .offset = 512,
+         .size = 64,
+         .token = 12,
          .version = 101}, /* overlaps a */
-        {.op = KVS_INDEX_ADD, .key = kvs__str_c("c"), .offset = (1 << 20) - 64, .size = 128,
-         .token = 13, .version = 102}, /* past the end */
+        {.op = KVS_INDEX_ADD,
+         .key = kvs__str_c("c"),
+         .offset = (1 << 20) - 64,
+         .size = 128,
+         .token = 13,
+         .version = 102}, /* past the end */
         {.op = KVS_INDEX_DEL, .key = kvs__str_c("d"), .offset = 4096, .size = 64, .token = 14},
-        {.op = KVS_INDEX_ADD, .key = kvs__str_c("e"), .offset = 8192, .size = 4096, .token = 15,
-         .version = 103, .flags = KVS_INDEX_FLAG_HARD_PIN},
-        {.op = KVS_INDEX_ADD, .key = kvs__str_c("f"), .offset = 100, .size = 64, .token = 16,
+        {.op = KVS_INDEX_ADD,
+         .key = kvs__str_c("e"),
+         .offset = 8192,
+         .size = 4096,
+         .token = 15,
+         .version = 103,
+         .flags = KVS_INDEX_FLAG_HARD_PIN},
+        {.op = KVS_INDEX_ADD,
+         .key = kvs__str_c("f"),
+         .offset = 100,
+         .size = 64,
+         .token = 16,
          .version = 104}, /* unaligned */
     };
     int res[6];
@@ -1473,8 +1496,12 @@ static void test_recover_rebuilds_from_owners(void)
     rel.lease_id = d.lease_id;
     CHECK_STATUS(kvs__master_release(f.m, f.now, f.client, &rel, 1), KVS_OK);
     /* An older version of a key is refused; a newer one replaces it. */
-    kvs__index_op_t older = {.op = KVS_INDEX_ADD, .key = kvs__str_c("e"), .offset = 65536,
-                             .size = 64, .token = 21, .version = 50};
+    kvs__index_op_t older = {.op = KVS_INDEX_ADD,
+                             .key = kvs__str_c("e"),
+                             .offset = 65536,
+                             .size = 64,
+                             .token = 21,
+                             .version = 50};
     CHECK_STATUS(recover(&f, other, s2, 1, &older, res), KVS_OK);
     CHECK_STATUS(res[0], KVS_OBJECT_ALREADY_EXISTS);
     kvs__index_op_t newer = older;

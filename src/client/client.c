@@ -109,9 +109,9 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
     } else {
         rc = kvs__parse_host_port(master, "127.0.0.1", &c->master_host, &c->master_port);
         if (rc != KVS_OK || c->master_port == 0) {
-            rc = kvs__fail(KVS_INVALID_PARAMS,
-                           "master address '%s' is not HOST:PORT or etcd://HOST:PORT[,...]",
-                           master);
+            rc =
+                kvs__fail(KVS_INVALID_PARAMS,
+                          "master address '%s' is not HOST:PORT or etcd://HOST:PORT[,...]", master);
             goto err_free;
         }
     }

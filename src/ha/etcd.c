@@ -173,9 +173,8 @@ int kvs__etcd_open(const char *endpoints, uint64_t timeout_ms, kvs__etcd_t **e_p
          t = strtok_r(NULL, ",", &save)) {
         char *host = NULL;
         uint16_t port = 0;
-        if (e->neps == MAX_ENDPOINTS ||
-            kvs__parse_host_port(t, NULL, &host, &port) != KVS_OK || host == NULL || port == 0 ||
-            strpbrk(host, "/?#@ ") != NULL) {
+        if (e->neps == MAX_ENDPOINTS || kvs__parse_host_port(t, NULL, &host, &port) != KVS_OK ||
+            host == NULL || port == 0 || strpbrk(host, "/?#@ ") != NULL) {
             kvs_error("etcd: '%s' is not an endpoint list HOST:PORT[,HOST:PORT...] (at most %u)",
                       endpoints, MAX_ENDPOINTS);
             rc = KVS_INVALID_PARAMS;

@@ -200,7 +200,7 @@ struct kvs__master {
     kvs__index_mark_t marks[KVS_MAX_REPLICAS * 4]; /* ADDs of the current request (HA) */
     uint32_t nmarks;
     bool marks_overflow; /* more than fit: the request waits for all of its segments' acks */
-    group_t **groups; /* chained table of placement groups */
+    group_t **groups;    /* chained table of placement groups */
     size_t ngroup_buckets, ngroups;
     counters_t c;
 };
@@ -416,8 +416,7 @@ static void group_put(kvs__master_t *m, group_t *g)
  * an ADD lost makes the object unrecoverable after a failover, a DEL lost leaves an entry that a
  * new leader refuses or tombstones (its version is older than what replaced it, or its range is
  * free again there only after a lease period); both are logged. */
-static uint64_t idx_push(kvs__master_t *m, seg_t *sg, uint32_t op, const obj_t *o,
-                         uint64_t offset)
+static uint64_t idx_push(kvs__master_t *m, seg_t *sg, uint32_t op, const obj_t *o, uint64_t offset)
 {
     if (!m->cfg.owner_index)
         return 0;
@@ -501,9 +500,8 @@ static void idx_acked(seg_t *sg, uint64_t seq)
 static void obj_destroy(kvs__master_t *m, obj_t *o)
 {
     for (uint32_t i = 0; i < o->nrep; i++) {
-        uint64_t seq = o->state == KVS_OBJ_COMPLETE
-                           ? idx_push(m, o->reps[i].seg, KVS_INDEX_DEL, o, 0)
-                           : 0;
+        uint64_t seq =
+            o->state == KVS_OBJ_COMPLETE ? idx_push(m, o->reps[i].seg, KVS_INDEX_DEL, o, 0) : 0;
         rep_release(m, &o->reps[i], seq);
     }
     if (o->state == KVS_OBJ_PENDING)
@@ -1886,8 +1884,8 @@ static int recover_one(kvs__master_t *m, uint64_t now_ns, seg_t *sg, const kvs__
     uint64_t until = now_ns + m->cfg.lease_ms * KVS_NS_PER_MS;
     uint64_t hash = kvs__hash64(e->key.ptr, e->key.len);
     obj_t *o = obj_find(m, e->key, hash);
-    if (o != NULL && o->state == KVS_OBJ_COMPLETE && o->token == e->token &&
-        o->size == e->size && !obj_on_seg(o, sg) && o->nrep < KVS_MAX_REPLICAS) {
+    if (o != NULL && o->state == KVS_OBJ_COMPLETE && o->token == e->token && o->size == e->size &&
+        !obj_on_seg(o, sg) && o->nrep < KVS_MAX_REPLICAS) {
         mrep_t *r = kvs__realloc(o->reps, (o->nrep + 1) * sizeof(*r));
         if (r == NULL) {
             kvs__seg_alloc_free(sg->alloc, handle);
@@ -1897,8 +1895,8 @@ static int recover_one(kvs__master_t *m, uint64_t now_ns, seg_t *sg, const kvs__
         o->reps[o->nrep++] = (mrep_t){sg, e->offset, handle, 0};
         return KVS_OK;
     }
-    if (o != NULL && (o->state != KVS_OBJ_COMPLETE || o->version >= e->version ||
-                      o->token == e->token)) {
+    if (o != NULL &&
+        (o->state != KVS_OBJ_COMPLETE || o->version >= e->version || o->token == e->token)) {
         /* A newer version (or a put since the failover, or a duplicate): this copy is stale. */
         if (limbo_hold(m, sg, handle, until) != KVS_OK)
             kvs__seg_alloc_free(sg->alloc, handle); /* no reader could be told it anyway */
@@ -2063,8 +2061,7 @@ int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs
     return KVS_OK;
 }
 
-uint32_t kvs__master_take_marks(kvs__master_t *m, kvs__index_mark_t *out, uint32_t cap,
-                                bool *all_p)
+uint32_t kvs__master_take_marks(kvs__master_t *m, kvs__index_mark_t *out, uint32_t cap, bool *all_p)
 {
     uint32_t n = KVS_MIN(m->nmarks, cap);
     if (out != NULL)

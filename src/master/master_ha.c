@@ -171,7 +171,8 @@ int kvs__ha_start(const kvs__ha_config_t *cfg, kvs__ha_t **ha_p)
     if (ha == NULL)
         return KVS_NO_MEMORY;
     ha->cfg = *cfg;
-    snprintf(ha->prefix, sizeof(ha->prefix), "%s", cfg->prefix ? cfg->prefix : KVS_ETCD_DEFAULT_PREFIX);
+    snprintf(ha->prefix, sizeof(ha->prefix), "%s",
+             cfg->prefix ? cfg->prefix : KVS_ETCD_DEFAULT_PREFIX);
     snprintf(ha->advertise, sizeof(ha->advertise), "%s", cfg->advertise);
     kvs__etcd_leader_key(ha->prefix, ha->key, sizeof(ha->key));
     ha->ttl_ns = cfg->ttl_s * 1000000000ull;

@@ -123,8 +123,8 @@ struct kvs__master_server {
     bool thread_started;
 
     /* High availability: the election, and what this master serves as leader. */
-    kvs__ha_t *ha;           /* NULL: alone */
-    int ha_fd;               /* eventfd the election writes when leadership changes */
+    kvs__ha_t *ha; /* NULL: alone */
+    int ha_fd;     /* eventfd the election writes when leadership changes */
     char advertise[KVS_MAX_NAME_LEN + 1];
     uint64_t ha_gen;         /* the election's generation this state belongs to (0: none) */
     bool ha_serving;         /* leading under ha_gen: requests are served */
@@ -277,8 +277,7 @@ static void ha_check(kvs__master_server_t *s)
 /* Whether a request of `type` is served now. A leader checks its lease deadline before every
  * request (it stops serving before a standby can be elected); in its first moments it lets
  * owners re-register first. Otherwise `msg` gets where to go instead. */
-static bool ha_serves(kvs__master_server_t *s, unsigned type, uint64_t now, char *msg,
-                      size_t len)
+static bool ha_serves(kvs__master_server_t *s, unsigned type, uint64_t now, char *msg, size_t len)
 {
     msg[0] = '\0';
     if (s->ha == NULL)

@@ -112,8 +112,8 @@ static int index_add(index_t *x, const kvs__index_op_t *op)
     ientry_t *e = kvs__malloc(sizeof(*e) + op->key.len);
     if (e == NULL)
         return KVS_NO_MEMORY;
-    *e = (ientry_t){NULL, op->token, op->offset, op->size, op->writer, op->version, op->flags,
-                    (uint32_t)op->key.len};
+    *e = (ientry_t){NULL,       op->token,   op->offset, op->size,
+                    op->writer, op->version, op->flags,  (uint32_t)op->key.len};
     memcpy(e->key, op->key.ptr, op->key.len);
     size_t k = index_slot(x, op->token);
     e->next = x->buckets[k];
@@ -133,7 +133,8 @@ static void owner_apply_index(kvs__owner_t *o, const kvs__heartbeat_rsp_t *hr, b
             continue;
         if (op->op == KVS_INDEX_ADD && index_add(&o->index, op) != KVS_OK)
             kvs_warn("segment %llu: out of memory for the index; an object will not survive a "
-                     "failover", (unsigned long long)o->segment_id);
+                     "failover",
+                     (unsigned long long)o->segment_id);
         else if (op->op == KVS_INDEX_DEL)
             index_del(&o->index, op->token);
         o->index_applied = op->seq;
@@ -215,7 +216,8 @@ static int owner_recover(kvs__owner_t *o)
     if (rc == KVS_OK) {
         o->recovered += nok;
         kvs_info("segment '%s' (%llu) re-registered with the new leader: %zu object(s) kept, "
-                 "%zu refused", o->name, (unsigned long long)o->segment_id, nok, nrefused);
+                 "%zu refused",
+                 o->name, (unsigned long long)o->segment_id, nok, nrefused);
     }
     return rc;
 }
@@ -270,8 +272,8 @@ static int owner_reregister(kvs__owner_t *o)
         return rc;
     }
     if (rc == KVS_SEGMENT_ALREADY_EXISTS) {
-        kvs_warn("segment '%s' cannot keep id %llu at the new leader: mounting it afresh",
-                 o->name, (unsigned long long)o->segment_id);
+        kvs_warn("segment '%s' cannot keep id %llu at the new leader: mounting it afresh", o->name,
+                 (unsigned long long)o->segment_id);
         return KVS_SEGMENT_NOT_FOUND;
     }
     kvs_warn("cannot re-register segment '%s' with the new leader: %s", o->name,

@@ -355,7 +355,7 @@ typedef struct {
     void *ssl; /* its TLS session, when the pool has TLS on */
     uint32_t next_req_id;
     bool busy;
-    uint64_t target_gen; /* the target it was connected to (rpc->target_gen then) */
+    uint64_t target_gen;  /* the target it was connected to (rpc->target_gen then) */
     uint64_t incarnation; /* of the master its HELLO reached */
 } rpc_conn_t;
 
@@ -697,7 +697,8 @@ int kvs__rpc_open(const kvs__rpc_config_t *cfg, kvs__rpc_t **rpc_p)
     int rc = rpc->host ? KVS_OK : KVS_NO_MEMORY;
     if (rc == KVS_OK) {
         uint64_t deadline = cfg->deadline_ns ? cfg->deadline_ns : kvs__now_ns() + rpc->timeout_ns;
-        rc = rpc->etcd ? rpc_follow_connect(rpc, deadline) : rpc_connect(rpc, &rpc->conns[0], deadline);
+        rc = rpc->etcd ? rpc_follow_connect(rpc, deadline)
+                       : rpc_connect(rpc, &rpc->conns[0], deadline);
     }
     if (rc != KVS_OK) {
         kvs__rpc_close(rpc);
@@ -779,8 +780,7 @@ static int rpc_attempt(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp,
     if (inc_p != NULL)
         *inc_p = cn->incarnation;
     if (rc == KVS_OK)
-        rc = rpc_exchange(rpc->etcd ? rpc : NULL, cn, req, rsp, deadline, sent, leader,
-                          leader_len);
+        rc = rpc_exchange(rpc->etcd ? rpc : NULL, cn, req, rsp, deadline, sent, leader, leader_len);
     conn_give(rpc, cn);
     return rc;
 }
@@ -822,8 +822,7 @@ static void sleep_until_at_most(uint64_t ns, uint64_t deadline)
 #define FOLLOW_BACKOFF_MAX_NS (100 * KVS_NS_PER_MS)
 
 /* The call of a pool that follows the leader (see kvs__rpc_config_t.etcd). */
-static int rpc_follow_call(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp,
-                           uint64_t deadline)
+static int rpc_follow_call(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint64_t deadline)
 {
     uint64_t backoff = FOLLOW_BACKOFF_MIN_NS;
     int last = KVS_NO_LEADER;
@@ -848,8 +847,8 @@ static int rpc_follow_call(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp,
         pthread_mutex_unlock(&rpc->lock);
         if (resolved)
             rc = rpc_attempt(rpc, req, rsp, cdl, deadline, &sent, leader, sizeof(leader), &inc);
-        if (rc == KVS_OK || (rc != KVS_NOT_LEADER && rc != KVS_RPC_FAIL &&
-                             rc != KVS_TIMED_OUT && rc != KVS_NO_LEADER))
+        if (rc == KVS_OK || (rc != KVS_NOT_LEADER && rc != KVS_RPC_FAIL && rc != KVS_TIMED_OUT &&
+                             rc != KVS_NO_LEADER))
             return rc;
         last = rc;
         pthread_mutex_lock(&rpc->lock);
@@ -876,8 +875,8 @@ static int rpc_follow_call(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp,
                 int r = rpc_resolve(rpc, &l);
                 if (r == KVS_OK && l.incarnation != inc)
                     break;
-                if (r == KVS_OK && target_alive(rpc, KVS_MIN(deadline, kvs__now_ns() +
-                                                                        200 * KVS_NS_PER_MS)))
+                if (r == KVS_OK &&
+                    target_alive(rpc, KVS_MIN(deadline, kvs__now_ns() + 200 * KVS_NS_PER_MS)))
                     return rc; /* it still leads and lives: not ours to repeat */
                 if (kvs__now_ns() + backoff >= deadline)
                     return r == KVS_NO_LEADER ? KVS_NO_LEADER : rc;
@@ -910,8 +909,8 @@ static int rpc_follow_connect(kvs__rpc_t *rpc, uint64_t deadline)
         rc = rpc_resolve(rpc, NULL);
         if (rc == KVS_OK) {
             uint64_t now = kvs__now_ns();
-            uint64_t cdl = KVS_MIN(deadline, now + KVS_MAX(rpc->timeout_ns / 4,
-                                                           200 * KVS_NS_PER_MS));
+            uint64_t cdl =
+                KVS_MIN(deadline, now + KVS_MAX(rpc->timeout_ns / 4, 200 * KVS_NS_PER_MS));
             rc = rpc_connect(rpc, &rpc->conns[0], cdl);
             if (rc == KVS_OK || rc == KVS_AUTH_FAILED || rc == KVS_INVALID_VERSION)
                 return rc;
@@ -927,7 +926,8 @@ static int rpc_follow_connect(kvs__rpc_t *rpc, uint64_t deadline)
         kvs_error("no master leads the cluster at etcd://%s (prefix %s)",
                   kvs__etcd_endpoints(rpc->etcd), rpc->etcd_prefix);
     else if (rc == KVS_RPC_FAIL)
-        kvs_error("cannot reach etcd at %s, or the leader it names", kvs__etcd_endpoints(rpc->etcd));
+        kvs_error("cannot reach etcd at %s, or the leader it names",
+                  kvs__etcd_endpoints(rpc->etcd));
     return rc;
 }
 
@@ -941,11 +941,12 @@ int kvs__rpc_call_until(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uin
         return rpc_follow_call(rpc, req, rsp, deadline_ns);
     bool sent;
     char leader[8];
-    int rc = rpc_attempt(rpc, req, rsp, deadline_ns, deadline_ns, &sent, leader, sizeof(leader),
-                         NULL);
+    int rc =
+        rpc_attempt(rpc, req, rsp, deadline_ns, deadline_ns, &sent, leader, sizeof(leader), NULL);
     if (rc == KVS_NOT_LEADER)
         kvs_error("the master at %s:%u is a standby of an etcd cluster: give etcd://... as the "
-                  "master address", rpc->host, (unsigned)rpc->port);
+                  "master address",
+                  rpc->host, (unsigned)rpc->port);
     return rc;
 }
 

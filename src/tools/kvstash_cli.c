@@ -129,8 +129,8 @@ static int master_check(const char *master, const char *from)
     if (kvs__is_etcd_addr(master))
         return 0; /* endpoints are checked when the client opens */
     if (kvs__parse_host_port(master, "127.0.0.1", &host, &port) != KVS_OK) {
-        fprintf(stderr, "kvstash: %s wants HOST:PORT or etcd://HOST:PORT[,...], got '%s'\n",
-                from, master);
+        fprintf(stderr, "kvstash: %s wants HOST:PORT or etcd://HOST:PORT[,...], got '%s'\n", from,
+                master);
         return 2;
     }
     kvs__free(host);
@@ -190,8 +190,7 @@ static int cli_open(const char *master, uint64_t timeout_ms, cli_t *c)
     kvs__free(eps);
     kvs__free(pre);
     if (rc != KVS_OK) {
-        fprintf(stderr, "kvstash: cannot reach the master at %s: %s\n", master,
-                kvs_status_str(rc));
+        fprintf(stderr, "kvstash: cannot reach the master at %s: %s\n", master, kvs_status_str(rc));
         kvs__free(host);
         return 1;
     }

@@ -38,7 +38,9 @@ static void usage(FILE *f)
             "  --recovery-ms N            a new leader lets owners re-register this long before\n"
             "                             serving clients (default 300)\n"
             "  --segment-size SIZE        owner segment size, e.g. 4GiB (default 1GiB)\n"
-            "  --segment-name NAME        owner segment name (default HOST:DATAPORT)\n"
+            "  --segment-name NAME        owner segment name (default NODE:DATAPORT)\n"
+            "  --node NAME                this host's name for same-node placement and the\n"
+            "                             default segment name (default: the host name)\n"
             "  --data-port N              owner data port (default 0: any free port)\n"
             "  --bind HOST                address to listen on (default 127.0.0.1)\n"
             "  --port N                   master RPC port (default 50051; 0 picks a free one)\n"
@@ -167,7 +169,8 @@ int main(int argc, char **argv)
         O_ETCD_PREFIX,
         O_ETCD_TTL,
         O_ADVERTISE,
-        O_RECOVERY
+        O_RECOVERY,
+        O_NODE
     };
     static const struct option opts[] = {
         {"master-only", no_argument, NULL, O_MASTER_ONLY},
@@ -198,6 +201,7 @@ int main(int argc, char **argv)
         {"etcd-ttl-s", required_argument, NULL, O_ETCD_TTL},
         {"advertise", required_argument, NULL, O_ADVERTISE},
         {"recovery-ms", required_argument, NULL, O_RECOVERY},
+        {"node", required_argument, NULL, O_NODE},
         {"high-watermark", required_argument, NULL, O_HWM},
         {"evict-ratio", required_argument, NULL, O_EVICT},
         {"default-soft-pin-ttl-ms", required_argument, NULL, O_PIN_TTL},
@@ -217,6 +221,7 @@ int main(int argc, char **argv)
     kvs__data_server_config_init(&dcfg);
     bool master_only = false, owner_only = false, insecure = false, tls = false;
     const char *port_file = NULL, *master_addr = NULL, *seg_name = NULL, *auth_file = NULL;
+    const char *node = NULL;
     uint64_t seg_size = 1ull << 30, data_port = 0;
     uint64_t v;
     int c;
@@ -355,6 +360,13 @@ int main(int argc, char **argv)
             cfg.advertise = optarg;
             break;
         }
+        case O_NODE:
+            if (*optarg == '\0' || strlen(optarg) > KVS_MAX_NAME_LEN) {
+                fprintf(stderr, "kvstash-server: --node wants a name of 1..256 bytes\n");
+                return 2;
+            }
+            node = optarg;
+            break;
         case O_RECOVERY:
             if (parse_ms("--recovery-ms", optarg, &cfg.recovery_ms))
                 return 2;
@@ -435,8 +447,10 @@ int main(int argc, char **argv)
     char *etcd_eps = NULL, *etcd_pre = NULL;
     if (owner_only && master_addr != NULL && kvs__is_etcd_addr(master_addr)) {
         if (kvs__etcd_addr_parse(master_addr, &etcd_eps, &etcd_pre) != KVS_OK) {
-            fprintf(stderr, "kvstash-server: --master wants etcd://HOST:PORT[,...][/PREFIX], "
-                            "got '%s'\n", master_addr);
+            fprintf(stderr,
+                    "kvstash-server: --master wants etcd://HOST:PORT[,...][/PREFIX], "
+                    "got '%s'\n",
+                    master_addr);
             return 2;
         }
         owner_etcd = etcd_eps;
@@ -514,6 +528,7 @@ int main(int argc, char **argv)
     if (!master_only) {
         kvs__owner_config_t oc = {.segment_size = seg_size,
                                   .segment_name = seg_name,
+                                  .node = node,
                                   .rpc_timeout_ms = 5000,
                                   .data = dcfg};
         oc.data.auth = cfg.auth;
