@@ -493,6 +493,8 @@ static void idx_acked(seg_t *sg, uint64_t seq)
     uint32_t k = 0;
     while (k < sg->nidx && sg->idx[k].seq <= seq)
         kvs__free(sg->idx[k++].key);
+    if (k == 0)
+        return;
     memmove(sg->idx, sg->idx + k, (sg->nidx - k) * sizeof(*sg->idx));
     sg->nidx -= k;
 }
