@@ -68,6 +68,7 @@ typedef struct {
     uint64_t rounds, samples, direct_samples, frag, busy_wait_us, timeout_s, seed;
     bool host; /* host destinations (no GPU) */
     const char *server, *csv, *table, *plot;
+    const char *etcd; /* the store's master is a leader candidate there; readers follow it */
     unsigned conns; /* tcp connections per reader, the transport's setting */
 } opts_t;
 
@@ -347,7 +348,7 @@ static const char *layout_str(const layout_t *l, char *buf, size_t len)
 
 typedef struct {
     pid_t pid;
-    char master[64];
+    char master[320];
     char port_file[64];
     char log[64]; /* the store's output */
 } server_t;
@@ -367,8 +368,15 @@ static int server_start(const opts_t *o, uint64_t seg_bytes, server_t *s)
             dup2(lfd, STDOUT_FILENO);
             dup2(lfd, STDERR_FILENO);
         }
-        execl(o->server, o->server, "--segment-size", seg, "--port", "0", "--port-file",
-              s->port_file, "--high-watermark", "1.0", "--log-level", "warn", (char *)NULL);
+        char prefix[64];
+        snprintf(prefix, sizeof(prefix), "/kvstash-bench-%d", (int)getppid());
+        if (o->etcd != NULL)
+            execl(o->server, o->server, "--segment-size", seg, "--port", "0", "--port-file",
+                  s->port_file, "--high-watermark", "1.0", "--log-level", "warn", "--etcd",
+                  o->etcd, "--etcd-prefix", prefix, (char *)NULL);
+        else
+            execl(o->server, o->server, "--segment-size", seg, "--port", "0", "--port-file",
+                  s->port_file, "--high-watermark", "1.0", "--log-level", "warn", (char *)NULL);
         fprintf(stderr, "kvstash bench store: cannot run %s: %s\n", o->server, strerror(errno));
         _exit(127);
     }
@@ -380,7 +388,11 @@ static int server_start(const opts_t *o, uint64_t seg_bytes, server_t *s)
         unsigned port = 0;
         if (f != NULL && fscanf(f, "%u", &port) == 1 && port > 0) {
             fclose(f);
-            snprintf(s->master, sizeof(s->master), "127.0.0.1:%u", port);
+            if (o->etcd != NULL) /* the clients find the master through etcd */
+                snprintf(s->master, sizeof(s->master), "etcd://%s/kvstash-bench-%d", o->etcd,
+                         (int)getpid());
+            else
+                snprintf(s->master, sizeof(s->master), "127.0.0.1:%u", port);
             return 0;
         }
         if (f != NULL)
@@ -1163,6 +1175,8 @@ static void usage(FILE *f)
             "  --busy-wait-us N      its MC_STORE_GPU_STAGING_BUSY_WAIT_US (default 200000)\n"
             "  --timeout-s N         barrier and start-up time-out (default 600)\n"
             "  --server PATH         kvstash-server (default: beside this program)\n"
+            "  --etcd HOST:PORT      the store's master leads through etcd there; readers follow\n"
+            "                        it (etcd://): HA's cost (docs/ha.md)\n"
             "  --csv FILE  --table FILE  --plot FILE.png   results (the plot needs python3 with\n"
             "                        matplotlib)\n",
             MAX_SAMPLES);
@@ -1262,6 +1276,8 @@ static int parse_opts(int argc, char **argv, opts_t *o, const char **memory)
             ok = strcmp(v, "gpu") == 0 || strcmp(v, "host") == 0;
         } else if (strcmp(a, "--server") == 0) {
             o->server = v;
+        } else if (strcmp(a, "--etcd") == 0) {
+            o->etcd = v;
         } else if (strcmp(a, "--csv") == 0) {
             o->csv = v;
         } else if (strcmp(a, "--table") == 0) {

@@ -35,6 +35,7 @@ struct kvs__owner {
     _Atomic uint64_t segment_id; /* read by other threads (kvs__owner_segment_id) */
     uint64_t incarnation;        /* of the master that mounted segment_id */
     uint64_t fence_applied;      /* every fence of the segment up to this one is applied */
+    bool news;                   /* the last heartbeat brought fences or index changes */
     bool follows;                /* HA: the master is whoever leads in etcd */
     uint64_t term;               /* the highest leader term registered under (HA) */
     uint64_t index_applied;      /* every index change up to this one is applied */
@@ -427,9 +428,11 @@ static int owner_heartbeat(kvs__owner_t *o)
 {
     bool applied = false;
     int rc = owner_heartbeat_once(o, &applied);
+    o->news = applied;
     if (rc == KVS_OK && applied) {
         bool again = false;
         rc = owner_heartbeat_once(o, &again);
+        o->news = again;
     }
     return rc;
 }
@@ -500,7 +503,8 @@ static void *heartbeat_thread(void *arg)
         pthread_mutex_lock(&o->lock);
         /* A heartbeat the master held (following a leader) was the wait: go again at once. */
         uint64_t took_ms = (kvs__now_ns() - t0) / KVS_NS_PER_MS;
-        again = rc == KVS_OK && o->follows && took_ms >= period_ms / 2;
+        /* So was one that brought news: more may be on the way (a stream of puts). */
+        again = rc == KVS_OK && o->follows && (took_ms >= period_ms / 2 || o->news);
     }
     pthread_mutex_unlock(&o->lock);
     return NULL;
