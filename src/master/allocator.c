@@ -191,40 +191,6 @@ static uint32_t find_block(const kvs__seg_alloc_t *a, uint64_t units)
     return best;
 }
 
-int kvs__seg_alloc_alloc(kvs__seg_alloc_t *a, uint64_t size, uint64_t *offset_p, uint32_t *handle_p)
-{
-    if (a == NULL || size == 0 || offset_p == NULL || handle_p == NULL)
-        return KVS_INVALID_PARAMS;
-    if (size > a->capacity_units * KVS_SEG_ALLOC_ALIGN)
-        return KVS_NO_AVAILABLE_HANDLE;
-    uint64_t units = (size + KVS_SEG_ALLOC_ALIGN - 1) / KVS_SEG_ALLOC_ALIGN;
-    if (reserve_node(a) != KVS_OK)
-        return KVS_NO_MEMORY;
-    uint32_t i = find_block(a, units);
-    if (i == KVS_SEG_ALLOC_NIL)
-        return KVS_NO_AVAILABLE_HANDLE;
-    free_list_remove(a, i);
-    node_t *n = &a->nodes[i];
-    if (n->size > units) {
-        uint32_t r = take_node(a);
-        n = &a->nodes[i]; /* take_node does not move the array, but keep it obvious */
-        node_t *rest = &a->nodes[r];
-        rest->off = n->off + units;
-        rest->size = n->size - units;
-        rest->prev_phys = i;
-        rest->next_phys = n->next_phys;
-        if (n->next_phys != KVS_SEG_ALLOC_NIL)
-            a->nodes[n->next_phys].prev_phys = r;
-        n->next_phys = r;
-        n->size = units;
-        free_list_insert(a, r);
-    }
-    a->used_units += units;
-    *offset_p = n->off * KVS_SEG_ALLOC_ALIGN;
-    *handle_p = i;
-    return KVS_OK;
-}
-
 /* Splits the first `units` off free-list-removed block i; the rest (if any) goes back free and
  * is returned (NIL when none). A spare node must be reserved. */
 static uint32_t split_front(kvs__seg_alloc_t *a, uint32_t i, uint64_t units)
@@ -245,6 +211,26 @@ static uint32_t split_front(kvs__seg_alloc_t *a, uint32_t i, uint64_t units)
     n->size = units;
     free_list_insert(a, r);
     return r;
+}
+
+int kvs__seg_alloc_alloc(kvs__seg_alloc_t *a, uint64_t size, uint64_t *offset_p, uint32_t *handle_p)
+{
+    if (a == NULL || size == 0 || offset_p == NULL || handle_p == NULL)
+        return KVS_INVALID_PARAMS;
+    if (size > a->capacity_units * KVS_SEG_ALLOC_ALIGN)
+        return KVS_NO_AVAILABLE_HANDLE;
+    uint64_t units = (size + KVS_SEG_ALLOC_ALIGN - 1) / KVS_SEG_ALLOC_ALIGN;
+    if (reserve_node(a) != KVS_OK)
+        return KVS_NO_MEMORY;
+    uint32_t i = find_block(a, units);
+    if (i == KVS_SEG_ALLOC_NIL)
+        return KVS_NO_AVAILABLE_HANDLE;
+    free_list_remove(a, i);
+    split_front(a, i, units);
+    a->used_units += units;
+    *offset_p = a->nodes[i].off * KVS_SEG_ALLOC_ALIGN;
+    *handle_p = i;
+    return KVS_OK;
 }
 
 int kvs__seg_alloc_claim(kvs__seg_alloc_t *a, uint64_t offset, uint64_t size, uint32_t *handle_p)

@@ -56,6 +56,36 @@ static int owner_call(kvs__owner_t *o, kvs__wbuf_t *req, kvs__wbuf_t *rsp)
     return rc == KVS_OK ? kvs__rpc_call(o->rpc, req, rsp) : rc;
 }
 
+/* One MOUNT of our segment under a fresh write key (`key`, made here): `segment_id` 0 for a new
+ * mount, else the id a re-registration keeps. *mr_p gets the reply. The request is wiped (it
+ * carried the key). */
+static int owner_mount_call(kvs__owner_t *o, uint64_t segment_id, uint8_t key[KVS_WRITE_KEY_LEN],
+                            kvs__mount_rsp_t *mr_p)
+{
+    kvs__wbuf_t req, rsp;
+    kvs__wbuf_init(&req);
+    kvs__wbuf_init(&rsp);
+    kvs__rpc_begin(o->rpc, &req, KVS_MSG_MOUNT);
+    /* A key per mount, told only to the master: writes then need its capabilities. */
+    kvs__write_key_new(key);
+    kvs__mount_req_t m = {.name = kvs__str_c(o->name),
+                          .node = kvs__str_c(kvs__rpc_node(o->rpc)),
+                          .endpoint = kvs__str_c(o->endpoint),
+                          .size = o->mem.size,
+                          .write_key = {key, KVS_WRITE_KEY_LEN},
+                          .segment_id = segment_id};
+    kvs__mount_req_encode(&req, &m);
+    int rc = owner_call(o, &req, &rsp);
+    if (rc == KVS_OK)
+        rc = kvs__mount_rsp_decode(rsp.data, rsp.len, rsp.version, NULL, mr_p);
+    if (rc == KVS_OK)
+        rc = mr_p->status;
+    kvs__secret_wipe(req.data, req.len);
+    kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
+    return rc;
+}
+
 /* ---- the index (HA) ---------------------------------------------------------------------- */
 
 static size_t index_slot(const index_t *x, uint64_t token)
@@ -236,33 +266,14 @@ static int owner_reregister(kvs__owner_t *o)
                  (unsigned long long)h.term, (unsigned long long)o->term);
         return KVS_NOT_LEADER;
     }
-    kvs__wbuf_t req, rsp;
-    kvs__wbuf_init(&req);
-    kvs__wbuf_init(&rsp);
-    kvs__rpc_begin(o->rpc, &req, KVS_MSG_MOUNT);
     uint8_t key[KVS_WRITE_KEY_LEN];
-    kvs__write_key_new(key);
-    kvs__mount_req_t m = {.name = kvs__str_c(o->name),
-                          .node = kvs__str_c(kvs__rpc_node(o->rpc)),
-                          .endpoint = kvs__str_c(o->endpoint),
-                          .size = o->mem.size,
-                          .write_key = {key, sizeof(key)},
-                          .segment_id = o->segment_id};
-    kvs__mount_req_encode(&req, &m);
-    int rc = owner_call(o, &req, &rsp);
     kvs__mount_rsp_t mr;
-    if (rc == KVS_OK)
-        rc = kvs__mount_rsp_decode(rsp.data, rsp.len, rsp.version, NULL, &mr);
-    if (rc == KVS_OK)
-        rc = mr.status;
+    int rc = owner_mount_call(o, o->segment_id, key, &mr);
     if (rc == KVS_OK && mr.segment_id != o->segment_id)
         rc = KVS_PROTOCOL_ERROR;
     if (rc == KVS_OK)
         rc = kvs__data_server_rekey(o->data, o->segment_id, key, mr.epoch);
-    kvs__secret_wipe(req.data, req.len);
     kvs__secret_wipe(key, sizeof(key));
-    kvs__wbuf_free(&req);
-    kvs__wbuf_free(&rsp);
     if (rc == KVS_OK) {
         h = kvs__rpc_hello(o->rpc);
         o->incarnation = h.incarnation;
@@ -296,25 +307,9 @@ static int owner_mount(kvs__owner_t *o)
             return mrc;
         }
     }
-    kvs__wbuf_t req, rsp;
-    kvs__wbuf_init(&req);
-    kvs__wbuf_init(&rsp);
-    kvs__rpc_begin(o->rpc, &req, KVS_MSG_MOUNT);
-    /* A key per mount, told only to the master: writes then need its capabilities. */
     uint8_t key[KVS_WRITE_KEY_LEN];
-    kvs__write_key_new(key);
-    kvs__mount_req_t m = {.name = kvs__str_c(o->name),
-                          .node = kvs__str_c(kvs__rpc_node(o->rpc)),
-                          .endpoint = kvs__str_c(o->endpoint),
-                          .size = o->mem.size,
-                          .write_key = {key, sizeof(key)}};
-    kvs__mount_req_encode(&req, &m);
-    int rc = owner_call(o, &req, &rsp);
     kvs__mount_rsp_t mr;
-    if (rc == KVS_OK)
-        rc = kvs__mount_rsp_decode(rsp.data, rsp.len, rsp.version, NULL, &mr);
-    if (rc == KVS_OK)
-        rc = mr.status;
+    int rc = owner_mount_call(o, 0, key, &mr);
     if (rc == KVS_OK) {
         /* A fresh mount starts empty at the master; serve it under its new id, in new memory. */
         if (o->segment_id != 0) {
@@ -337,10 +332,7 @@ static int owner_mount(kvs__owner_t *o)
             pthread_mutex_unlock(&o->index_lock);
         }
     }
-    kvs__secret_wipe(req.data, req.len); /* the MOUNT carried the write key */
     kvs__secret_wipe(key, sizeof(key));
-    kvs__wbuf_free(&req);
-    kvs__wbuf_free(&rsp);
     if (fresh.fd >= 0)
         kvs__segment_mem_destroy(&fresh);
     if (rc == KVS_OK)
