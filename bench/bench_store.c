@@ -69,7 +69,7 @@ typedef struct {
     bool host; /* host destinations (no GPU) */
     const char *server, *csv, *table, *plot;
     const char *etcd; /* the store's master is a leader candidate there; readers follow it */
-    unsigned conns; /* tcp connections per reader, the transport's setting */
+    unsigned conns;   /* tcp connections per reader, the transport's setting */
 } opts_t;
 
 /* ---- state shared with the children (one anonymous shared mapping) ------------------------ */
@@ -372,8 +372,8 @@ static int server_start(const opts_t *o, uint64_t seg_bytes, server_t *s)
         snprintf(prefix, sizeof(prefix), "/kvstash-bench-%d", (int)getppid());
         if (o->etcd != NULL)
             execl(o->server, o->server, "--segment-size", seg, "--port", "0", "--port-file",
-                  s->port_file, "--high-watermark", "1.0", "--log-level", "warn", "--etcd",
-                  o->etcd, "--etcd-prefix", prefix, (char *)NULL);
+                  s->port_file, "--high-watermark", "1.0", "--log-level", "warn", "--etcd", o->etcd,
+                  "--etcd-prefix", prefix, (char *)NULL);
         else
             execl(o->server, o->server, "--segment-size", seg, "--port", "0", "--port-file",
                   s->port_file, "--high-watermark", "1.0", "--log-level", "warn", (char *)NULL);

@@ -69,11 +69,10 @@ static void etcd_start(etcd_t *e)
         int null = open("/dev/null", O_WRONLY);
         dup2(null, 1);
         dup2(null, 2);
-        execl("/usr/bin/etcd", "etcd", "--data-dir", data, "--name", "kvs",
-              "--listen-client-urls", curl, "--advertise-client-urls", curl,
-              "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
-              "--initial-cluster", cluster, "--heartbeat-interval", "10", "--election-timeout",
-              "100", (char *)NULL);
+        execl("/usr/bin/etcd", "etcd", "--data-dir", data, "--name", "kvs", "--listen-client-urls",
+              curl, "--advertise-client-urls", curl, "--listen-peer-urls", purl,
+              "--initial-advertise-peer-urls", purl, "--initial-cluster", cluster,
+              "--heartbeat-interval", "10", "--election-timeout", "100", (char *)NULL);
         _exit(127);
     }
     kvs__etcd_t *c;

@@ -1368,10 +1368,10 @@ static uint64_t mount_id(fx_t *f, uint64_t client, const char *name, uint64_t si
     return got;
 }
 
-static int recover(fx_t *f, uint64_t client, uint64_t seg, uint32_t n, kvs__index_op_t *ops,
-                   int *results)
+static int recover_page(fx_t *f, uint64_t client, uint64_t seg, uint32_t n, kvs__index_op_t *ops,
+                        int *results, bool last)
 {
-    kvs__recover_req_t req = {seg, n, ops};
+    kvs__recover_req_t req = {seg, n, ops, last};
     kvs__status_list_rsp_t rsp;
     CHECK_STATUS(kvs__master_recover(f->m, f->now, client, &req, &f->arena, &rsp), KVS_OK);
     if (rsp.status == KVS_OK) {
@@ -1379,6 +1379,12 @@ static int recover(fx_t *f, uint64_t client, uint64_t seg, uint32_t n, kvs__inde
         memcpy(results, rsp.results, n * sizeof(*results));
     }
     return rsp.status;
+}
+
+static int recover(fx_t *f, uint64_t client, uint64_t seg, uint32_t n, kvs__index_op_t *ops,
+                   int *results)
+{
+    return recover_page(f, client, seg, n, ops, results, false);
 }
 
 /* The master tells each owner what its segment holds (ADD at the end of a put, DEL when it
@@ -1394,10 +1400,10 @@ static void test_owner_index_follows_puts_and_removes(void)
     kvs__index_op_t *ops;
     CHECK_EQ_INT(heartbeat_index(&f, f.client, s1, 0, &ops), 0); /* pending: not in the index */
     CHECK_STATUS(END(&f, "a"), KVS_OK);
-    CHECK_STATUS(put_start_ex(&f, "b", 3000, 1, "n", "", 0, &db), KVS_OK);
-    CHECK_STATUS(END(&f, "b"), KVS_OK);
-    CHECK_STATUS(REMOVE(&f, "b", 0), KVS_OK);
-    CHECK_EQ_INT(heartbeat_index(&f, f.client, s1, 0, &ops), 3);
+    /* Complete, but readable only once its owner has indexed it. */
+    CHECK_EQ_INT(lookup(&f, "a", NULL), KVS_REPLICA_IS_NOT_READY);
+    CHECK_EQ_INT(EXISTS(&f, "a"), 0);
+    CHECK_EQ_INT(heartbeat_index(&f, f.client, s1, 0, &ops), 1);
     CHECK_EQ_INT(ops[0].op, KVS_INDEX_ADD);
     CHECK(kvs__str_eq(ops[0].key, kvs__str_c("a")));
     CHECK_EQ_U64(ops[0].offset, da.reps[0].offset);
@@ -1405,15 +1411,33 @@ static void test_owner_index_follows_puts_and_removes(void)
     CHECK_EQ_U64(ops[0].token, da.token);
     CHECK_EQ_U64(ops[0].writer, f.client);
     CHECK(ops[0].version > (1ull << 32));
-    CHECK_EQ_INT(ops[1].op, KVS_INDEX_ADD);
-    CHECK(ops[1].version > ops[0].version);
-    CHECK_EQ_INT(ops[2].op, KVS_INDEX_DEL);
-    CHECK_EQ_U64(ops[2].token, db.token);
-    CHECK(ops[0].seq < ops[1].seq && ops[1].seq < ops[2].seq);
-    /* Acknowledged changes are not sent again. */
-    CHECK_EQ_INT(heartbeat_index(&f, f.client, s1, ops[1].seq, &ops), 1);
+    uint64_t va = ops[0].version, sa = ops[0].seq;
+    CHECK_EQ_INT(lookup(&f, "a", NULL), KVS_REPLICA_IS_NOT_READY); /* sent, not yet applied */
+    CHECK_EQ_INT(heartbeat_index(&f, f.client, s1, sa, &ops), 0);
+    CHECK_EQ_INT(EXISTS(&f, "a"), 1);
+    kvs__obj_desc_t la;
+    CHECK_STATUS(lookup(&f, "a", &la), KVS_OK);
+    release(&f, f.client, "a", la.lease_id);
+    CHECK_STATUS(put_start_ex(&f, "b", 3000, 1, "n", "", 0, &db), KVS_OK);
+    CHECK_STATUS(END(&f, "b"), KVS_OK);
+    uint64_t used = seg_used(&f, s1);
+    CHECK_STATUS(REMOVE(&f, "b", 0), KVS_OK);
+    /* Its space waits for the owner to drop it from the index. */
+    CHECK_EQ_U64(seg_used(&f, s1), used);
+    CHECK_EQ_INT(heartbeat_index(&f, f.client, s1, sa, &ops), 2);
+    CHECK_EQ_INT(ops[0].op, KVS_INDEX_ADD);
+    CHECK_EQ_U64(ops[0].token, db.token);
+    CHECK(ops[0].version > va);
+    CHECK_EQ_INT(ops[1].op, KVS_INDEX_DEL);
+    CHECK_EQ_U64(ops[1].token, db.token);
+    CHECK(sa < ops[0].seq && ops[0].seq < ops[1].seq);
+    /* Acknowledged changes are not sent again; only the DEL's acknowledgement frees space. */
+    uint64_t del_seq = ops[1].seq;
+    CHECK_EQ_INT(heartbeat_index(&f, f.client, s1, ops[0].seq, &ops), 1);
     CHECK_EQ_INT(ops[0].op, KVS_INDEX_DEL);
-    CHECK_EQ_INT(heartbeat_index(&f, f.client, s1, ops[0].seq, &ops), 0);
+    CHECK_EQ_U64(seg_used(&f, s1), used);
+    CHECK_EQ_INT(heartbeat_index(&f, f.client, s1, del_seq, &ops), 0);
+    CHECK_EQ_U64(seg_used(&f, s1), used - 3008);
     fx_fini(&f);
 }
 
@@ -1429,7 +1453,9 @@ static void test_recover_rebuilds_from_owners(void)
     uint64_t old_id = 0x1234567890abcdefull;
     CHECK_EQ_U64(mount_id(&f, f.client, "s1", 1 << 20, old_id, KVS_OK), old_id);
     mount_id(&f, other, "s9", 1 << 20, old_id, KVS_SEGMENT_ALREADY_EXISTS); /* the id is taken */
-    uint64_t s2 = mount_id(&f, other, "s2", 1 << 20, 0, KVS_OK);
+    uint64_t s2 = mount_id(&f, other, "s2", 1 << 20, 0xabcdefull, KVS_OK);
+    /* Until their index is all given, re-registered segments hand out no space. */
+    CHECK_STATUS(put_start(&f, "new", 64), KVS_NO_AVAILABLE_HANDLE);
     kvs__index_op_t ops[6] = {
         {.op = KVS_INDEX_ADD,
          .key = kvs__str_c("a"),
@@ -1513,6 +1539,15 @@ static void test_recover_rebuilds_from_owners(void)
     CHECK_STATUS(lookup(&f, "e", &d), KVS_OK);
     CHECK_EQ_U64(d.size, 64);
     CHECK_EQ_U64(d.reps[0].segment_id, s2);
+    /* s2 holds a's copy, e's newer version and, for a lease period, the older version's range
+     * (a reader of the old leader may still read it). */
+    CHECK_EQ_U64(seg_used(&f, s2), 1024 + 64 + 64);
+    /* The last pages: space may be handed out, and no more recovery is taken. */
+    CHECK_STATUS(recover_page(&f, f.client, old_id, 0, NULL, res, true), KVS_OK);
+    CHECK_STATUS(recover_page(&f, other, s2, 0, NULL, res, true), KVS_OK);
+    CHECK_STATUS(recover(&f, other, s2, 1, &newer, res), KVS_SEGMENT_NOT_FOUND);
+    CHECK_STATUS(put_start(&f, "new", 64), KVS_OK);
+    CHECK_EQ_U64(counter(&f, "objects_recovered"), 4);
     /* After the lease period the recovered object is the store's like any other. */
     f.now += 1001 * MS;
     CHECK_STATUS(REMOVE(&f, "a", 0), KVS_OK);

@@ -540,8 +540,10 @@ int kvs__client_call(kvs_client_t *c, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint64
         check_incarnation(c);
     if (rc != KVS_OK) {
         atomic_fetch_add(&c->st.rpc_failures, 1);
-        /* The transport's own codes become Mooncake's RPC_FAIL for callers. */
-        if (rc != KVS_TIMED_OUT && rc != KVS_NO_MEMORY && rc != KVS_INVALID_PARAMS)
+        /* The transport's own codes become Mooncake's RPC_FAIL for callers; NOT_LEADER (a
+         * standby named by host:port) and NO_LEADER (etcd names none) say what to do. */
+        if (rc != KVS_TIMED_OUT && rc != KVS_NO_MEMORY && rc != KVS_INVALID_PARAMS &&
+            rc != KVS_NOT_LEADER && rc != KVS_NO_LEADER)
             rc = KVS_RPC_FAIL;
     }
     return rc;

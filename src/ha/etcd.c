@@ -112,6 +112,13 @@ int kvs__etcd_leader(kvs__etcd_t *e, const char *prefix, kvs__etcd_leader_t *l)
     return KVS_UNSUPPORTED;
 }
 
+int kvs__etcd_leader_until(kvs__etcd_t *e, const char *prefix, kvs__etcd_leader_t *l,
+                           uint64_t deadline_ns)
+{
+    (void)e, (void)prefix, (void)l, (void)deadline_ns;
+    return KVS_UNSUPPORTED;
+}
+
 #else
 
 #include <curl/curl.h>
@@ -235,13 +242,24 @@ static size_t on_data(char *ptr, size_t size, size_t nmemb, void *arg)
 
 /* POSTs `body` to `path` on one endpoint after another until one answers 200; *out_p gets the
  * parsed answer (json_object_put it). Caller holds e->lock. */
-static int post(kvs__etcd_t *e, const char *path, json_object *body, json_object **out_p)
+static int post(kvs__etcd_t *e, const char *path, json_object *body, json_object **out_p,
+                uint64_t deadline_ns)
 {
     const char *text = json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN);
     struct curl_slist *hdrs = curl_slist_append(NULL, "Content-Type: application/json");
     int rc = KVS_RPC_FAIL;
     for (unsigned k = 0; k < e->neps && rc == KVS_RPC_FAIL; k++) {
         unsigned i = (e->cur + k) % e->neps;
+        /* Each endpoint gets the handle's time-out, never past the caller's deadline. */
+        long ms = (long)e->timeout_ms;
+        if (deadline_ns != 0) {
+            uint64_t now = kvs__now_ns();
+            if (now + KVS_NS_PER_MS >= deadline_ns) {
+                rc = KVS_TIMED_OUT;
+                break;
+            }
+            ms = (long)KVS_MIN(e->timeout_ms, (deadline_ns - now) / KVS_NS_PER_MS);
+        }
         char url[512];
         snprintf(url, sizeof(url), "%s%s", e->eps[i], path);
         e->reply_len = 0;
@@ -252,8 +270,8 @@ static int post(kvs__etcd_t *e, const char *path, json_object *body, json_object
         curl_easy_setopt(e->curl, CURLOPT_POSTFIELDS, text);
         curl_easy_setopt(e->curl, CURLOPT_WRITEFUNCTION, on_data);
         curl_easy_setopt(e->curl, CURLOPT_WRITEDATA, e);
-        curl_easy_setopt(e->curl, CURLOPT_TIMEOUT_MS, (long)e->timeout_ms);
-        curl_easy_setopt(e->curl, CURLOPT_CONNECTTIMEOUT_MS, (long)e->timeout_ms);
+        curl_easy_setopt(e->curl, CURLOPT_TIMEOUT_MS, ms);
+        curl_easy_setopt(e->curl, CURLOPT_CONNECTTIMEOUT_MS, ms);
         curl_easy_setopt(e->curl, CURLOPT_NOSIGNAL, 1L);
         curl_easy_setopt(e->curl, CURLOPT_PROTOCOLS_STR, "http");
         CURLcode cc = curl_easy_perform(e->curl);
@@ -267,10 +285,9 @@ static int post(kvs__etcd_t *e, const char *path, json_object *body, json_object
         json_object *out = json_tokener_parse(e->reply);
         if (out == NULL || !json_object_is_type(out, json_type_object)) {
             json_object_put(out);
-            rc = KVS_PROTOCOL_ERROR;
-            break;
+            kvs_warn("etcd %s%s: HTTP %ld, an answer that is not etcd's", e->eps[i], path, status);
+            continue; /* another member may answer */
         }
-        e->cur = i;
         if (status != 200) {
             json_object *msg = NULL;
             json_object_object_get_ex(out, "error", &msg);
@@ -278,12 +295,17 @@ static int post(kvs__etcd_t *e, const char *path, json_object *body, json_object
                 json_object_object_get_ex(out, "message", &msg);
             const char *m = msg ? json_object_get_string(msg) : "";
             /* A lease that is gone is an answer, not a failure of etcd. */
-            rc = strstr(m, "lease not found") ? KVS_OBJECT_NOT_FOUND : KVS_PROTOCOL_ERROR;
-            if (rc == KVS_PROTOCOL_ERROR)
-                kvs_warn("etcd %s%s: HTTP %ld: %s", e->eps[i], path, status, m);
+            bool gone = m != NULL && strstr(m, "lease not found") != NULL;
+            if (!gone) /* e.g. a member cut off from its quorum: the others may answer */
+                kvs_warn("etcd %s%s: HTTP %ld: %s", e->eps[i], path, status, m ? m : "");
             json_object_put(out);
-            break;
+            if (gone) {
+                e->cur = i;
+                rc = KVS_OBJECT_NOT_FOUND;
+            }
+            continue;
         }
+        e->cur = i;
         *out_p = out;
         rc = KVS_OK;
     }
@@ -291,16 +313,22 @@ static int post(kvs__etcd_t *e, const char *path, json_object *body, json_object
     return rc;
 }
 
-static int call(kvs__etcd_t *e, const char *path, json_object *body, json_object **out_p)
+static int call_until(kvs__etcd_t *e, const char *path, json_object *body, json_object **out_p,
+                      uint64_t deadline_ns)
 {
     if (body == NULL) {
         return KVS_NO_MEMORY;
     }
     pthread_mutex_lock(&e->lock);
-    int rc = post(e, path, body, out_p);
+    int rc = post(e, path, body, out_p, deadline_ns);
     pthread_mutex_unlock(&e->lock);
     json_object_put(body);
     return rc;
+}
+
+static int call(kvs__etcd_t *e, const char *path, json_object *body, json_object **out_p)
+{
+    return call_until(e, path, body, out_p, 0);
 }
 
 static json_object *b64(const char *s)
@@ -367,23 +395,27 @@ static void jset(json_object *o, const char *name, json_object *v)
         json_object_object_add(o, name, v);
 }
 
-int kvs__etcd_get(kvs__etcd_t *e, const char *key, kvs__etcd_kv_t *kv)
+static int etcd_get_until(kvs__etcd_t *e, const char *key, kvs__etcd_kv_t *kv, uint64_t deadline_ns)
 {
     if (e == NULL || key == NULL || kv == NULL)
         return KVS_INVALID_PARAMS;
     json_object *body = body_new(), *out = NULL;
     jset(body, "key", b64(key));
-    int rc = call(e, "/v3/kv/range", body, &out);
+    int rc = call_until(e, "/v3/kv/range", body, &out, deadline_ns);
     if (rc != KVS_OK)
         return rc;
     json_object *kvs = jget(out, "kvs");
-    if (kvs == NULL || json_object_array_length(kvs) == 0) {
+    if (kvs != NULL && !json_object_is_type(kvs, json_type_array)) {
+        rc = KVS_PROTOCOL_ERROR;
+    } else if (kvs == NULL || json_object_array_length(kvs) == 0) {
         rc = KVS_OBJECT_NOT_FOUND;
     } else {
         json_object *k = json_object_array_get_idx(kvs, 0);
         json_object *v = jget(k, "value");
         memset(kv, 0, sizeof(*kv));
-        if (v != NULL && !unb64(json_object_get_string(v), kv->value, KVS_ETCD_MAX_VALUE, &kv->len))
+        if (v != NULL &&
+            (!json_object_is_type(v, json_type_string) ||
+             !unb64(json_object_get_string(v), kv->value, KVS_ETCD_MAX_VALUE, &kv->len)))
             rc = KVS_PROTOCOL_ERROR;
         kv->create_rev = jint(k, "create_revision");
         kv->mod_rev = jint(k, "mod_revision");
@@ -391,6 +423,11 @@ int kvs__etcd_get(kvs__etcd_t *e, const char *key, kvs__etcd_kv_t *kv)
     }
     json_object_put(out);
     return rc;
+}
+
+int kvs__etcd_get(kvs__etcd_t *e, const char *key, kvs__etcd_kv_t *kv)
+{
+    return etcd_get_until(e, key, kv, 0);
 }
 
 int kvs__etcd_lease_grant(kvs__etcd_t *e, int64_t ttl_s, int64_t *id_p, int64_t *ttl_p)
@@ -501,10 +538,16 @@ int kvs__etcd_delete_if(kvs__etcd_t *e, const char *key, int64_t rev)
 
 int kvs__etcd_leader(kvs__etcd_t *e, const char *prefix, kvs__etcd_leader_t *l)
 {
+    return kvs__etcd_leader_until(e, prefix, l, 0);
+}
+
+int kvs__etcd_leader_until(kvs__etcd_t *e, const char *prefix, kvs__etcd_leader_t *l,
+                           uint64_t deadline_ns)
+{
     char key[KVS_MAX_NAME_LEN + 32];
     kvs__etcd_leader_key(prefix, key, sizeof(key));
     kvs__etcd_kv_t kv;
-    int rc = kvs__etcd_get(e, key, &kv);
+    int rc = etcd_get_until(e, key, &kv, deadline_ns);
     if (rc == KVS_OBJECT_NOT_FOUND)
         return KVS_NO_LEADER;
     if (rc != KVS_OK)

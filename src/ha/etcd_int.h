@@ -62,6 +62,10 @@ typedef struct {
 /* Reads and parses the leader record: NO_LEADER when there is none, PROTOCOL_ERROR when it is
  * not one. */
 int kvs__etcd_leader(kvs__etcd_t *e, const char *prefix, kvs__etcd_leader_t *l);
+/* The same, with every etcd call cut short at `deadline_ns` (kvs__now_ns clock; 0: none):
+ * TIMED_OUT then. */
+int kvs__etcd_leader_until(kvs__etcd_t *e, const char *prefix, kvs__etcd_leader_t *l,
+                           uint64_t deadline_ns);
 /* "<prefix>/leader" into buf. */
 void kvs__etcd_leader_key(const char *prefix, char *buf, size_t len);
 

@@ -69,6 +69,9 @@ typedef struct seg {
     uint64_t idx_acked;  /* the owner has applied every change up to this one */
     midx_t *idx;         /* issued and not acknowledged, in order */
     uint32_t nidx, cap_idx;
+    /* HA: re-registered with this leader (MOUNT naming its id) and its RECOVER not over: no
+     * space of it is handed out, since what it holds is not all known yet. */
+    bool recovering;
 } seg_t;
 
 typedef struct {
@@ -115,6 +118,10 @@ typedef struct obj {
     uint64_t token;     /* random per put: its writes carry it, fences name it */
     uint64_t cap_epoch; /* the capability epoch of its PUT_START */
     uint64_t version;   /* at completion: orders versions across leaders (index_op.version) */
+    /* HA: copies whose ADD the owners have not acknowledged yet. Until none is left the
+     * object is complete but not visible (lookups answer REPLICA_IS_NOT_READY): a reader may
+     * hold a lease only on what survives a failover. */
+    uint32_t unindexed;
     mrep_t *reps;
     uint32_t nrep;
     /* Upserts: a new version of a complete object is held beside it (`next`, not in the table
@@ -443,17 +450,15 @@ static uint64_t idx_push(kvs__master_t *m, seg_t *sg, uint32_t op, const obj_t *
     }
     sg->idx[sg->nidx++] = e;
     sg->idx_seq++;
-    if (op == KVS_INDEX_ADD) {
-        uint32_t i = 0;
-        while (i < m->nmarks && m->marks[i].segment_id != sg->id)
-            i++;
-        if (i < m->nmarks)
-            m->marks[i].seq = sg->idx_seq;
-        else if (m->nmarks < KVS_ARRAY_SIZE(m->marks))
-            m->marks[m->nmarks++] = (kvs__index_mark_t){sg->id, sg->idx_seq};
-        else
-            m->marks_overflow = true;
-    }
+    uint32_t i = 0;
+    while (i < m->nmarks && m->marks[i].segment_id != sg->id)
+        i++;
+    if (i < m->nmarks)
+        m->marks[i].seq = sg->idx_seq;
+    else if (m->nmarks < KVS_ARRAY_SIZE(m->marks))
+        m->marks[m->nmarks++] = (kvs__index_mark_t){sg->id, sg->idx_seq};
+    else
+        m->marks_overflow = true;
     return sg->idx_seq;
 fail:
     if (!m->idx_failed)
@@ -487,12 +492,23 @@ static void rep_release(kvs__master_t *m, const mrep_t *r, uint64_t seq)
     m->limbo = l;
 }
 
-static void idx_acked(seg_t *sg, uint64_t seq)
+static obj_t *obj_find(kvs__master_t *m, kvs__str_t key, uint64_t hash);
+
+static void idx_acked(kvs__master_t *m, seg_t *sg, uint64_t seq)
 {
     sg->idx_acked = KVS_MAX(sg->idx_acked, KVS_MIN(seq, sg->idx_seq));
     uint32_t k = 0;
-    while (k < sg->nidx && sg->idx[k].seq <= seq)
-        kvs__free(sg->idx[k++].key);
+    while (k < sg->nidx && sg->idx[k].seq <= seq) {
+        midx_t *e = &sg->idx[k++];
+        if (e->op == KVS_INDEX_ADD) {
+            /* Indexed on this owner: once every copy is, the object is visible. */
+            kvs__str_t key = {e->key, e->key_len};
+            obj_t *o = obj_find(m, key, kvs__hash64(e->key, e->key_len));
+            if (o != NULL && o->token == e->token && o->unindexed > 0)
+                o->unindexed--;
+        }
+        kvs__free(e->key);
+    }
     if (k == 0)
         return;
     memmove(sg->idx, sg->idx + k, (sg->nidx - k) * sizeof(*sg->idx));
@@ -979,6 +995,7 @@ int kvs__master_mount(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
         return KVS_SEGMENT_ALREADY_EXISTS;
     }
     s->id = req->segment_id != 0 ? req->segment_id : new_segment_id(m);
+    s->recovering = req->segment_id != 0; /* until its RECOVER's last page */
     s->client_id = client_id;
     if (req->write_key.len == KVS_WRITE_KEY_LEN &&
         kvs__cap_ctx_new(req->write_key.ptr, &s->cap) != KVS_OK) {
@@ -1121,7 +1138,7 @@ int kvs__master_heartbeat(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
             if (req->acks[j].segment_id == s->id) {
                 served = true;
                 uint64_t before = s->idx_acked;
-                idx_acked(s, req->acks[j].index_seq);
+                idx_acked(m, s, req->acks[j].index_seq);
                 fence_acked(m, s, req->acks[j].seq, now_ns);
                 if (s->idx_acked != before)
                     limbo_sweep(m, now_ns, false);
@@ -1315,6 +1332,8 @@ static uint32_t order_candidates(kvs__master_t *m, const kvs__put_start_req_t *r
 static int alloc_on(kvs__master_t *m, uint64_t now_ns, seg_t *s, uint64_t size, bool may_evict,
                     mrep_t *rep)
 {
+    if (s->recovering)
+        return KVS_NO_AVAILABLE_HANDLE; /* not all of what it holds is known yet */
     int rc = kvs__seg_alloc_alloc(s->alloc, size, &rep->offset, &rep->handle);
     if (rc == KVS_NO_AVAILABLE_HANDLE && may_evict && size <= s->size) {
         uint64_t want = KVS_MAX(size, (uint64_t)(m->cfg.evict_ratio * (double)s->size));
@@ -1610,9 +1629,14 @@ static int op_put_end(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
     }
     list_unlink(o);
     o->state = KVS_OBJ_COMPLETE;
-    o->version = m->cfg.version_base + ++m->completions;
+    /* Versions of one term stay below the next term's (a term's 2^32nd completion and later
+     * tie, and a tie keeps the copy recovered first). */
+    if (m->completions < UINT32_MAX)
+        m->completions++;
+    o->version = m->cfg.version_base + m->completions;
+    o->unindexed = 0;
     for (uint32_t i = 0; i < o->nrep; i++)
-        idx_push(m, o->reps[i].seg, KVS_INDEX_ADD, o, o->reps[i].offset);
+        o->unindexed += idx_push(m, o->reps[i].seg, KVS_INDEX_ADD, o, o->reps[i].offset) != 0;
     m->npending--;
     list_push_front(&m->lru, o);
     m->c.puts_ended++;
@@ -1634,7 +1658,7 @@ static int op_exists(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
 {
     KVS_UNUSED(m);
     KVS_UNUSED(k);
-    return o->state == KVS_OBJ_COMPLETE ? 1 : 0;
+    return o->state == KVS_OBJ_COMPLETE && o->unindexed == 0 ? 1 : 0;
 }
 
 static int op_remove(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
@@ -1655,7 +1679,7 @@ static int op_replica_clear(kvs__master_t *m, const key_ctx_t *k, obj_t *o)
 {
     if (o->writer != k->client_id)
         return KVS_INVALID_PARAMS;
-    if (o->state != KVS_OBJ_COMPLETE || o->next != NULL)
+    if (o->state != KVS_OBJ_COMPLETE || o->next != NULL || o->unindexed > 0)
         return KVS_REPLICA_IS_NOT_READY;
     if (obj_leased(o, k->now_ns))
         return KVS_OBJECT_HAS_LEASE;
@@ -1815,7 +1839,7 @@ int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
         obj_t *o = key_lookup(m, req->keys[i], &d->status);
         if (o == NULL)
             continue;
-        if (o->state != KVS_OBJ_COMPLETE) {
+        if (o->state != KVS_OBJ_COMPLETE || o->unindexed > 0) {
             d->status = KVS_REPLICA_IS_NOT_READY;
             continue;
         }
@@ -1951,7 +1975,8 @@ int kvs__master_recover(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
     if (rc != KVS_OK)
         return rc;
     seg_t *sg = seg_by_id(m, req->segment_id);
-    if (sg == NULL || sg->client_id != client_id) {
+    if (sg == NULL || sg->client_id != client_id || !sg->recovering) {
+        /* Only the owner that re-registered the segment, and only until its last page. */
         rsp->status = KVS_SEGMENT_NOT_FOUND;
         rsp->nresults = 0;
         return KVS_OK;
@@ -1966,6 +1991,8 @@ int kvs__master_recover(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
             m->c.objects_recover_refused++;
         }
     }
+    if (req->last)
+        sg->recovering = false; /* all it holds is known: its free space is free */
     return KVS_OK;
 }
 

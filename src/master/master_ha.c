@@ -6,7 +6,18 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+
+/* The lease is counted on CLOCK_BOOTTIME, which also runs while the machine is suspended: a
+ * leader whose host slept through its lease must not believe it still holds it (the monotonic
+ * clock stops during a suspend, etcd's does not). */
+static uint64_t boot_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_BOOTTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 struct kvs__ha {
     kvs__ha_config_t cfg;
@@ -86,7 +97,7 @@ static void campaign(kvs__ha_t *ha)
         kvs_debug("etcd at %s: %s", kvs__etcd_endpoints(ha->etcd), kvs_status_str(rc));
         return;
     }
-    uint64_t sent = kvs__now_ns();
+    uint64_t sent = boot_ns();
     int64_t lease = 0, ttl = 0;
     if (kvs__etcd_lease_grant(ha->etcd, (int64_t)ha->cfg.ttl_s, &lease, &ttl) != KVS_OK)
         return;
@@ -117,7 +128,7 @@ static void campaign(kvs__ha_t *ha)
 /* One renewal of the leader's lease. */
 static void renew(kvs__ha_t *ha)
 {
-    uint64_t sent = kvs__now_ns();
+    uint64_t sent = boot_ns();
     int64_t ttl = 0;
     int rc = kvs__etcd_lease_keepalive(ha->etcd, ha->lease, &ttl);
     if (rc == KVS_OK) {
@@ -132,7 +143,7 @@ static void renew(kvs__ha_t *ha)
         return;
     }
     pthread_mutex_lock(&ha->lock);
-    bool over = kvs__now_ns() >= ha->lead.deadline_ns;
+    bool over = boot_ns() >= ha->lead.deadline_ns;
     pthread_mutex_unlock(&ha->lock);
     if (over)
         step_down(ha, "etcd could not be reached before the lease deadline");
@@ -211,8 +222,9 @@ void kvs__ha_stop(kvs__ha_t *ha)
     kvs__free(ha);
 }
 
-bool kvs__ha_leading(kvs__ha_t *ha, uint64_t now_ns, kvs__ha_lead_t *lead_p)
+bool kvs__ha_leading(kvs__ha_t *ha, kvs__ha_lead_t *lead_p)
 {
+    uint64_t now_ns = boot_ns();
     pthread_mutex_lock(&ha->lock);
     bool leading = ha->leader && now_ns < ha->lead.deadline_ns;
     if (lead_p != NULL)

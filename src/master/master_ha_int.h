@@ -36,12 +36,12 @@ typedef struct {
     uint64_t generation;  /* counts the times this candidate won: a new one means fresh state */
     uint64_t term;        /* the leader key's create revision */
     uint64_t incarnation; /* the one the leader key carries */
-    uint64_t deadline_ns; /* monotonic: lead only before this */
+    uint64_t deadline_ns; /* CLOCK_BOOTTIME: lead only before this */
 } kvs__ha_lead_t;
 
-/* Whether this candidate leads at monotonic time `now_ns` (its lease deadline not passed), and
+/* Whether this candidate leads now (its lease deadline, on CLOCK_BOOTTIME, not passed), and
  * under which term. */
-bool kvs__ha_leading(kvs__ha_t *ha, uint64_t now_ns, kvs__ha_lead_t *lead_p);
+bool kvs__ha_leading(kvs__ha_t *ha, kvs__ha_lead_t *lead_p);
 /* The leader's address as etcd last named it ("" when unknown or this candidate), for
  * NOT_LEADER replies. */
 void kvs__ha_leader(kvs__ha_t *ha, char *buf, size_t len);

@@ -77,6 +77,7 @@ typedef struct conn {
     uint64_t wait_until; /* master clock: answered then at the latest */
     uint32_t wait_req_id;
     unsigned wait_version;
+    unsigned wait_type; /* WAIT_INDEXED: the request whose reply is held */
     kvs__wbuf_t held;
     kvs__index_mark_t marks[KVS_MAX_REPLICAS * 4];
     uint32_t nmarks;
@@ -131,6 +132,7 @@ struct kvs__master_server {
     uint64_t term;           /* the term led (HELLO tells it) */
     uint64_t recover_until;  /* master clock: clients wait until owners re-registered */
     conn_t *waiting;         /* connections in an HA wait */
+    bool ha_woken;           /* the election said something: looked at after the event batch */
     uint64_t index_timeouts; /* PUT_END replies sent before their owners indexed them */
 
     /* What peers may cost. */
@@ -264,7 +266,7 @@ static void ha_check(kvs__master_server_t *s)
     ssize_t r = read(s->ha_fd, &v, sizeof(v));
     KVS_UNUSED(r);
     kvs__ha_lead_t lead;
-    bool leading = kvs__ha_leading(s->ha, kvs__now_ns(), &lead);
+    bool leading = kvs__ha_leading(s->ha, &lead);
     if (leading && lead.generation != s->ha_gen)
         ha_take_office(s, &lead);
     else if (!leading && s->ha_serving) {
@@ -283,10 +285,14 @@ static bool ha_serves(kvs__master_server_t *s, unsigned type, uint64_t now, char
     if (s->ha == NULL)
         return true;
     kvs__ha_lead_t lead;
-    bool leading = kvs__ha_leading(s->ha, kvs__now_ns(), &lead);
+    bool leading = kvs__ha_leading(s->ha, &lead);
     if (!leading || lead.generation != s->ha_gen || !s->ha_serving) {
-        if (s->ha_serving && !leading)
-            ha_check(s);
+        /* (Taking office is left to the loop, between event batches: it closes connections.) */
+        if (s->ha_serving && !leading) {
+            s->ha_serving = false;
+            kvs_warn("master: no longer the leader (term %llu): every request is refused",
+                     (unsigned long long)s->term);
+        }
         kvs__ha_leader(s->ha, msg, len);
         return false;
     }
@@ -675,6 +681,14 @@ static void waits_run(kvs__master_server_t *s, uint64_t now)
         if (c->wait == WAIT_HEARTBEAT) {
             if (!over && !kvs__master_heartbeat_due(s->master, c->client_id))
                 continue;
+            char msg[KVS_MAX_NAME_LEN + 64];
+            if (!ha_serves(s, KVS_MSG_HEARTBEAT, now, msg, sizeof(msg))) {
+                wait_unlink(s, c); /* deposed while it waited: tells the owner nothing more */
+                send_error(s, c, c->wait_req_id, KVS_NOT_LEADER, msg, false);
+                conn_served(s, c);
+                conn_update_events(s, c);
+                continue;
+            }
             kvs__arena_t arena;
             kvs__arena_init(&arena);
             kvs__heartbeat_rsp_t rsp;
@@ -697,12 +711,23 @@ static void waits_run(kvs__master_server_t *s, uint64_t now)
                 done = kvs__master_mark_acked(s->master, &c->marks[i]);
             if (!done && !over)
                 continue;
-            if (!done && s->index_timeouts++ % 1000 == 0)
-                kvs_warn("an owner has not indexed objects %llu ms after their PUT_END: replying "
-                         "anyway (a failover now would lose them)",
-                         (unsigned long long)s->cfg.index_wait_ms);
+            char msg[KVS_MAX_NAME_LEN + 64];
+            bool leading = ha_serves(s, KVS_MSG_HEARTBEAT, now, msg, sizeof(msg));
             wait_unlink(s, c);
-            conn_queue(c, &c->held);
+            if (!leading) {
+                /* Deposed while it waited: the next leader may not have what this did. */
+                send_error(s, c, c->wait_req_id, KVS_NOT_LEADER, msg, false);
+            } else if (!done && c->wait_type == KVS_MSG_PUT_END) {
+                /* The objects stay invisible until their owners index them: not a success. */
+                if (s->index_timeouts++ % 1000 == 0)
+                    kvs_warn("owners have not indexed a PUT_END's objects within %llu ms: it "
+                             "fails (they become readable once indexed)",
+                             (unsigned long long)s->cfg.index_wait_ms);
+                send_error(s, c, c->wait_req_id, KVS_TIMED_OUT,
+                           "the owners did not index the objects in time", false);
+            } else {
+                conn_queue(c, &c->held); /* a removal: done here, whatever the owner says */
+            }
             kvs__wbuf_reset(&c->held);
         }
         conn_served(s, c);
@@ -723,6 +748,8 @@ static bool hold_for_index(kvs__master_server_t *s, conn_t *c, kvs__wbuf_t *w, u
         return false;
     c->nmarks = n;
     c->marks_all = all;
+    c->wait_req_id = c->h.req_id;
+    c->wait_type = c->h.type;
     wait_link(s, c, WAIT_INDEXED, now + s->cfg.index_wait_ms * KVS_NS_PER_MS);
     return true;
 }
@@ -1130,7 +1157,10 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
             if (kvs__frame_hdr_decode(w->data, w->len, KVS_FRAME_MAX_PAYLOAD, &rh) == KVS_OK)
                 kvs__frame_log("master", "->", &rh, w->data + KVS_FRAME_HDR_LEN, rh.len);
         }
-        if (!(type == KVS_MSG_PUT_END && s->ha != NULL && hold_for_index(s, c, w, now)))
+        /* HA: a put's end, a removal or a clear answers once the owners' indexes agree. */
+        bool holds =
+            type == KVS_MSG_PUT_END || type == KVS_MSG_REMOVE || type == KVS_MSG_REPLICA_CLEAR;
+        if (!(holds && s->ha != NULL && hold_for_index(s, c, w, now)))
             conn_queue(c, w);
     } else {
         snprintf(msg, sizeof(msg), "%s request %s", kvs__msg_name(type),
@@ -1406,7 +1436,7 @@ int kvs__master_server_run(kvs__master_server_t *s)
             if (tag == &s->stop_fd)
                 return KVS_OK;
             if (tag == &s->ha_fd) {
-                ha_check(s);
+                s->ha_woken = true; /* after the batch: taking office frees connections */
                 continue;
             }
             if (tag == &s->listen_fd) {
@@ -1430,6 +1460,10 @@ int kvs__master_server_run(kvs__master_server_t *s)
                 conn_close(s, c);
             else
                 conn_update_events(s, c);
+        }
+        if (s->ha_woken) {
+            s->ha_woken = false;
+            ha_check(s);
         }
         uint64_t now = server_now(s);
         probes_expire(s, now);

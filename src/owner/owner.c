@@ -194,13 +194,30 @@ static int owner_recover(kvs__owner_t *o)
     for (size_t b = 0; rc == KVS_OK && b < o->index.nbuckets; b++)
         for (ientry_t *e = o->index.buckets[b]; e != NULL; e = e->next)
             all[k++] = e;
-    if (rc == KVS_OK)
-        qsort(all, n, sizeof(*all), cmp_entry_offset);
     uint64_t *refused = rc == KVS_OK ? kvs__calloc(KVS_MAX(n, 1), sizeof(*refused)) : NULL;
     size_t nrefused = 0, nok = 0;
     if (rc == KVS_OK && refused == NULL)
         rc = KVS_NO_MEMORY;
-    for (size_t start = 0; rc == KVS_OK && start < n; start += KVS_MAX_INDEX_OPS) {
+    if (rc == KVS_OK) {
+        /* Two entries over the same bytes (a DEL that never came): only the newer can hold
+         * them, and even it is offered only if nothing else claims its range. */
+        qsort(all, n, sizeof(*all), cmp_entry_offset);
+        size_t kept = 0;
+        for (size_t i = 0; i < n; i++) {
+            ientry_t *prev = kept ? all[kept - 1] : NULL;
+            if (prev == NULL || all[i]->offset >= prev->offset + prev->size) {
+                all[kept++] = all[i];
+            } else if (all[i]->version > prev->version) {
+                refused[nrefused++] = prev->token;
+                all[kept - 1] = all[i];
+            } else {
+                refused[nrefused++] = all[i]->token;
+            }
+        }
+        n = kept;
+    }
+    /* Pages in ascending offset; the last (possibly empty) one says the index is all sent. */
+    for (size_t start = 0; rc == KVS_OK && (start < n || start == 0); start += KVS_MAX_INDEX_OPS) {
         size_t m = KVS_MIN(n - start, (size_t)KVS_MAX_INDEX_OPS);
         for (size_t i = 0; i < m; i++) {
             const ientry_t *e = all[start + i];
@@ -218,7 +235,7 @@ static int owner_recover(kvs__owner_t *o)
         kvs__wbuf_init(&req);
         kvs__wbuf_init(&rsp);
         kvs__rpc_begin(o->rpc, &req, KVS_MSG_RECOVER);
-        kvs__recover_req_t r = {o->segment_id, (uint32_t)m, ops};
+        kvs__recover_req_t r = {o->segment_id, (uint32_t)m, ops, start + m >= n};
         kvs__recover_req_encode(&req, &r);
         rc = owner_call(o, &req, &rsp);
         kvs__arena_t a;
@@ -237,6 +254,8 @@ static int owner_recover(kvs__owner_t *o)
         kvs__arena_free(&a);
         kvs__wbuf_free(&req);
         kvs__wbuf_free(&rsp);
+        if (start + m >= n)
+            break;
     }
     for (size_t i = 0; rc == KVS_OK && i < nrefused; i++)
         index_del(&o->index, refused[i]);
@@ -258,6 +277,8 @@ static int owner_recover(kvs__owner_t *o)
  * included), then its index. NOT_LEADER when the new master's term is older than one we were
  * registered under. A MOUNT the master refuses (the id or name taken) falls back to a fresh
  * mount. */
+static void owner_unmount(kvs__owner_t *o);
+
 static int owner_reregister(kvs__owner_t *o)
 {
     kvs__hello_rsp_t h = kvs__rpc_hello(o->rpc);
@@ -276,11 +297,19 @@ static int owner_reregister(kvs__owner_t *o)
     kvs__secret_wipe(key, sizeof(key));
     if (rc == KVS_OK) {
         h = kvs__rpc_hello(o->rpc);
-        o->incarnation = h.incarnation;
-        o->term = KVS_MAX(o->term, h.term);
         o->fence_applied = 0;
         o->index_applied = 0;
         rc = owner_recover(o);
+        if (rc == KVS_OK) {
+            /* Only a whole recovery counts: a part given to the leader is taken back (its
+             * segment unmounted) and the next round registers it again from the start. */
+            o->incarnation = h.incarnation;
+            o->term = KVS_MAX(o->term, h.term);
+            return KVS_OK;
+        }
+        kvs_warn("segment '%s': giving the new leader its index failed (%s); trying again", o->name,
+                 kvs_status_str(rc));
+        owner_unmount(o);
         return rc;
     }
     if (rc == KVS_SEGMENT_ALREADY_EXISTS) {
@@ -591,6 +620,21 @@ uint64_t kvs__owner_recovered(kvs__owner_t *o)
     return o->recovered;
 }
 
+/* Tells the master the segment is gone (best effort). */
+static void owner_unmount(kvs__owner_t *o)
+{
+    kvs__wbuf_t req, rsp;
+    kvs__wbuf_init(&req);
+    kvs__wbuf_init(&rsp);
+    kvs__rpc_begin(o->rpc, &req, KVS_MSG_UNMOUNT);
+    kvs__ids_req_t u = {o->segment_id};
+    kvs__ids_req_encode(&req, &u);
+    if (owner_call(o, &req, &rsp) != KVS_OK)
+        kvs_warn("could not unmount segment %llu", (unsigned long long)o->segment_id);
+    kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
+}
+
 void kvs__owner_destroy(kvs__owner_t *o)
 {
     if (o == NULL)
@@ -602,18 +646,8 @@ void kvs__owner_destroy(kvs__owner_t *o)
         pthread_mutex_unlock(&o->lock);
         pthread_join(o->hb_thread, NULL);
     }
-    if (o->rpc != NULL && o->segment_id != 0) {
-        kvs__wbuf_t req, rsp;
-        kvs__wbuf_init(&req);
-        kvs__wbuf_init(&rsp);
-        kvs__rpc_begin(o->rpc, &req, KVS_MSG_UNMOUNT);
-        kvs__ids_req_t u = {o->segment_id};
-        kvs__ids_req_encode(&req, &u);
-        if (owner_call(o, &req, &rsp) != KVS_OK)
-            kvs_warn("could not unmount segment %llu", (unsigned long long)o->segment_id);
-        kvs__wbuf_free(&req);
-        kvs__wbuf_free(&rsp);
-    }
+    if (o->rpc != NULL && o->segment_id != 0)
+        owner_unmount(o);
     /* The data server goes before the memory it serves. */
     kvs__data_server_destroy(o->data);
     kvs__rpc_close(o->rpc);

@@ -406,7 +406,7 @@ static bool conn_dead(int fd)
 
 /* One frame out, one frame back, with the request id and type matched. The connection is the
  * caller's (busy); rpc->lock is not held. */
-static bool leader_moved(kvs__rpc_t *rpc, uint64_t incarnation);
+static bool leader_moved(kvs__rpc_t *rpc, uint64_t incarnation, uint64_t deadline);
 
 /* Receives the first byte of a reply. A pool that follows the leader looks at etcd every
  * FOLLOW_WAIT_SLICE_NS meanwhile: a master that stopped (paused, partitioned) and lost the
@@ -421,7 +421,7 @@ static int recv_first(kvs__rpc_t *follow, const rpc_conn_t *cn, kvs__io_t *io, u
         int rc = kvs__io_recv_all(io, b, 1, until);
         if (rc != KVS_TIMED_OUT || until >= deadline)
             return rc;
-        if (leader_moved(follow, cn->incarnation)) {
+        if (leader_moved(follow, cn->incarnation, deadline)) {
             kvs_warn("the master stopped answering and another leads now: going there");
             return KVS_RPC_FAIL;
         }
@@ -591,10 +591,10 @@ static void rpc_retarget(kvs__rpc_t *rpc, const char *host, uint16_t port)
 }
 
 /* Asks etcd who leads and points the pool there. NO_LEADER when nobody does. */
-static int rpc_resolve(kvs__rpc_t *rpc, kvs__etcd_leader_t *l_p)
+static int rpc_resolve(kvs__rpc_t *rpc, kvs__etcd_leader_t *l_p, uint64_t deadline)
 {
     kvs__etcd_leader_t l;
-    int rc = kvs__etcd_leader(rpc->etcd, rpc->etcd_prefix, &l);
+    int rc = kvs__etcd_leader_until(rpc->etcd, rpc->etcd_prefix, &l, deadline);
     if (rc == KVS_OK)
         rpc_retarget(rpc, l.host, l.port);
     if (l_p != NULL)
@@ -786,10 +786,10 @@ static int rpc_attempt(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp,
 }
 
 /* Whether etcd names a leader other than the master of `incarnation`. */
-static bool leader_moved(kvs__rpc_t *rpc, uint64_t incarnation)
+static bool leader_moved(kvs__rpc_t *rpc, uint64_t incarnation, uint64_t deadline)
 {
     kvs__etcd_leader_t l;
-    return kvs__etcd_leader(rpc->etcd, rpc->etcd_prefix, &l) == KVS_OK &&
+    return kvs__etcd_leader_until(rpc->etcd, rpc->etcd_prefix, &l, deadline) == KVS_OK &&
            l.incarnation != incarnation;
 }
 
@@ -831,8 +831,8 @@ static int rpc_follow_call(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp, 
         bool resolved = rpc->resolved && rpc->port != 0;
         pthread_mutex_unlock(&rpc->lock);
         if (!resolved) {
-            int r = rpc_resolve(rpc, NULL);
-            if (r != KVS_OK)
+            int r = rpc_resolve(rpc, NULL, deadline);
+            if (r != KVS_OK && r != KVS_TIMED_OUT) /* (out of time: say what was found) */
                 last = r;
         }
         uint64_t now = kvs__now_ns();
@@ -872,7 +872,7 @@ static int rpc_follow_call(kvs__rpc_t *rpc, kvs__wbuf_t *req, kvs__wbuf_t *rsp, 
              * only to another leader (this one is then gone, with what it did). */
             for (;;) {
                 kvs__etcd_leader_t l;
-                int r = rpc_resolve(rpc, &l);
+                int r = rpc_resolve(rpc, &l, deadline);
                 if (r == KVS_OK && l.incarnation != inc)
                     break;
                 if (r == KVS_OK &&
@@ -905,8 +905,12 @@ static int rpc_follow_connect(kvs__rpc_t *rpc, uint64_t deadline)
 {
     uint64_t backoff = FOLLOW_BACKOFF_MIN_NS;
     int rc;
+    bool no_leader = false;
     for (;;) {
-        rc = rpc_resolve(rpc, NULL);
+        rc = rpc_resolve(rpc, NULL, deadline);
+        no_leader |= rc == KVS_NO_LEADER;
+        if (rc == KVS_TIMED_OUT && no_leader)
+            rc = KVS_NO_LEADER;
         if (rc == KVS_OK) {
             uint64_t now = kvs__now_ns();
             uint64_t cdl =

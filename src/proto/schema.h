@@ -183,7 +183,8 @@
 
 #define KVS_FIELDS_recover_req(X, R)                                                               \
     X(R, U64, segment_id, 4, 0, 0)                                                                 \
-    X(R, ARR, objects, 4, index_op, KVS_MAX_INDEX_OPS)
+    X(R, ARR, objects, 4, index_op, KVS_MAX_INDEX_OPS)                                             \
+    X(R, U32, last, 4, 0, 0) /* the last page: the segment's free space may be handed out */
 
 /* One ack per segment the owner serves: only the segments named stay mounted. */
 /* wait_ms (HA): the master may hold the reply this long, until it has fences or index
