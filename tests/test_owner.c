@@ -3,6 +3,7 @@
  * Also the owner's life with a master: mount, heartbeat, remount, unmount. */
 #define _GNU_SOURCE
 #include "kvs_test.h"
+#include "common/auth_int.h"
 #include "rpc_helpers.h"
 #include "master/master_server_int.h"
 #include "owner_fixture.h"
@@ -526,12 +527,69 @@ static void test_fence_and_remount_do_not_wait_for_peers(void)
     kvs__segment_mem_destroy(&fresh);
 }
 
+/* One capability write of `n` bytes of `fill` at offset 0 under `key` (range [0, 4096), token
+ * 5, epoch 1); returns the owner's status. */
+static int32_t write_with_cap(int fd, uint64_t seg, const uint8_t *key, uint8_t fill, size_t n)
+{
+    uint8_t payload[KVS_DATA_REQ_LEN + 256];
+    CHECK(n <= 256);
+    kvs__wbuf_t w = kvs__wbuf_over(payload, KVS_DATA_REQ_LEN, KVS_PROTO_VERSION_MAX);
+    kvs__data_req_t d = {.segment_id = seg,
+                         .offset = 0,
+                         .length = n,
+                         .token = 5,
+                         .alloc_offset = 0,
+                         .alloc_size = 4096,
+                         .cap = kvs__write_cap(key, seg, 0, 4096, 5, 1),
+                         .cap_epoch = 1};
+    kvs__data_req_encode(&w, &d);
+    CHECK(!w.failed && w.len == KVS_DATA_REQ_LEN);
+    memset(payload + KVS_DATA_REQ_LEN, fill, n);
+    send_frame(fd, KVS_MSG_DATA_WRITE, (uint32_t)(KVS_DATA_REQ_LEN + n), payload,
+               KVS_DATA_REQ_LEN + n);
+    int32_t st;
+    CHECK_EQ_INT(response(fd, &st), KVS_MSG_DATA_WRITE | KVS_RSP_FLAG);
+    return st;
+}
+
+/* A segment re-registered with a new leader gets a new write key: every capability the old
+ * leader made fails from then on, the new leader's work. */
+static void test_rekey_refuses_the_old_leaders_capabilities(void)
+{
+    kvs__data_server_config_t cfg;
+    kvs__data_server_config_init(&cfg);
+    cfg.shm_dir = "/nonexistent";
+    kvs__data_server_t *srv;
+    CHECK_STATUS(kvs__data_server_create(&cfg, &srv), KVS_OK);
+    static uint8_t seg[4096];
+    uint8_t old_key[KVS_WRITE_KEY_LEN], new_key[KVS_WRITE_KEY_LEN];
+    kvs__write_key_new(old_key);
+    kvs__write_key_new(new_key);
+    CHECK_STATUS(kvs__data_server_add(srv, 77, seg, sizeof(seg), -1, old_key, 1), KVS_OK);
+    owner_fixture_t f = {.port = kvs__data_server_port(srv)};
+    int fd = dial(&f);
+    hello(fd);
+    CHECK_STATUS(write_with_cap(fd, 77, old_key, 0xA1, 64), KVS_OK);
+    CHECK_EQ_INT(seg[0], 0xA1);
+    CHECK_STATUS(write_with_cap(fd, 77, new_key, 0xB2, 64), KVS_INVALID_WRITE);
+    CHECK_STATUS(kvs__data_server_rekey(srv, 78, new_key, 1), KVS_SEGMENT_NOT_FOUND);
+    CHECK_STATUS(kvs__data_server_rekey(srv, 77, new_key, 1), KVS_OK);
+    /* The same connection, whose capability cache was keyed with the old key. */
+    CHECK_STATUS(write_with_cap(fd, 77, old_key, 0xC3, 64), KVS_INVALID_WRITE);
+    CHECK_EQ_INT(seg[0], 0xA1);
+    CHECK_STATUS(write_with_cap(fd, 77, new_key, 0xD4, 64), KVS_OK);
+    CHECK_EQ_INT(seg[0], 0xD4);
+    close(fd);
+    kvs__data_server_destroy(srv);
+}
+
 int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
     static const kvs_test_case_t cases[] = {
         KVS_TEST_CASE(test_bad_frames_and_offsets),
         KVS_TEST_CASE(test_fenced_writes_are_refused),
+        KVS_TEST_CASE(test_rekey_refuses_the_old_leaders_capabilities),
         KVS_TEST_CASE(test_fence_refuses_writes_already_queued),
         KVS_TEST_CASE(test_owner_with_master),
         KVS_TEST_CASE(test_fence_and_remount_do_not_wait_for_peers),
