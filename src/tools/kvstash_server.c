@@ -408,7 +408,7 @@ int main(int argc, char **argv)
             kvs__log_set_level((kvs_log_level_t)i);
             break;
         }
-        case O_VERSION:
+        case O_VERSION: {
 #ifdef KVS_TEST_HOOKS
             const char *hooks = "yes";
 #else
@@ -417,6 +417,7 @@ int main(int argc, char **argv)
             printf("kvstash-server %s\nfeatures: etcd %s, test-hooks %s\n", KVS_VERSION_STRING,
                    kvs__etcd_supported() ? "yes" : "no", hooks);
             return 0;
+        }
         case 'h':
             usage(stdout);
             return 0;
