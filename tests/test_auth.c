@@ -285,12 +285,8 @@ static void test_master_handshake(void)
     kvs__wbuf_init(&w);
     kvs__wbuf_init(&rsp);
     uint8_t key[KVS_WRITE_KEY_LEN] = {0};
-    kvs__mount_req_t mr = {kvs__str_c("rogue"),
-                           kvs__str_c("n"),
-                           kvs__str_c("127.0.0.1:1"),
-                           1ull << 40,
-                           {key, KVS_WRITE_KEY_LEN},
-                           0};
+    kvs__mount_req_t mr = {kvs__str_c("rogue"), kvs__str_c("n"),          kvs__str_c("127.0.0.1:1"),
+                           1ull << 40,          {key, KVS_WRITE_KEY_LEN}, 0};
     kvs__mount_req_encode(&w, &mr);
     raw_send(fd, KVS_MSG_MOUNT, &w);
     CHECK_EQ_INT(raw_recv(fd, &rsp), KVS_MSG_ERROR | KVS_RSP_FLAG);

@@ -408,12 +408,8 @@ static void frame_mount(kvs__wbuf_t *w, const char *name, const char *endpoint)
 {
     kvs__frame_begin(w, KVS_MSG_MOUNT, REQ_ID, KVS_PROTO_VERSION_MAX);
     uint8_t key[KVS_WRITE_KEY_LEN] = {0};
-    kvs__mount_req_t m = {kvs__str_c(name),
-                          kvs__str_c("hostile"),
-                          kvs__str_c(endpoint),
-                          1u << 20,
-                          {key, sizeof(key)},
-                          0};
+    kvs__mount_req_t m = {kvs__str_c(name), kvs__str_c("hostile"), kvs__str_c(endpoint),
+                          1u << 20,         {key, sizeof(key)},    0};
     kvs__mount_req_encode(w, &m);
     CHECK_STATUS(kvs__frame_end(w), KVS_OK);
 }

@@ -379,8 +379,8 @@ static int mount(kvs__rpc_t *rpc, const char *name, const char *endpoint)
     kvs__wbuf_init(&req);
     kvs__wbuf_init(&rsp);
     kvs__rpc_begin(rpc, &req, KVS_MSG_MOUNT);
-    kvs__mount_req_t m = {
-        kvs__str_c(name), kvs__str_c("n"), kvs__str_c(endpoint), 1u << 20, {NULL, 0}, 0};
+    kvs__mount_req_t m = {kvs__str_c(name), kvs__str_c("n"), kvs__str_c(endpoint),
+                          1u << 20,         {NULL, 0},       0};
     kvs__mount_req_encode(&req, &m);
     CHECK_STATUS(kvs__frame_end(&req), KVS_OK);
     CHECK_STATUS(kvs__rpc_call(rpc, &req, &rsp), KVS_OK);

@@ -112,8 +112,8 @@ typedef struct {
 
 /* The heartbeat period is a third of the master's heartbeat time-out, at most this: an owner
  * notices a restarted master at its next heartbeat, so this bounds the time to mount again. */
-#define KVS_OWNER_HEARTBEAT_MAX_MS 500u
-#define KVS_OWNER_RETRY_MIN_MS     20u
+#define KVS_OWNER_HEARTBEAT_MAX_MS    500u
+#define KVS_OWNER_RETRY_MIN_MS        20u
 #define KVS_OWNER_HA_HEARTBEAT_MAX_MS 100u
 
 typedef struct kvs__owner kvs__owner_t;

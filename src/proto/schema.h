@@ -112,8 +112,8 @@
     X(R, U32, auth, 3, 0, 0) /* KVS_HELLO_AUTH_*: what must follow before any request */           \
     X(R, BLOB, auth_nonce, 3, KVS_AUTH_NONCE_LEN, 0) /* the server's, fresh per connection */      \
     X(R, BLOB, auth_proof, 3, KVS_AUTH_PROOF_LEN, 0) /* the server's proof over both nonces */     \
-    X(R, U64, term, 4, 0, 0) /* the leader's term (docs/ha.md); 0: no etcd, or not leading */     \
-    X(R, U64, next_probe, KVS_PROTO_V_NEXT_, 0, 0)   /* echoes the request's */
+    X(R, U64, term, 4, 0, 0) /* the leader's term (docs/ha.md); 0: no etcd, or not leading */      \
+    X(R, U64, next_probe, KVS_PROTO_V_NEXT_, 0, 0) /* echoes the request's */
 
 /* AUTH, after a HELLO answered with KVS_HELLO_AUTH_HMAC: the client's proof over both nonces.
  * Until it succeeds the connection has no identity: the master binds the client id (given in
@@ -130,7 +130,7 @@
     X(R, STR, node, 2, KVS_MAX_NAME_LEN, 0)                                                        \
     X(R, STR, endpoint, 2, KVS_MAX_NAME_LEN, 0)                                                    \
     X(R, U64, size, 2, 0, 0)                                                                       \
-    X(R, BLOB, write_key, 3, KVS_WRITE_KEY_LEN, 0) /* the segment's key for write caps */       \
+    X(R, BLOB, write_key, 3, KVS_WRITE_KEY_LEN, 0) /* the segment's key for write caps */          \
     X(R, U64, segment_id, 4, 0, 0) /* re-registration with a new leader: its id; else 0 */
 
 /* Segment ids are random per mount: never reused, also across master restarts, so an id
@@ -155,7 +155,7 @@
 
 #define KVS_FIELDS_fence_ack(X, R)                                                                 \
     X(R, U64, segment_id, 2, 0, 0)                                                                 \
-    X(R, U64, seq, 2, 0, 0) /* every fence of the segment up to this one is applied */          \
+    X(R, U64, seq, 2, 0, 0)       /* every fence of the segment up to this one is applied */       \
     X(R, U64, index_seq, 4, 0, 0) /* and every index change up to this one */
 
 /* High availability (docs/ha.md): every owner keeps an index of the complete objects in its
@@ -196,7 +196,7 @@
 #define KVS_FIELDS_heartbeat_rsp(X, R)                                                             \
     X(R, I32, status, 2, 0, 0)                                                                     \
     X(R, ARR, fences, 2, fence, KVS_MAX_FENCES)                                                    \
-    X(R, U64, epoch, 3, 0, 0) /* the master's capability epoch now */                              \
+    X(R, U64, epoch, 3, 0, 0)                        /* the master's capability epoch now */       \
     X(R, ARR, index, 4, index_op, KVS_MAX_INDEX_OPS) /* changes not yet acknowledged */
 
 /* UNMOUNT: a segment of the connection's client. */
