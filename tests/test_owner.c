@@ -223,18 +223,25 @@ static void test_bad_frames_and_offsets(void)
     owner_fixture_stop(&f);
 }
 
-/* One DATA_WRITE of `n` bytes of `fill` with `token` at offset 0; returns the owner's status. */
-static int32_t write_with_token(int fd, uint64_t seg, uint64_t token, uint8_t fill, size_t n)
+/* Sends a DATA_WRITE whose request is in payload[0, KVS_DATA_REQ_LEN), followed by `n` bytes of
+ * `fill`; returns the owner's status. */
+static int32_t send_write(int fd, uint8_t *payload, uint8_t fill, size_t n)
 {
-    uint8_t payload[KVS_DATA_REQ_LEN + 256];
-    CHECK(n <= 256);
-    data_req_token(payload, seg, 0, n, token);
     memset(payload + KVS_DATA_REQ_LEN, fill, n);
     send_frame(fd, KVS_MSG_DATA_WRITE, (uint32_t)(KVS_DATA_REQ_LEN + n), payload,
                KVS_DATA_REQ_LEN + n);
     int32_t st;
     CHECK_EQ_INT(response(fd, &st), KVS_MSG_DATA_WRITE | KVS_RSP_FLAG);
     return st;
+}
+
+/* One DATA_WRITE of `n` bytes of `fill` with `token` at offset 0; returns the owner's status. */
+static int32_t write_with_token(int fd, uint64_t seg, uint64_t token, uint8_t fill, size_t n)
+{
+    uint8_t payload[KVS_DATA_REQ_LEN + 256];
+    CHECK(n <= 256);
+    data_req_token(payload, seg, 0, n, token);
+    return send_write(fd, payload, fill, n);
 }
 
 /* A fenced put's writes are refused; other puts' go on. */
@@ -544,12 +551,7 @@ static int32_t write_with_cap(int fd, uint64_t seg, const uint8_t *key, uint8_t 
                          .cap_epoch = 1};
     kvs__data_req_encode(&w, &d);
     CHECK(!w.failed && w.len == KVS_DATA_REQ_LEN);
-    memset(payload + KVS_DATA_REQ_LEN, fill, n);
-    send_frame(fd, KVS_MSG_DATA_WRITE, (uint32_t)(KVS_DATA_REQ_LEN + n), payload,
-               KVS_DATA_REQ_LEN + n);
-    int32_t st;
-    CHECK_EQ_INT(response(fd, &st), KVS_MSG_DATA_WRITE | KVS_RSP_FLAG);
-    return st;
+    return send_write(fd, payload, fill, n);
 }
 
 /* A segment re-registered with a new leader gets a new write key: every capability the old
