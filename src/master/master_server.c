@@ -1171,7 +1171,12 @@ static void dispatch(kvs__master_server_t *s, conn_t *c)
     }
 out:
     kvs__arena_free(&arena);
-    if (s->waiting != NULL)
+    /* Reads change nothing a wait is for (no fences, index changes or acknowledgements): the
+     * hot path skips the list; time-outs are seen at the next tick. */
+    bool news = type != KVS_MSG_LOOKUP && type != KVS_MSG_EXISTS && type != KVS_MSG_LIST &&
+                type != KVS_MSG_STAT && type != KVS_MSG_RELEASE && type != KVS_MSG_HELLO &&
+                type != KVS_MSG_AUTH;
+    if (s->waiting != NULL && news)
         waits_run(s, now);
 }
 
@@ -1469,11 +1474,11 @@ int kvs__master_server_run(kvs__master_server_t *s)
         probes_expire(s, now);
         probes_free_dead(s);
         conns_expire(s, now);
-        if (s->waiting != NULL)
-            waits_run(s, now);
         if (now >= next_tick) {
             ha_check(s);
-            kvs__master_tick(s->master, now);
+            kvs__master_tick(s->master, now); /* (discards and evictions: news for owners) */
+            if (s->waiting != NULL)
+                waits_run(s, now); /* waits that ran out, and the tick's news */
             listen_resume(s);
             next_tick = now + tick_ns;
         }
