@@ -6,6 +6,10 @@
 # runs the tensor API's tests; libcurl4-openssl-dev and libjson-c-dev give the etcd client its
 # HTTP and JSON (high availability, docs/ha.md: optional at build time), etcd-server and
 # etcd-client run its tests, and iproute2 builds the network namespaces of the multi-host test.
+# libmicrohttpd-dev serves the Prometheus endpoints (docs/monitoring.md: optional at build time),
+# prometheus (with promtool) scrapes them in the monitoring test, python3-build, python3-venv,
+# python3-setuptools, python3-wheel and python3-pip build and install the wheel offline, and tmux
+# drives the terminal checks of `kvstash top` and of progress output.
 # CUDA (nvcc) is optional and never installed here.
 set -euo pipefail
 need=()
@@ -25,6 +29,15 @@ dpkg -s libjson-c-dev >/dev/null 2>&1 || need+=(libjson-c-dev)
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v etcdctl >/dev/null || need+=(etcd-client)
 command -v ip >/dev/null || need+=(iproute2)
+# Monitoring: the HTTP server library, and a real Prometheus for its test.
+dpkg -s libmicrohttpd-dev >/dev/null 2>&1 || need+=(libmicrohttpd-dev)
+command -v prometheus >/dev/null && command -v promtool >/dev/null || need+=(prometheus)
+# Packaging: pip, build, venv and setuptools from Debian, used offline.
+for p in python3-build python3-venv python3-setuptools python3-wheel python3-pip; do
+    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+done
+# Terminal checks of the live view and progress output.
+command -v tmux >/dev/null || need+=(tmux)
 # Python.h for the extension module, wherever this python3 looks for it.
 inc=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null || true)
 [ -n "$inc" ] && [ -f "$inc/Python.h" ] || need+=(python3-dev)

@@ -360,42 +360,91 @@ typedef struct {
 /* An upper bound (µs) of the q-quantile (0 < q <= 1) of the calls in `h`; 0 when empty. */
 double kvs_histogram_quantile_us(const kvs_histogram_t *h, double q);
 
-/* Counters since open. "calls" count API calls, "keys" the keys they carried. */
+/* The client's metrics, declared once: kvs_client_stats_t, Python's get_stats(), and the
+ * Prometheus exposition of a client's metrics endpoint are all generated from this table.
+ *
+ * X(kind, unit, field, family, labels, help): kind is COUNTER (only grows), GAUGE (a value now)
+ * or HIST (a kvs_histogram_t); unit NONE, BYTES or NS (exposed in seconds); `field` names the
+ * struct member and the get_stats() key; `family` and `labels` name the exposition's metric,
+ * kvstash_client_<family>[_bytes|_seconds][_total]{labels}; `help` is its HELP text (a family's
+ * first member's).
+ *
+ * ABI: kvs_client_stats_t stays ABI-stable. Members are only ever appended to this table (never
+ * reordered, removed or retyped), so a program built against an older header reads the prefix it
+ * knows. "calls" count API calls, "keys" the keys they carried. */
+#define KVS_CLIENT_STATS(X)                                                                        \
+    X(COUNTER, NONE, put_calls, put_calls, "", "Put calls")                                        \
+    X(COUNTER, NONE, put_keys, put_keys, "", "Keys carried by put calls")                          \
+    X(COUNTER, BYTES, put_bytes, put, "", "Bytes written by put calls")                            \
+    X(COUNTER, NONE, put_failed_keys, put_failed_keys, "", "Keys whose put failed")                \
+    X(COUNTER, NONE, get_calls, get_calls, "", "Read calls, every mode")                           \
+    X(COUNTER, NONE, get_keys, get_keys, "", "Keys carried by read calls")                         \
+    X(COUNTER, BYTES, get_bytes, get, "", "Bytes read by read calls")                              \
+    X(COUNTER, NONE, get_failed_keys, get_failed_keys, "", "Keys whose read failed")               \
+    /* reads in grouped mode that were not staged */                                              \
+    X(COUNTER, NONE, get_grouped_calls, reads, "mode=\"grouped\"", "Read calls by mode")          \
+    X(COUNTER, NONE, get_submissions, get_submissions, "", "Transport submissions of reads")       \
+    X(COUNTER, NONE, get_lease_expired, read_failures, "reason=\"lease_expired\"",                \
+      "Keys whose read failed, by reason")                                                         \
+    X(COUNTER, NONE, get_timed_out, read_failures, "reason=\"timed_out\"", "")                    \
+    X(COUNTER, NONE, get_transfer_fail, read_failures, "reason=\"transfer_fail\"", "")            \
+    X(COUNTER, NONE, remove_calls, remove_calls, "", "Remove calls")                               \
+    X(COUNTER, NONE, exists_calls, exists_calls, "", "Exists calls")                               \
+    X(COUNTER, NONE, size_calls, size_calls, "", "Size calls")                                     \
+    X(COUNTER, NONE, rpc_failures, rpc_failures, "", "Master calls that failed")                   \
+    /* key transfers (reads and replica writes) over tcp, and over shm (owner on this host) */    \
+    X(COUNTER, NONE, tcp_transfers, transfers, "transport=\"tcp\"",                               \
+      "Key transfers (reads and replica writes) by transport")                                     \
+    X(COUNTER, NONE, shm_transfers, transfers, "transport=\"shm\"", "")                           \
+    /* Host planning of read calls: validation, replica and route choice, staging eligibility  */ \
+    /* and fills, up to the first submission; the lookup RPC and the transfers excluded.        */ \
+    X(COUNTER, NS, plan_ns_total, plan, "", "Host planning time of read calls")                   \
+    X(COUNTER, NONE, planned_fragments, planned_fragments, "",                                     \
+      "Destination fragments of planned read calls")                                               \
+    X(GAUGE, NONE, registered_buffers, registered_buffers, "", "Buffers registered now")           \
+    X(GAUGE, BYTES, registered_bytes, registered, "", "Bytes of the buffers registered now")       \
+    /* GPU read staging (all 0 while it is off): staged rounds (a retry is one more), their    */ \
+    /* keys, buffer fills (one submission each), scatter launches (one per fill with keys)     */ \
+    X(COUNTER, NONE, staged_reads, staging_rounds, "", "Staged read rounds (a retry is another)")  \
+    X(COUNTER, NONE, staged_keys, staging_keys, "", "Keys carried by staged rounds")               \
+    X(COUNTER, NONE, fills, staging_fills, "", "Staging buffer fills")                             \
+    X(COUNTER, NONE, scatter_launches, scatter_launches, "", "Scatter kernel launches")            \
+    /* Calls that fell back to direct reads, by the first reason found: another call held the  */ \
+    /* buffer (after the busy wait), a key larger than the buffer, two fragments overlap, a    */ \
+    /* fragment outside the backend's memory (or mixed), the buffer lives on another device,   */ \
+    /* the buffer could not be allocated (staging now off).                                     */ \
+    X(COUNTER, NONE, fallback_busy, staging_fallbacks, "reason=\"busy\"",                         \
+      "Read calls that fell back from staging to direct, by reason")                               \
+    X(COUNTER, NONE, fallback_too_large, staging_fallbacks, "reason=\"too_large\"", "")           \
+    X(COUNTER, NONE, fallback_overlap, staging_fallbacks, "reason=\"overlap\"", "")               \
+    X(COUNTER, NONE, fallback_other_domain, staging_fallbacks, "reason=\"other_domain\"", "")     \
+    X(COUNTER, NONE, fallback_other_gpu, staging_fallbacks, "reason=\"other_gpu\"", "")           \
+    X(COUNTER, NONE, fallback_alloc_failed, staging_fallbacks, "reason=\"alloc_failed\"", "")     \
+    X(HIST, NS, put_latency, put_latency, "", "Put call latency, end to end")                      \
+    X(HIST, NS, get_latency, get_latency, "", "Read call latency, end to end, every mode")         \
+    /* Read calls that went direct because a key's fragments hold more than the object         */ \
+    /* (kvs_client_batch_get_into_multi_buffers accepts them; staging needs an exact cover).    */ \
+    X(COUNTER, NONE, fallback_not_exact, staging_fallbacks, "reason=\"not_exact\"", "")           \
+    /* Appended after 0.1.0: each read call's mode, exclusive (their sum is get_calls).     */ \
+    X(COUNTER, NONE, get_direct_calls, reads, "mode=\"direct\"", "")                              \
+    X(COUNTER, NONE, get_staged_calls, reads, "mode=\"staged\"", "")                              \
+    X(COUNTER, BYTES, get_direct_bytes, read, "mode=\"direct\"", "Bytes read, by mode")           \
+    X(COUNTER, BYTES, get_grouped_bytes, read, "mode=\"grouped\"", "")                            \
+    X(COUNTER, BYTES, get_staged_bytes, read, "mode=\"staged\"", "")                              \
+    X(HIST, NS, get_direct_latency, read_latency, "mode=\"direct\"",                              \
+      "Read call latency, end to end, by mode")                                                    \
+    X(HIST, NS, get_grouped_latency, read_latency, "mode=\"grouped\"", "")                        \
+    X(HIST, NS, get_staged_latency, read_latency, "mode=\"staged\"", "")                          \
+    /* GPU (or host-backend) memory the staging buffer holds now, 0 before first use           */ \
+    X(GAUGE, BYTES, staging_held_bytes, staging_held, "", "Memory the staging buffer holds")
+
+#define KVS_STATS_TYPE_COUNTER uint64_t
+#define KVS_STATS_TYPE_GAUGE   uint64_t
+#define KVS_STATS_TYPE_HIST    kvs_histogram_t
 typedef struct {
-    uint64_t put_calls, put_keys, put_bytes, put_failed_keys;
-    uint64_t get_calls, get_keys, get_bytes, get_failed_keys;
-    uint64_t get_grouped_calls; /* reads in grouped mode */
-    uint64_t get_submissions;   /* transport submissions of reads */
-    uint64_t get_lease_expired; /* keys that failed with KVS_LEASE_EXPIRED */
-    uint64_t get_timed_out;     /* keys that failed with KVS_TIMED_OUT */
-    uint64_t get_transfer_fail; /* keys that failed with KVS_TRANSFER_FAIL */
-    uint64_t remove_calls, exists_calls, size_calls;
-    uint64_t rpc_failures;  /* master calls that failed */
-    uint64_t tcp_transfers; /* key transfers (reads and replica writes) over tcp */
-    uint64_t shm_transfers; /* the same over shm (the owner is on this host) */
-    /* Host planning of read calls: validation, replica and route choice, staging eligibility
-     * and fills, up to the first submission; the lookup RPC and the transfers excluded. */
-    uint64_t plan_ns_total;
-    uint64_t planned_fragments;  /* destination fragments of those calls */
-    uint64_t registered_buffers; /* currently registered */
-    uint64_t registered_bytes;
-    /* GPU read staging (all 0 while it is off). */
-    uint64_t staged_reads;     /* read calls that took the staged path */
-    uint64_t staged_keys;      /* keys they carried */
-    uint64_t fills;            /* staging buffer fills (one submission each) */
-    uint64_t scatter_launches; /* one per fill that had keys to scatter */
-    /* Calls that fell back to direct reads, by the first reason found: */
-    uint64_t fallback_busy;         /* another call held the buffer (after the busy wait) */
-    uint64_t fallback_too_large;    /* a key larger than the buffer */
-    uint64_t fallback_overlap;      /* two fragments of the call overlap */
-    uint64_t fallback_other_domain; /* a fragment outside the backend's memory, or mixed */
-    uint64_t fallback_other_gpu;    /* the buffer lives on another device */
-    uint64_t fallback_alloc_failed; /* the buffer could not be allocated (staging now off) */
-    kvs_histogram_t put_latency;    /* per put call, end to end */
-    kvs_histogram_t get_latency;    /* per read call, end to end */
-    /* Read calls that went direct because a key's fragments hold more than the object
-     * (kvs_client_batch_get_into_multi_buffers accepts them; staging needs an exact cover). */
-    uint64_t fallback_not_exact;
+#define KVS_STATS_FIELD_(kind, unit, field, family, labels, help) KVS_STATS_TYPE_##kind field;
+    KVS_CLIENT_STATS(KVS_STATS_FIELD_)
+#undef KVS_STATS_FIELD_
 } kvs_client_stats_t;
 
 /* Copies a snapshot of the counters into *stats_p. */

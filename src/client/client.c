@@ -1108,48 +1108,18 @@ void kvs_free(void *ptr)
 
 /* ---- statistics ------------------------------------------------------------------------------ */
 
-void kvs__hist_add(kvs__hist_t *h, uint64_t ns)
-{
-    uint64_t us = ns / 1000;
-    unsigned b = 0;
-    while (us > 0 && b < KVS_HIST_BUCKETS - 1) {
-        us >>= 1;
-        b++;
-    }
-    atomic_fetch_add_explicit(&h->buckets[b], 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&h->sum_ns, ns, memory_order_relaxed);
-    uint64_t m = atomic_load_explicit(&h->max_ns, memory_order_relaxed);
-    while (ns > m && !atomic_compare_exchange_weak(&h->max_ns, &m, ns))
-        ;
-}
-
-static void hist_copy(kvs_histogram_t *out, kvs__hist_t *h)
-{
-    out->count = atomic_load(&h->count);
-    out->sum_ns = atomic_load(&h->sum_ns);
-    out->max_ns = atomic_load(&h->max_ns);
-    for (unsigned i = 0; i < KVS_HIST_BUCKETS; i++)
-        out->buckets[i] = atomic_load(&h->buckets[i]);
-}
-
-double kvs_histogram_quantile_us(const kvs_histogram_t *h, double q)
-{
-    if (h == NULL || !(q > 0.0 && q <= 1.0))
-        return 0.0;
-    uint64_t total = 0;
-    for (unsigned i = 0; i < KVS_HIST_BUCKETS; i++)
-        total += h->buckets[i];
-    if (total == 0)
-        return 0.0;
-    uint64_t want = (uint64_t)(q * (double)total + 0.999999), seen = 0;
-    for (unsigned i = 0; i < KVS_HIST_BUCKETS; i++) {
-        seen += h->buckets[i];
-        if (seen >= want)
-            return i + 1 < KVS_HIST_BUCKETS ? (double)(1ull << i) : (double)h->max_ns / 1000.0;
-    }
-    return (double)h->max_ns / 1000.0;
-}
+const kvs__metric_desc_t kvs__client_metrics[] = {
+#define DESC_(kind, unit, field, family, labels, help)                                             \
+    {KVS_METRIC_##kind, KVS_UNIT_##unit, #field, #family, labels, help},
+    KVS_CLIENT_STATS(DESC_)
+#undef DESC_
+};
+const size_t kvs__client_nmetrics = KVS_ARRAY_SIZE(kvs__client_metrics);
+const size_t kvs__client_metric_offsets[] = {
+#define OFF_(kind, unit, field, family, labels, help) offsetof(kvs_client_stats_t, field),
+    KVS_CLIENT_STATS(OFF_)
+#undef OFF_
+};
 
 int kvs_client_get_stats(kvs_client_t *c, kvs_client_stats_t *s)
 {
@@ -1157,30 +1127,15 @@ int kvs_client_get_stats(kvs_client_t *c, kvs_client_stats_t *s)
         return kvs__fail(KVS_INVALID_PARAMS, "get_stats: client and stats are required");
     memset(s, 0, sizeof(*s));
     kvs__client_stats_t *t = &c->st;
-#define LOAD_(f) s->f = atomic_load(&t->f)
-    LOAD_(put_calls);
-    LOAD_(put_keys);
-    LOAD_(put_bytes);
-    LOAD_(put_failed_keys);
-    LOAD_(get_calls);
-    LOAD_(get_keys);
-    LOAD_(get_bytes);
-    LOAD_(get_failed_keys);
-    LOAD_(get_grouped_calls);
-    LOAD_(get_submissions);
-    LOAD_(get_lease_expired);
-    LOAD_(get_timed_out);
-    LOAD_(get_transfer_fail);
-    LOAD_(remove_calls);
-    LOAD_(exists_calls);
-    LOAD_(size_calls);
-    LOAD_(rpc_failures);
-    LOAD_(tcp_transfers);
-    LOAD_(shm_transfers);
-    s->plan_ns_total = atomic_load(&t->plan_ns);
-    s->planned_fragments = atomic_load(&t->plan_fragments);
-    s->fallback_not_exact = atomic_load(&t->fallback_not_exact);
+#define LOAD_COUNTER_(f) s->f = atomic_load_explicit(&t->f, memory_order_relaxed);
+#define LOAD_GAUGE_(f)   LOAD_COUNTER_(f)
+#define LOAD_HIST_(f)    kvs__hist_copy(&s->f, &t->f);
+#define LOAD_(kind, unit, field, family, labels, help) LOAD_##kind##_(field)
+    KVS_CLIENT_STATS(LOAD_)
 #undef LOAD_
+#undef LOAD_HIST_
+#undef LOAD_GAUGE_
+#undef LOAD_COUNTER_
     pthread_rwlock_rdlock(&c->reg_lock);
     s->registered_buffers = c->nregs;
     s->registered_bytes = c->reg_bytes;
@@ -1192,14 +1147,29 @@ int kvs_client_get_stats(kvs_client_t *c, kvs_client_stats_t *s)
         s->staged_keys = atomic_load(&ss->staged_keys);
         s->fills = atomic_load(&ss->fills);
         s->scatter_launches = atomic_load(&ss->scatter_launches);
-        s->fallback_busy = atomic_load(&ss->fallback[KVS_FALLBACK_busy]);
-        s->fallback_too_large = atomic_load(&ss->fallback[KVS_FALLBACK_too_large]);
-        s->fallback_overlap = atomic_load(&ss->fallback[KVS_FALLBACK_overlap]);
-        s->fallback_other_domain = atomic_load(&ss->fallback[KVS_FALLBACK_other_domain]);
-        s->fallback_other_gpu = atomic_load(&ss->fallback[KVS_FALLBACK_other_gpu]);
-        s->fallback_alloc_failed = atomic_load(&ss->fallback[KVS_FALLBACK_alloc_failed]);
+#define FALLBACK_(name) s->fallback_##name = atomic_load(&ss->fallback[KVS_FALLBACK_##name]);
+        KVS_STAGING_FALLBACKS(FALLBACK_)
+#undef FALLBACK_
+        s->staging_held_bytes = atomic_load(&ss->held_bytes);
     }
-    hist_copy(&s->put_latency, &t->put_latency);
-    hist_copy(&s->get_latency, &t->get_latency);
     return KVS_OK;
+}
+
+int kvs__client_metrics_render(void *arg, kvs__text_t *t)
+{
+    kvs_client_stats_t s;
+    int rc = kvs_client_get_stats(arg, &s);
+    if (rc != KVS_OK)
+        return rc;
+    kvs__metric_value_t v[KVS_ARRAY_SIZE(kvs__client_metrics)];
+    for (size_t i = 0; i < kvs__client_nmetrics; i++) {
+        const char *p = (const char *)&s + kvs__client_metric_offsets[i];
+        v[i] = (kvs__metric_value_t){&kvs__client_metrics[i], NULL, 0, NULL};
+        if (kvs__client_metrics[i].kind == KVS_METRIC_HIST)
+            v[i].hist = (const kvs_histogram_t *)(const void *)p;
+        else
+            memcpy(&v[i].value, p, sizeof(uint64_t));
+    }
+    kvs__metrics_write(t, "kvstash_client_", v, kvs__client_nmetrics);
+    return t->failed ? KVS_NO_MEMORY : KVS_OK;
 }

@@ -5,6 +5,7 @@
 
 #include <kvstash/client.h>
 
+#include "../common/metrics_int.h"
 #include "../owner/owner_int.h"
 #include "../staging/staging_int.h"
 #include "../transport/shm/shm_int.h"
@@ -28,23 +29,24 @@ typedef struct {
     size_t n, cap;
 } kvs__pinset_t;
 
+/* The live counters behind kvs_client_stats_t, generated from the same table. Fields kept
+ * elsewhere (registration, the staging module's) stay 0 here; kvs_client_get_stats fills them. */
+#define KVS__STATS_ATOMIC_COUNTER atomic_uint_fast64_t
+#define KVS__STATS_ATOMIC_GAUGE   atomic_uint_fast64_t
+#define KVS__STATS_ATOMIC_HIST    kvs__hist_t
 typedef struct {
-    atomic_uint_fast64_t count, sum_ns, max_ns;
-    atomic_uint_fast64_t buckets[KVS_HIST_BUCKETS];
-} kvs__hist_t;
-
-/* Counters mirroring kvs_client_stats_t. */
-typedef struct {
-    atomic_uint_fast64_t put_calls, put_keys, put_bytes, put_failed_keys;
-    atomic_uint_fast64_t get_calls, get_keys, get_bytes, get_failed_keys;
-    atomic_uint_fast64_t get_grouped_calls, get_submissions;
-    atomic_uint_fast64_t get_lease_expired, get_timed_out, get_transfer_fail;
-    atomic_uint_fast64_t remove_calls, exists_calls, size_calls, rpc_failures;
-    atomic_uint_fast64_t tcp_transfers, shm_transfers;
-    atomic_uint_fast64_t plan_ns, plan_fragments;
-    atomic_uint_fast64_t fallback_not_exact; /* reads with fragments larger than the object */
-    kvs__hist_t put_latency, get_latency;
+#define KVS__STATS_FIELD_(kind, unit, field, family, labels, help) KVS__STATS_ATOMIC_##kind field;
+    KVS_CLIENT_STATS(KVS__STATS_FIELD_)
+#undef KVS__STATS_FIELD_
 } kvs__client_stats_t;
+
+/* The table as descriptors (the exposition and Python's get_stats walk it). */
+extern const kvs__metric_desc_t kvs__client_metrics[];
+extern const size_t kvs__client_nmetrics;
+/* Where each metric lives in kvs_client_stats_t. */
+extern const size_t kvs__client_metric_offsets[];
+/* Renders the client's metrics (a kvs__metrics_render_cb; `arg` is the client). */
+int kvs__client_metrics_render(void *arg, kvs__text_t *t);
 
 typedef struct {
     kvs_transport_t *t;
@@ -146,7 +148,6 @@ kvs__staging_t *kvs__client_staging(kvs_client_t *c);
 /* Lets go of every buffer in `ps` and frees its array. */
 void kvs__pinset_release(kvs_client_t *c, kvs__pinset_t *ps);
 
-void kvs__hist_add(kvs__hist_t *h, uint64_t ns);
 
 /* One request/response with the master before the call's deadline (kvs__now_ns() clock); counts
  * failures. `req` holds a begun frame. */

@@ -26,6 +26,7 @@ typedef struct {
     const uint64_t *src_off;
     bool allow_larger; /* fragments may hold more than the object (filled in order) */
     bool upsert;       /* puts: replace an existing object (KVS_PUT_FLAG_UPSERT) */
+    bool staged;       /* reads: a round took the staged path (the call counts as staged) */
 } call_t;
 
 /* How a call reaches one segment, decided once per call and segment. Each route holds a
@@ -1010,7 +1011,7 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
         } else if (src == KVS_UNSUPPORTED) { /* fell back before anything was submitted */
             read_direct(c, k, slots, ns, grouped, reqs, batches, batch_t, st, round_deadline);
         } else {
-            staged = true;
+            staged = k->staged = true;
         }
         uint64_t now = kvs__now_ns();
         for (uint32_t s = 0; s < ns; s++) {
@@ -1086,17 +1087,32 @@ static int get_run(kvs_client_t *c, const char *op, size_t n, const char *const 
         }
     }
     kvs__client_stats_t *st = &c->st;
-    atomic_fetch_add(&st->plan_ns, init_ns + plan_ns);
-    atomic_fetch_add(&st->plan_fragments, nfrag);
+    atomic_fetch_add(&st->plan_ns_total, init_ns + plan_ns);
+    atomic_fetch_add(&st->planned_fragments, nfrag);
     atomic_fetch_add(&st->get_calls, 1);
-    atomic_fetch_add(&st->get_grouped_calls, grouped);
     atomic_fetch_add(&st->get_keys, n);
     atomic_fetch_add(&st->get_bytes, bytes);
+    /* Each call counts in one mode: staged if any round staged, else grouped or direct. */
+    atomic_uint_fast64_t *calls = &st->get_direct_calls, *mode_bytes = &st->get_direct_bytes;
+    kvs__hist_t *mode_latency = &st->get_direct_latency;
+    if (k.staged) {
+        calls = &st->get_staged_calls;
+        mode_bytes = &st->get_staged_bytes;
+        mode_latency = &st->get_staged_latency;
+    } else if (grouped) {
+        calls = &st->get_grouped_calls;
+        mode_bytes = &st->get_grouped_bytes;
+        mode_latency = &st->get_grouped_latency;
+    }
+    atomic_fetch_add(calls, 1);
+    atomic_fetch_add(mode_bytes, bytes);
     atomic_fetch_add(&st->get_failed_keys, rc == KVS_OK ? failed : n);
     atomic_fetch_add(&st->get_lease_expired, expired);
     atomic_fetch_add(&st->get_timed_out, timed_out);
     atomic_fetch_add(&st->get_transfer_fail, xfer);
-    kvs__hist_add(&st->get_latency, kvs__now_ns() - t0);
+    uint64_t took = kvs__now_ns() - t0;
+    kvs__hist_add(&st->get_latency, took);
+    kvs__hist_add(mode_latency, took);
     call_free(c, &k);
     kvs__client_leave(c);
     return rc;

@@ -5,34 +5,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define COUNTERS_(X)                                                                               \
-    X(segments_mounted)                                                                            \
-    X(segments_unmounted)                                                                          \
-    X(segments_expired)                                                                            \
-    X(segments_replaced)                                                                           \
-    X(puts_started)                                                                                \
-    X(puts_ended)                                                                                  \
-    X(puts_revoked)                                                                                \
-    X(puts_discarded)                                                                              \
-    X(puts_no_space)                                                                               \
-    X(lookups)                                                                                     \
-    X(lookup_hits)                                                                                 \
-    X(removes)                                                                                     \
-    X(tombstones)                                                                                  \
-    X(lease_releases)                                                                              \
-    X(evictions)                                                                                   \
-    X(upserts_started)                                                                             \
-    X(upserts_ended)                                                                               \
-    X(soft_pin_evictions)                                                                          \
-    X(replicas_cleared)                                                                            \
-    X(objects_recovered)                                                                           \
-    X(objects_recover_refused)                                                                     \
-    X(evicted_bytes)
-
+/* The counters of KVS_MASTER_METRICS (its gauges are computed at each STAT). */
 typedef struct {
-#define COUNTER_FIELD_(name) uint64_t name;
-    COUNTERS_(COUNTER_FIELD_)
+#define COUNTER_FIELD_COUNTER(name) uint64_t name;
+#define COUNTER_FIELD_GAUGE(name)
+#define COUNTER_FIELD_(kind, unit, name, family, help) COUNTER_FIELD_##kind(name)
+    KVS_MASTER_METRICS(COUNTER_FIELD_)
 #undef COUNTER_FIELD_
+#undef COUNTER_FIELD_GAUGE
+#undef COUNTER_FIELD_COUNTER
 } counters_t;
 
 /* A fence the master asked a segment's owner for and that the owner has not acknowledged. */
@@ -1852,6 +1833,7 @@ int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
             continue;
         }
         m->c.lookup_hits++;
+        m->c.leases_granted++;
         list_unlink(o);
         list_push_front(&m->lru, o);
         d->size = o->size;
@@ -2043,15 +2025,11 @@ int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t 
     return KVS_OK;
 }
 
-typedef struct {
-    const char *name;
-    size_t offset;
-} counter_desc_t;
-
-static const counter_desc_t counter_descs[] = {
-#define COUNTER_DESC_(name) {#name, offsetof(counters_t, name)},
-    COUNTERS_(COUNTER_DESC_)
-#undef COUNTER_DESC_
+static const kvs__metric_desc_t master_metrics[] = {
+#define DESC_(kind, unit, name, family, help)                                                      \
+    {KVS_METRIC_##kind, KVS_UNIT_##unit, #name, #family, "", help},
+    KVS_MASTER_METRICS(DESC_)
+#undef DESC_
 };
 
 int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs__stat_rsp_t *rsp)
@@ -2060,8 +2038,7 @@ int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs
         return KVS_INVALID_PARAMS;
     KVS_UNUSED(now_ns);
     memset(rsp, 0, sizeof(*rsp));
-    uint32_t ngauges = 6, n = (uint32_t)KVS_ARRAY_SIZE(counter_descs) + ngauges;
-    rsp->counters = kvs__arena_alloc(arena, n * sizeof(*rsp->counters));
+    rsp->counters = kvs__arena_alloc(arena, KVS_ARRAY_SIZE(master_metrics) * sizeof(*rsp->counters));
     rsp->segs = kvs__arena_alloc(arena, (size_t)m->nseg * sizeof(*rsp->segs));
     if (rsp->counters == NULL || rsp->segs == NULL)
         return KVS_NO_MEMORY;
@@ -2074,20 +2051,64 @@ int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs
             s->id,   kvs__str_c(s->name),          kvs__str_c(s->node), kvs__str_c(s->endpoint),
             s->size, kvs__seg_alloc_used(s->alloc)};
     }
-    kvs__counter_t *c = rsp->counters;
-    c[rsp->ncounters++] =
-        (kvs__counter_t){kvs__str_c("objects"), m->nobjs - (m->npending - m->nversions)};
-    c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c("objects_pending"), m->npending};
-    c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c("segments"), m->nseg};
-    c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c("capacity_bytes"), cap};
-    c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c("used_bytes"), used};
-    c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c("groups"), m->ngroups};
-    for (size_t i = 0; i < KVS_ARRAY_SIZE(counter_descs); i++) {
-        uint64_t v;
-        memcpy(&v, (const char *)&m->c + counter_descs[i].offset, sizeof(v));
-        c[rsp->ncounters++] = (kvs__counter_t){kvs__str_c(counter_descs[i].name), v};
-    }
+    const uint64_t objects = m->nobjs - (m->npending - m->nversions), objects_pending = m->npending,
+                   segments = m->nseg, capacity_bytes = cap, used_bytes = used,
+                   groups = m->ngroups;
+#define VALUE_COUNTER(name) m->c.name
+#define VALUE_GAUGE(name)   name
+#define VALUE_(kind, unit, name, family, help)                                                     \
+    rsp->counters[rsp->ncounters++] = (kvs__counter_t){kvs__str_c(#name), VALUE_##kind(name)};
+    KVS_MASTER_METRICS(VALUE_)
+#undef VALUE_
+#undef VALUE_GAUGE
+#undef VALUE_COUNTER
     return KVS_OK;
+}
+
+void kvs__master_metrics_write(const kvs__stat_rsp_t *rsp, kvs__text_t *t)
+{
+    kvs__metric_value_t v[KVS_ARRAY_SIZE(master_metrics)];
+    size_t n = 0;
+    for (size_t i = 0; i < KVS_ARRAY_SIZE(master_metrics); i++) {
+        for (uint32_t j = 0; j < rsp->ncounters; j++) {
+            if (kvs__str_eq(rsp->counters[j].name, kvs__str_c(master_metrics[i].name))) {
+                v[n++] = (kvs__metric_value_t){&master_metrics[i], NULL, rsp->counters[j].value,
+                                               NULL};
+                break;
+            }
+        }
+    }
+    kvs__metrics_write(t, "kvstash_master_", v, n);
+    static const kvs__metric_desc_t seg_cap = {KVS_METRIC_GAUGE, KVS_UNIT_BYTES, "segment_capacity",
+                                               "segment_capacity", "", "A segment's size"},
+                                    seg_used = {KVS_METRIC_GAUGE, KVS_UNIT_BYTES, "segment_used",
+                                                "segment_used", "",
+                                                "A segment's bytes allocated to objects"};
+    /* Per segment: labels of at most ~3 escaped names each. */
+    enum { LABEL_LEN = 8 * KVS_MAX_NAME_LEN };
+    kvs__metric_value_t *sv = kvs__calloc((size_t)rsp->nsegs * 2 + 1, sizeof(*sv));
+    char *labels = kvs__malloc((size_t)rsp->nsegs * LABEL_LEN + 1);
+    if (sv == NULL || labels == NULL) {
+        t->failed = true;
+    } else {
+        for (uint32_t j = 0; j < rsp->nsegs; j++) {
+            const kvs__seg_info_t *g = &rsp->segs[j];
+            char rawn[KVS_MAX_NAME_LEN + 1], rawd[KVS_MAX_NAME_LEN + 1];
+            char name[3 * KVS_MAX_NAME_LEN + 1], node[3 * KVS_MAX_NAME_LEN + 1];
+            snprintf(rawn, sizeof(rawn), "%.*s", (int)g->name.len, g->name.ptr);
+            snprintf(rawd, sizeof(rawd), "%.*s", (int)g->node.len, g->node.ptr);
+            kvs__metrics_label_escape(rawn, name, sizeof(name));
+            kvs__metrics_label_escape(rawd, node, sizeof(node));
+            char *lb = labels + (size_t)j * LABEL_LEN;
+            snprintf(lb, LABEL_LEN, "segment=\"%s\",node=\"%s\",id=\"%llu\"", name, node,
+                     (unsigned long long)g->id);
+            sv[2 * j] = (kvs__metric_value_t){&seg_cap, lb, g->size, NULL};
+            sv[2 * j + 1] = (kvs__metric_value_t){&seg_used, lb, g->used, NULL};
+        }
+        kvs__metrics_write(t, "kvstash_master_", sv, (size_t)rsp->nsegs * 2);
+    }
+    kvs__free(labels);
+    kvs__free(sv);
 }
 
 uint32_t kvs__master_take_marks(kvs__master_t *m, kvs__index_mark_t *out, uint32_t cap, bool *all_p)

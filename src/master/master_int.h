@@ -7,6 +7,7 @@
 #ifndef KVS_MASTER_INT_H
 #define KVS_MASTER_INT_H
 
+#include "../common/metrics_int.h"
 #include "../proto/proto_int.h"
 
 typedef enum {
@@ -123,7 +124,45 @@ int kvs__master_recover(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
                         kvs__status_list_rsp_t *rsp);
 int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t *arena,
                      kvs__list_rsp_t *rsp);
+/* The master's metrics, declared once: X(kind, unit, name, family, help). STAT carries each by
+ * `name` (counters the state machine keeps, gauges computed at the STAT), in this order, and the
+ * Prometheus endpoint exposes it as kvstash_master_<family>[_bytes][_total]. Per-segment usage
+ * travels in STAT's segment list and is exposed as kvstash_master_segment_*{segment,node}. */
+#define KVS_MASTER_METRICS(X)                                                                      \
+    X(GAUGE, NONE, objects, objects, "Complete objects stored")                                    \
+    X(GAUGE, NONE, objects_pending, objects_pending, "Objects whose put has not ended")            \
+    X(GAUGE, NONE, segments, segments, "Mounted segments")                                         \
+    X(GAUGE, BYTES, capacity_bytes, capacity, "Bytes of every mounted segment")                   \
+    X(GAUGE, BYTES, used_bytes, used, "Bytes of the segments allocated to objects")                \
+    X(GAUGE, NONE, groups, groups, "Placement groups with objects")        \
+    X(COUNTER, NONE, segments_mounted, segments_mounted, "Segments mounted")                       \
+    X(COUNTER, NONE, segments_unmounted, segments_unmounted, "Segments unmounted by their owner")  \
+    X(COUNTER, NONE, segments_expired, segments_expired, "Segments dropped: owner silent")         \
+    X(COUNTER, NONE, segments_replaced, segments_replaced, "Segments replaced by a new owner")     \
+    X(COUNTER, NONE, puts_started, puts_started, "Puts started (one per key)")                     \
+    X(COUNTER, NONE, puts_ended, puts_ended, "Puts completed")                                     \
+    X(COUNTER, NONE, puts_revoked, puts_revoked, "Puts revoked by their writer")                   \
+    X(COUNTER, NONE, puts_discarded, puts_discarded, "Puts discarded: never ended in time")        \
+    X(COUNTER, NONE, puts_no_space, puts_no_space, "Puts refused for want of space")               \
+    X(COUNTER, NONE, lookups, lookups, "Keys looked up")                                           \
+    X(COUNTER, NONE, lookup_hits, lookup_hits, "Keys looked up and found complete")                \
+    X(COUNTER, NONE, removes, removes, "Objects removed")                                          \
+    X(COUNTER, NONE, tombstones, tombstones, "Removed objects kept until their leases end")        \
+    X(COUNTER, NONE, leases_granted, leases_granted, "Read leases granted (one per hit)")          \
+    X(COUNTER, NONE, lease_releases, lease_releases, "Read leases released early by readers")      \
+    X(COUNTER, NONE, evictions, evictions, "Objects evicted to make room")                         \
+    X(COUNTER, NONE, upserts_started, upserts_started, "Upserts started")                          \
+    X(COUNTER, NONE, upserts_ended, upserts_ended, "Upserts completed")                            \
+    X(COUNTER, NONE, soft_pin_evictions, soft_pin_evictions, "Soft-pinned objects evicted")        \
+    X(COUNTER, NONE, replicas_cleared, replicas_cleared, "Replicas cleared by their writer")       \
+    X(COUNTER, NONE, objects_recovered, objects_recovered, "Objects recovered from owners")        \
+    X(COUNTER, NONE, objects_recover_refused, objects_recover_refused,                             \
+      "Objects owners offered at recovery and refused")                                            \
+    X(COUNTER, BYTES, evicted_bytes, evicted, "Bytes evicted to make room")
+
 int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs__stat_rsp_t *rsp);
+/* Writes a STAT reply (kvs__master_stat's) as Prometheus text, kvstash_master_*. */
+void kvs__master_metrics_write(const kvs__stat_rsp_t *rsp, kvs__text_t *t);
 
 /* A connection of the client said HELLO, or closed. A client without connections for the put
  * discard time is gone: the space of its puts ended early no longer waits for it (a reconnection

@@ -141,6 +141,15 @@ struct kvs__master_server {
     kvs__spare_fd_t spare;   /* accepting (and closing) when out of descriptors */
     bool listen_paused;      /* out of descriptors with no spare: accept again at the next tick */
     uint64_t refuse_warn_ns; /* warnings about refused connections at most once a second */
+
+    /* Scrapes of the metrics endpoint, rendered on the loop (the master is not thread-safe):
+     * the HTTP thread posts its text buffer and wakes metrics_fd; the loop fills it. */
+    int metrics_fd;
+    pthread_mutex_t metrics_lock;
+    pthread_cond_t metrics_done;
+    kvs__text_t *metrics_out; /* the scrape waiting to be rendered (NULL: none) */
+    int metrics_rc;
+    bool metrics_init;
 };
 
 int kvs__master_server_config_init(kvs__master_server_config_t *cfg)
@@ -317,8 +326,11 @@ int kvs__master_server_create(const kvs__master_server_config_t *cfg,
     if (s == NULL)
         return KVS_NO_MEMORY;
     s->cfg = *cfg;
-    s->listen_fd = s->epoll_fd = s->stop_fd = s->ha_fd = -1;
+    s->listen_fd = s->epoll_fd = s->stop_fd = s->ha_fd = s->metrics_fd = -1;
     kvs__spare_fd_init(&s->spare);
+    pthread_mutex_init(&s->metrics_lock, NULL);
+    kvs__cond_init(&s->metrics_done);
+    s->metrics_init = true;
     s->incarnation = kvs__random_u64();
     if (cfg->tls) {
         char why[256];
@@ -345,14 +357,17 @@ int kvs__master_server_create(const kvs__master_server_config_t *cfg,
     s->port = kvs__sock_port(s->listen_fd);
     s->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
     s->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (s->epoll_fd < 0 || s->stop_fd < 0) {
+    s->metrics_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (s->epoll_fd < 0 || s->stop_fd < 0 || s->metrics_fd < 0) {
         rc = KVS_IO_ERROR;
         goto err;
     }
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &s->listen_fd};
     struct epoll_event sev = {.events = EPOLLIN, .data.ptr = &s->stop_fd};
+    struct epoll_event mev = {.events = EPOLLIN, .data.ptr = &s->metrics_fd};
     if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->listen_fd, &ev) != 0 ||
-        epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->stop_fd, &sev) != 0) {
+        epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->stop_fd, &sev) != 0 ||
+        epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->metrics_fd, &mev) != 0) {
         rc = KVS_IO_ERROR;
         goto err;
     }
@@ -1420,6 +1435,66 @@ static void conns_expire(kvs__master_server_t *s, uint64_t now)
         conn_close(s, s->idle.head);
 }
 
+/* Renders the scrape the HTTP thread is waiting for, if it still waits. Loop thread. */
+static void metrics_answer(kvs__master_server_t *s)
+{
+    uint64_t v;
+    ssize_t r = read(s->metrics_fd, &v, sizeof(v));
+    KVS_UNUSED(r);
+    pthread_mutex_lock(&s->metrics_lock);
+    kvs__text_t *t = s->metrics_out;
+    if (t != NULL) {
+        kvs__arena_t arena;
+        kvs__arena_init(&arena);
+        kvs__stat_rsp_t rsp;
+        int rc = kvs__master_stat(s->master, server_now(s), &arena, &rsp);
+        if (rc == KVS_OK) {
+            kvs__master_metrics_write(&rsp, t);
+            /* The service's own state, beside the state machine's. */
+            bool leads = s->ha == NULL || s->ha_serving;
+            kvs__text_printf(t,
+                             "# HELP kvstash_master_connections Open connections to the master\n"
+                             "# TYPE kvstash_master_connections gauge\n"
+                             "kvstash_master_connections %u\n"
+                             "# HELP kvstash_master_leader Whether this master serves (1) or "
+                             "stands by (0)\n"
+                             "# TYPE kvstash_master_leader gauge\n"
+                             "kvstash_master_leader %d\n",
+                             (unsigned)s->nconns, leads ? 1 : 0);
+        }
+        kvs__arena_free(&arena);
+        s->metrics_rc = rc;
+        s->metrics_out = NULL;
+        pthread_cond_broadcast(&s->metrics_done);
+    }
+    pthread_mutex_unlock(&s->metrics_lock);
+}
+
+int kvs__master_server_metrics_render(void *arg, kvs__text_t *t)
+{
+    kvs__master_server_t *s = arg;
+    uint64_t one = 1, deadline = kvs__now_ns() + 2 * KVS_NS_PER_S;
+    pthread_mutex_lock(&s->metrics_lock);
+    while (s->metrics_out != NULL) /* one scrape at a time */
+        if (!kvs__cond_wait_until(&s->metrics_done, &s->metrics_lock, deadline))
+            break;
+    int rc = KVS_TIMED_OUT;
+    if (s->metrics_out == NULL) {
+        s->metrics_out = t;
+        ssize_t w = write(s->metrics_fd, &one, sizeof(one));
+        KVS_UNUSED(w);
+        while (s->metrics_out == t)
+            if (!kvs__cond_wait_until(&s->metrics_done, &s->metrics_lock, deadline))
+                break;
+        if (s->metrics_out == t) /* the loop did not answer: it must never write into t now */
+            s->metrics_out = NULL;
+        else
+            rc = s->metrics_rc;
+    }
+    pthread_mutex_unlock(&s->metrics_lock);
+    return rc;
+}
+
 int kvs__master_server_run(kvs__master_server_t *s)
 {
     if (s == NULL)
@@ -1440,6 +1515,10 @@ int kvs__master_server_run(kvs__master_server_t *s)
             void *tag = evs[i].data.ptr;
             if (tag == &s->stop_fd)
                 return KVS_OK;
+            if (tag == &s->metrics_fd) {
+                metrics_answer(s);
+                continue;
+            }
             if (tag == &s->ha_fd) {
                 s->ha_woken = true; /* after the batch: taking office frees connections */
                 continue;
@@ -1528,6 +1607,12 @@ void kvs__master_server_destroy(kvs__master_server_t *s)
         close(s->listen_fd);
     if (s->stop_fd >= 0)
         close(s->stop_fd);
+    if (s->metrics_fd >= 0)
+        close(s->metrics_fd);
+    if (s->metrics_init) {
+        pthread_mutex_destroy(&s->metrics_lock);
+        pthread_cond_destroy(&s->metrics_done);
+    }
     if (s->epoll_fd >= 0)
         close(s->epoll_fd);
     kvs__spare_fd_close(&s->spare);

@@ -60,6 +60,9 @@ int kvs__master_server_run(kvs__master_server_t *s);
 int kvs__master_server_start(kvs__master_server_t *s);
 /* Asks the loop to return. Async-signal-safe: only writes to an eventfd. */
 void kvs__master_server_stop(kvs__master_server_t *s);
+/* Renders the master's metrics (a kvs__metrics_render_cb; `arg` is the server): asks the loop,
+ * which must be running, and waits up to 2 s for it (else KVS_TIMED_OUT). */
+int kvs__master_server_metrics_render(void *arg, kvs__text_t *t);
 /* Stops (if started), joins, closes every connection and frees. NULL is a no-op. */
 void kvs__master_server_destroy(kvs__master_server_t *s);
 

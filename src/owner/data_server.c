@@ -135,6 +135,16 @@ typedef struct {
     bool shut; /* past its deadline: shut down */
 } shm_slot_t;
 
+/* The live form of KVS_OWNER_METRICS (gauges are computed when rendered). */
+typedef struct {
+#define DSTAT_ATOMIC_COUNTER atomic_uint_fast64_t
+#define DSTAT_ATOMIC_GAUGE   atomic_uint_fast64_t
+#define DSTAT_ATOMIC_HIST    kvs__hist_t
+#define DSTAT_FIELD_(kind, unit, name, family, labels, help) DSTAT_ATOMIC_##kind name;
+    KVS_OWNER_METRICS(DSTAT_FIELD_)
+#undef DSTAT_FIELD_
+} dstats_t;
+
 struct kvs__data_server {
     kvs__data_server_config_t cfg;
     int listen_fd;
@@ -162,7 +172,7 @@ struct kvs__data_server {
     uint32_t nconns;
     kvs__spare_fd_t spare;   /* the accept thread's, for running out of descriptors */
     uint64_t refuse_warn_ns; /* the accept thread's warnings, at most once a second */
-    atomic_uint_least64_t refused;
+    dstats_t st;
 };
 
 void kvs__data_server_config_init(kvs__data_server_config_t *cfg)
@@ -211,6 +221,28 @@ static void send_error_now(int fd, int status, const char *msg)
         KVS_UNUSED(n);
     }
     kvs__wbuf_free(&w);
+}
+
+static void refuse(atomic_uint_fast64_t *reason)
+{
+    atomic_fetch_add_explicit(reason, 1, memory_order_relaxed);
+}
+
+/* The reason a request check failed (check_range's or segment_io's status). */
+static atomic_uint_fast64_t *refusal_of(kvs__data_server_t *s, int rc)
+{
+    return rc == KVS_SEGMENT_NOT_FOUND ? &s->st.refused_not_served
+           : rc == KVS_INVALID_WRITE   ? &s->st.refused_write
+                                       : &s->st.refused_range;
+}
+
+static void served(atomic_uint_fast64_t *requests, atomic_uint_fast64_t *bytes, kvs__hist_t *lat,
+                   uint64_t len, uint64_t t0)
+{
+    atomic_fetch_add_explicit(requests, 1, memory_order_relaxed);
+    if (bytes != NULL)
+        atomic_fetch_add_explicit(bytes, len, memory_order_relaxed);
+    kvs__hist_add(lat, kvs__now_ns() - t0);
 }
 
 static void send_error(const kvs__io_t *io, unsigned version, uint32_t req_id, int status,
@@ -505,7 +537,7 @@ static void serve_requests(kvs__data_server_t *s, const kvs__io_t *io, uint64_t 
         kvs__frame_hdr_t h;
         int rc = kvs__frame_hdr_decode(hb, sizeof(hb), KVS_DATA_REQ_LEN + KVS_DATA_MAX_CHUNK, &h);
         if (rc != KVS_OK) {
-            atomic_fetch_add(&s->refused, 1);
+            refuse(&s->st.refused_protocol);
             char msg[128] = "bad frame header (magic, type or size)";
             if (rc == KVS_INVALID_VERSION)
                 snprintf(msg, sizeof(msg),
@@ -516,7 +548,7 @@ static void serve_requests(kvs__data_server_t *s, const kvs__io_t *io, uint64_t 
         }
         kvs__frame_log("owner", "<-", &h, NULL, 0);
         if (!hello && h.len > sizeof(pb)) { /* nothing of a peer not yet known is read */
-            atomic_fetch_add(&s->refused, 1);
+            refuse(&s->st.refused_protocol);
             char msg[96];
             snprintf(msg, sizeof(msg),
                      "a frame of %u bytes before the handshake (at most %u until then)",
@@ -526,7 +558,7 @@ static void serve_requests(kvs__data_server_t *s, const kvs__io_t *io, uint64_t 
         }
         if (hello && !kvs__msg_known(h.type)) { /* before HELLO: refused below, and closed */
             /* Skip the payload so the stream stays in step, and say why. */
-            atomic_fetch_add(&s->refused, 1);
+            refuse(&s->st.refused_protocol);
             if (drain(io, h.len, deadline + h.len / 256) != KVS_OK)
                 return;
             char msg[96];
@@ -538,8 +570,9 @@ static void serve_requests(kvs__data_server_t *s, const kvs__io_t *io, uint64_t 
         if (h.type == KVS_MSG_HELLO && !hello && h.len <= sizeof(pb)) {
             if (kvs__io_recv_all(io, pb, h.len, deadline) != KVS_OK)
                 return;
-            if (answer_hello(s, io, &h, pb, deadline, &ver) != KVS_OK) {
-                atomic_fetch_add(&s->refused, 1);
+            int hrc = answer_hello(s, io, &h, pb, deadline, &ver);
+            if (hrc != KVS_OK) {
+                refuse(hrc == KVS_AUTH_FAILED ? &s->st.refused_auth : &s->st.refused_protocol);
                 return;
             }
             hello = true;
@@ -548,7 +581,7 @@ static void serve_requests(kvs__data_server_t *s, const kvs__io_t *io, uint64_t 
         bool is_read = h.type == KVS_MSG_DATA_READ, is_write = h.type == KVS_MSG_DATA_WRITE;
         if (!hello || (!is_read && !is_write) || h.len < KVS_DATA_REQ_LEN ||
             (is_read && h.len != KVS_DATA_REQ_LEN)) {
-            atomic_fetch_add(&s->refused, 1);
+            refuse(&s->st.refused_protocol);
             send_error(io, ver, h.req_id, KVS_PROTOCOL_ERROR,
                        hello ? "expected DATA_READ or DATA_WRITE" : "HELLO must come first",
                        deadline);
@@ -559,7 +592,7 @@ static void serve_requests(kvs__data_server_t *s, const kvs__io_t *io, uint64_t 
             return;
         if (kvs__data_req_decode(pb, KVS_DATA_REQ_LEN, h.version, NULL, &r) != KVS_OK ||
             (is_write && r.length != h.len - KVS_DATA_REQ_LEN)) {
-            atomic_fetch_add(&s->refused, 1);
+            refuse(&s->st.refused_protocol);
             send_error(io, ver, h.req_id, KVS_PROTOCOL_ERROR, "WRITE length disagrees with frame",
                        deadline);
             return;
@@ -568,6 +601,7 @@ static void serve_requests(kvs__data_server_t *s, const kvs__io_t *io, uint64_t 
         if (s->cfg.inject_delay_us)
             usleep((useconds_t)s->cfg.inject_delay_us);
 #endif
+        uint64_t t0 = kvs__now_ns();
         pthread_rwlock_rdlock(&s->seg_lock);
         char *addr = NULL;
         uint64_t key_gen = 0;
@@ -583,6 +617,7 @@ static void serve_requests(kvs__data_server_t *s, const kvs__io_t *io, uint64_t 
              * short: only closing the connection tells the reader. */
             if (segment_io(s, io, &r, false, key_gen, deadline, &done) != KVS_OK)
                 return;
+            served(&s->st.tcp_reads, &s->st.tcp_read_bytes, &s->st.tcp_read_latency, r.length, t0);
             continue;
         }
         if (rc == KVS_OK) {
@@ -591,12 +626,14 @@ static void serve_requests(kvs__data_server_t *s, const kvs__io_t *io, uint64_t 
                 if (send_status(io, ver, KVS_MSG_DATA_WRITE, h.req_id, KVS_OK, 0, deadline) !=
                     KVS_OK)
                     return;
+                served(&s->st.tcp_writes, &s->st.tcp_write_bytes, &s->st.tcp_write_latency,
+                       r.length, t0);
                 continue;
             }
             if (rc != KVS_SEGMENT_NOT_FOUND && rc != KVS_INVALID_WRITE)
                 return; /* the transport failed */
         }
-        atomic_fetch_add(&s->refused, 1);
+        refuse(refusal_of(s, rc));
         if (is_read) {
             if (send_status(io, ver, KVS_MSG_DATA_READ, h.req_id, rc, 0, deadline) != KVS_OK)
                 return;
@@ -618,7 +655,7 @@ static void serve(kvs__data_server_t *s, int fd)
     uint64_t handshake_deadline = kvs__now_ns() + s->cfg.handshake_timeout_ms * KVS_NS_PER_MS;
     kvs__io_t io = {fd, NULL};
     if (s->tls != NULL && kvs__tls_handshake(s->tls, fd, handshake_deadline, &io) != KVS_OK) {
-        atomic_fetch_add(&s->refused, 1);
+        refuse(&s->st.refused_tls);
         kvs_debug("data server: a peer failed the TLS handshake");
         return;
     }
@@ -686,6 +723,7 @@ static void conn_start(kvs__data_server_t *s, int fd, const pthread_attr_t *deta
     pthread_mutex_unlock(&s->conn_lock);
     if (fd < 0)
         return;
+    refuse(&s->st.refused_limit);
     char msg[96];
     if (open >= s->cfg.max_conns)
         snprintf(msg, sizeof(msg), "too many connections (%u open, limit %u)", (unsigned)open,
@@ -760,6 +798,7 @@ static void shm_reply(int c, int32_t status, uint64_t size, const uint8_t proof[
  * this user that proved the secret (when the owner has one). */
 static void shm_answer(kvs__data_server_t *s, int c)
 {
+    uint64_t t0 = kvs__now_ns();
     struct timeval tv = {.tv_sec = 1};
     setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
@@ -788,7 +827,7 @@ static void shm_answer(kvs__data_server_t *s, int c)
     if (s->cfg.auth.on) {
         if (!kvs__auth_check(&s->cfg.auth, KVS_AUTH_SHM, s->name, KVS_AUTH_BY_CLIENT, sr.nonce.ptr,
                              sn, sr.proof.ptr, sr.proof.len)) {
-            atomic_fetch_add(&s->refused, 1);
+            refuse(&s->st.refused_auth);
             kvs_warn("shm: refused a reader (pid %d) with a wrong proof", (int)cred.pid);
             shm_reply(c, KVS_AUTH_FAILED, 0, proof, -1);
             return;
@@ -815,6 +854,10 @@ static void shm_answer(kvs__data_server_t *s, int c)
     shm_reply(c, status, size, proof, fd);
     if (fd >= 0)
         close(fd);
+    if (status == KVS_OK)
+        served(&s->st.shm_maps, NULL, &s->st.shm_map_latency, 0, t0);
+    else if (status == KVS_SEGMENT_NOT_FOUND)
+        refuse(&s->st.refused_not_served);
 }
 
 /* Answers one same-host handshake (bounded by shm_answer's own time-outs, and by the
@@ -1108,7 +1151,59 @@ const char *kvs__data_server_name(const kvs__data_server_t *s)
 
 uint64_t kvs__data_server_refused(const kvs__data_server_t *s)
 {
-    return atomic_load(&s->refused);
+    const dstats_t *t = &s->st;
+    return atomic_load(&t->refused_protocol) + atomic_load(&t->refused_auth) +
+           atomic_load(&t->refused_tls) + atomic_load(&t->refused_not_served) +
+           atomic_load(&t->refused_write) + atomic_load(&t->refused_range) +
+           atomic_load(&t->refused_limit);
+}
+
+static const kvs__metric_desc_t owner_metrics[] = {
+#define DESC_(kind, unit, name, family, labels, help)                                              \
+    {KVS_METRIC_##kind, KVS_UNIT_##unit, #name, #family, labels, help},
+    KVS_OWNER_METRICS(DESC_)
+#undef DESC_
+};
+
+int kvs__data_server_metrics_render(void *arg, kvs__text_t *t)
+{
+    kvs__data_server_t *s = arg;
+    dstats_t *st = &s->st;
+    pthread_mutex_lock(&s->conn_lock);
+    atomic_store(&st->tcp_connections, s->nconns);
+    pthread_mutex_unlock(&s->conn_lock);
+    pthread_mutex_lock(&s->shm_lock);
+    atomic_store(&st->shm_connections, s->shm_busy);
+    pthread_mutex_unlock(&s->shm_lock);
+    uint64_t bytes = 0;
+    pthread_rwlock_rdlock(&s->seg_lock);
+    for (uint32_t i = 0; i < s->nseg; i++)
+        bytes += s->segs[i].size;
+    atomic_store(&st->segments, s->nseg);
+    atomic_store(&st->segment_bytes, bytes);
+    pthread_rwlock_unlock(&s->seg_lock);
+    char name[3 * sizeof(s->name)], owner[sizeof(name) + 16];
+    kvs__metrics_label_escape(s->name, name, sizeof(name));
+    snprintf(owner, sizeof(owner), "owner=\"%s\"", name);
+    kvs_histogram_t h[KVS_ARRAY_SIZE(owner_metrics)];
+    kvs__metric_value_t v[KVS_ARRAY_SIZE(owner_metrics)];
+    size_t i = 0;
+#define VAL_COUNTER(name)                                                                          \
+    v[i] = (kvs__metric_value_t){&owner_metrics[i], owner, atomic_load(&st->name), NULL};
+#define VAL_GAUGE(name) VAL_COUNTER(name)
+#define VAL_HIST(name)                                                                             \
+    kvs__hist_copy(&h[i], &st->name);                                                              \
+    v[i] = (kvs__metric_value_t){&owner_metrics[i], owner, 0, &h[i]};
+#define VAL_(kind, unit, name, family, labels, help)                                               \
+    VAL_##kind(name);                                                                              \
+    i++;
+    KVS_OWNER_METRICS(VAL_)
+#undef VAL_
+#undef VAL_HIST
+#undef VAL_GAUGE
+#undef VAL_COUNTER
+    kvs__metrics_write(t, "kvstash_owner_", v, i);
+    return t->failed ? KVS_NO_MEMORY : KVS_OK;
 }
 
 int kvs__data_server_add(kvs__data_server_t *s, uint64_t segment_id, void *base, uint64_t size,

@@ -607,6 +607,11 @@ uint16_t kvs__owner_data_port(const kvs__owner_t *o)
     return kvs__data_server_port(o->data);
 }
 
+kvs__data_server_t *kvs__owner_data_server(kvs__owner_t *o)
+{
+    return o->data;
+}
+
 size_t kvs__owner_index_size(kvs__owner_t *o)
 {
     pthread_mutex_lock(&o->index_lock);

@@ -3,6 +3,7 @@
 #ifndef KVS_OWNER_INT_H
 #define KVS_OWNER_INT_H
 
+#include "../common/metrics_int.h"
 #include "../proto/net_int.h"
 
 /* ---- segment memory ------------------------------------------------------------------- */
@@ -82,8 +83,42 @@ int kvs__data_server_rekey(kvs__data_server_t *srv, uint64_t segment_id, const u
 /* The master's capability epoch now (from a HEARTBEAT reply): capabilities older than the
  * previous epoch are refused from now on, and their fences forgotten. Never goes back. */
 int kvs__data_server_epoch(kvs__data_server_t *srv, uint64_t segment_id, uint64_t epoch);
-/* Requests served and refused so far. */
+/* Requests and connections refused so far (every reason). */
 uint64_t kvs__data_server_refused(const kvs__data_server_t *srv);
+
+/* The data server's metrics, declared once: X(kind, unit, name, family, labels, help), exposed
+ * as kvstash_owner_<family>[_bytes|_seconds][_total]{owner, labels}. Bytes over shm move without
+ * the owner (readers map the segment): its shm requests are the handshakes that hand a segment
+ * out, and the clients' metrics count the bytes. */
+#define KVS_OWNER_METRICS(X)                                                                       \
+    X(COUNTER, NONE, tcp_reads, requests, "transport=\"tcp\",op=\"read\"",                        \
+      "Requests served, by transport and operation")                                               \
+    X(COUNTER, NONE, tcp_writes, requests, "transport=\"tcp\",op=\"write\"", "")                  \
+    X(COUNTER, NONE, shm_maps, requests, "transport=\"shm\",op=\"map\"", "")                      \
+    X(COUNTER, BYTES, tcp_read_bytes, served, "transport=\"tcp\",op=\"read\"",                    \
+      "Bytes served, by transport and operation")                                                  \
+    X(COUNTER, BYTES, tcp_write_bytes, served, "transport=\"tcp\",op=\"write\"", "")              \
+    X(HIST, NS, tcp_read_latency, request_latency, "transport=\"tcp\",op=\"read\"",               \
+      "Time to serve a request, from its header to its last byte")                                 \
+    X(HIST, NS, tcp_write_latency, request_latency, "transport=\"tcp\",op=\"write\"", "")         \
+    X(HIST, NS, shm_map_latency, request_latency, "transport=\"shm\",op=\"map\"", "")             \
+    X(GAUGE, NONE, tcp_connections, connections, "transport=\"tcp\"",                             \
+      "Open connections (shm: handshakes in progress)")                                            \
+    X(GAUGE, NONE, shm_connections, connections, "transport=\"shm\"", "")                         \
+    X(GAUGE, NONE, segments, segments, "", "Segments served")                                      \
+    X(GAUGE, BYTES, segment_bytes, segment, "", "Bytes of the segments served")                    \
+    X(COUNTER, NONE, refused_protocol, refusals, "reason=\"protocol\"",                            \
+      "Requests and connections refused, by reason")                                               \
+    X(COUNTER, NONE, refused_auth, refusals, "reason=\"auth\"", "")                                \
+    X(COUNTER, NONE, refused_tls, refusals, "reason=\"tls\"", "")                                  \
+    X(COUNTER, NONE, refused_not_served, refusals, "reason=\"not_served\"", "")                    \
+    X(COUNTER, NONE, refused_write, refusals, "reason=\"write_refused\"", "")                      \
+    X(COUNTER, NONE, refused_range, refusals, "reason=\"bad_range\"", "")                          \
+    X(COUNTER, NONE, refused_limit, refusals, "reason=\"too_many_connections\"", "")
+
+/* Renders the data server's metrics (a kvs__metrics_render_cb; `arg` is the data server). */
+int kvs__data_server_metrics_render(void *arg, kvs__text_t *t);
+
 /* Closes every connection, waits for every thread, removes its same-host socket, frees. NULL
  * is a no-op. */
 void kvs__data_server_destroy(kvs__data_server_t *srv);
@@ -128,6 +163,7 @@ uint64_t kvs__owner_segment_id(const kvs__owner_t *o);
 /* The name the segment is mounted under (valid until the owner is destroyed). */
 const char *kvs__owner_name(const kvs__owner_t *o);
 uint16_t kvs__owner_data_port(const kvs__owner_t *o);
+kvs__data_server_t *kvs__owner_data_server(kvs__owner_t *o);
 /* Objects in the owner's index (HA; 0 otherwise), and how many it re-registered with new
  * leaders so far. For tests and logs. */
 size_t kvs__owner_index_size(kvs__owner_t *o);

@@ -1235,6 +1235,30 @@ static int add_u64(PyObject *d, const char *k, uint64_t v)
     return r;
 }
 
+static int add_hist(PyObject *d, const char *name, const kvs_histogram_t *h)
+{
+    static const struct {
+        const char *suffix;
+        double q;
+    } qs[] = {{"p50_us", 0.5}, {"p90_us", 0.9}, {"p99_us", 0.99}};
+    char k[96];
+    snprintf(k, sizeof(k), "%s_count", name);
+    if (add_u64(d, k, h->count) != 0)
+        return -1;
+    snprintf(k, sizeof(k), "%s_sum_ns", name);
+    if (add_u64(d, k, h->sum_ns) != 0)
+        return -1;
+    snprintf(k, sizeof(k), "%s_max_us", name);
+    if (add_u64(d, k, h->max_ns / 1000) != 0)
+        return -1;
+    for (size_t i = 0; i < sizeof(qs) / sizeof(qs[0]); i++) {
+        snprintf(k, sizeof(k), "%s_%s", name, qs[i].suffix);
+        if (add_u64(d, k, (uint64_t)kvs_histogram_quantile_us(h, qs[i].q)) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 static PyObject *store_get_stats(store_t *self, PyObject *unused)
 {
     (void)unused;
@@ -1249,49 +1273,22 @@ static PyObject *store_get_stats(store_t *self, PyObject *unused)
     PyObject *d = PyDict_New();
     if (d == NULL)
         return NULL;
-#define STAT_(f)                                                                                   \
+    /* Generated from the client's metric table: every counter and gauge by its field name,
+     * every histogram as <name>_count, _sum_ns, _max_us and the _p50_us, _p90_us, _p99_us
+     * upper bounds. */
+#define STAT_COUNTER_(f)                                                                           \
     if (add_u64(d, #f, s.f) != 0)                                                                  \
         goto err;
-    STAT_(put_calls)
-    STAT_(put_keys)
-    STAT_(put_bytes)
-    STAT_(put_failed_keys)
-    STAT_(get_calls)
-    STAT_(get_keys)
-    STAT_(get_bytes)
-    STAT_(get_failed_keys)
-    STAT_(get_grouped_calls)
-    STAT_(get_submissions)
-    STAT_(get_lease_expired)
-    STAT_(get_timed_out)
-    STAT_(get_transfer_fail)
-    STAT_(remove_calls)
-    STAT_(exists_calls)
-    STAT_(size_calls)
-    STAT_(rpc_failures)
-    STAT_(tcp_transfers)
-    STAT_(shm_transfers)
-    STAT_(plan_ns_total)
-    STAT_(planned_fragments)
-    STAT_(registered_buffers)
-    STAT_(registered_bytes)
-    STAT_(staged_reads)
-    STAT_(staged_keys)
-    STAT_(fills)
-    STAT_(scatter_launches)
-    STAT_(fallback_busy)
-    STAT_(fallback_too_large)
-    STAT_(fallback_overlap)
-    STAT_(fallback_other_domain)
-    STAT_(fallback_other_gpu)
-    STAT_(fallback_alloc_failed)
-#undef STAT_
-    if (add_u64(d, "get_latency_p50_us",
-                (uint64_t)kvs_histogram_quantile_us(&s.get_latency, 0.5)) ||
-        add_u64(d, "get_latency_p99_us",
-                (uint64_t)kvs_histogram_quantile_us(&s.get_latency, 0.99)) ||
-        add_u64(d, "put_latency_p50_us", (uint64_t)kvs_histogram_quantile_us(&s.put_latency, 0.5)))
+#define STAT_GAUGE_(f) STAT_COUNTER_(f)
+#define STAT_HIST_(f)                                                                              \
+    if (add_hist(d, #f, &s.f) != 0)                                                                \
         goto err;
+#define STAT_(kind, unit, field, family, labels, help) STAT_##kind##_(field)
+    KVS_CLIENT_STATS(STAT_)
+#undef STAT_
+#undef STAT_HIST_
+#undef STAT_GAUGE_
+#undef STAT_COUNTER_
     return d;
 err:
     Py_DECREF(d);

@@ -518,6 +518,7 @@ int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n, u
             goto release;
         }
         st->buf_domain = domain;
+        atomic_store(&st->st.held_bytes, st->cfg.buffer_bytes);
     } else if (domain != st->buf_domain) {
         fall_back(st, KVS_FALLBACK_other_gpu);
         goto release;

@@ -51,6 +51,7 @@ typedef struct {
     atomic_uint_fast64_t staged_reads, staged_keys, fills, scatter_launches;
     atomic_uint_fast64_t plan_ns; /* eligibility and fill planning, before the first fill */
     atomic_uint_fast64_t fallback[KVS_FALLBACK_COUNT_];
+    atomic_uint_fast64_t held_bytes; /* the buffer's size once allocated */
 } kvs__staging_stats_t;
 
 /* A memory backend. Domains: the backend's id for a registered buffer's memory (host backend:

@@ -78,6 +78,11 @@ static void usage(FILE *f)
             "  --max-soft-pin-ttl-ms N    the longest soft pin a put may ask for (86400000)\n"
             "  --allow-evict-soft-pinned B  evict soft-pinned objects after all unpinned ones\n"
             "                             when space is needed: 1 (default) or 0\n"
+            "  --metrics-port N           serve Prometheus metrics of the master and the owner\n"
+            "                             at http://BIND:N/metrics (default 9003; 0 picks a\n"
+            "                             free port; the default port taken is a warning)\n"
+            "  --metrics-bind HOST        address the metrics listen on (default: --bind)\n"
+            "  --no-metrics               no metrics endpoint\n"
             "  --log-level LEVEL          error|warn|info|debug|trace (default info)\n"
             "  --version                  print the version\n"
             "  -h, --help                 this text\n"
@@ -170,7 +175,10 @@ int main(int argc, char **argv)
         O_ETCD_TTL,
         O_ADVERTISE,
         O_RECOVERY,
-        O_NODE
+        O_NODE,
+        O_METRICS_PORT,
+        O_METRICS_BIND,
+        O_NO_METRICS
     };
     static const struct option opts[] = {
         {"master-only", no_argument, NULL, O_MASTER_ONLY},
@@ -202,6 +210,9 @@ int main(int argc, char **argv)
         {"advertise", required_argument, NULL, O_ADVERTISE},
         {"recovery-ms", required_argument, NULL, O_RECOVERY},
         {"node", required_argument, NULL, O_NODE},
+        {"metrics-port", required_argument, NULL, O_METRICS_PORT},
+        {"metrics-bind", required_argument, NULL, O_METRICS_BIND},
+        {"no-metrics", no_argument, NULL, O_NO_METRICS},
         {"high-watermark", required_argument, NULL, O_HWM},
         {"evict-ratio", required_argument, NULL, O_EVICT},
         {"default-soft-pin-ttl-ms", required_argument, NULL, O_PIN_TTL},
@@ -221,8 +232,9 @@ int main(int argc, char **argv)
     kvs__data_server_config_init(&dcfg);
     bool master_only = false, owner_only = false, insecure = false, tls = false;
     const char *port_file = NULL, *master_addr = NULL, *seg_name = NULL, *auth_file = NULL;
-    const char *node = NULL;
-    uint64_t seg_size = 1ull << 30, data_port = 0;
+    const char *node = NULL, *metrics_bind = NULL;
+    uint64_t seg_size = 1ull << 30, data_port = 0, metrics_port = KVS_DEFAULT_METRICS_PORT;
+    bool metrics = true, metrics_port_given = false;
     uint64_t v;
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -367,6 +379,20 @@ int main(int argc, char **argv)
             }
             node = optarg;
             break;
+        case O_METRICS_PORT:
+            if (kvs__parse_u64(optarg, 65535, &metrics_port) != KVS_OK) {
+                fprintf(stderr, "kvstash-server: --metrics-port wants a port (0..65535), got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            metrics_port_given = true;
+            break;
+        case O_METRICS_BIND:
+            metrics_bind = optarg;
+            break;
+        case O_NO_METRICS:
+            metrics = false;
+            break;
         case O_RECOVERY:
             if (parse_ms("--recovery-ms", optarg, &cfg.recovery_ms))
                 return 2;
@@ -414,8 +440,9 @@ int main(int argc, char **argv)
 #else
             const char *hooks = "no";
 #endif
-            printf("kvstash-server %s\nfeatures: etcd %s, test-hooks %s\n", KVS_VERSION_STRING,
-                   kvs__etcd_supported() ? "yes" : "no", hooks);
+            printf("kvstash-server %s\nfeatures: etcd %s, metrics %s, test-hooks %s\n",
+                   KVS_VERSION_STRING, kvs__etcd_supported() ? "yes" : "no",
+                   kvs__metrics_http_available() ? "yes" : "no", hooks);
             return 0;
         }
         case 'h':
@@ -461,6 +488,11 @@ int main(int argc, char **argv)
     if ((cfg.etcd != NULL || owner_etcd != NULL) && !kvs__etcd_supported()) {
         fprintf(stderr, "kvstash-server: --etcd and etcd:// need a build with etcd support "
                         "(libcurl and json-c; Debian: libcurl4-openssl-dev libjson-c-dev)\n");
+        return 2;
+    }
+    if (metrics && metrics_port_given && !kvs__metrics_http_available()) {
+        fprintf(stderr, "kvstash-server: --metrics-port needs a build with libmicrohttpd "
+                        "(Debian: libmicrohttpd-dev); --no-metrics runs without it\n");
         return 2;
     }
     if (auth_file != NULL && *auth_file == '\0') {
@@ -510,6 +542,7 @@ int main(int argc, char **argv)
 
     kvs__master_server_t *master = NULL;
     kvs__owner_t *owner = NULL;
+    kvs__metrics_http_t *http = NULL;
     int rc = KVS_OK, exit_code = 1;
     uint16_t shown_port = 0;
     if (!owner_only) {
@@ -576,6 +609,27 @@ int main(int argc, char **argv)
         if (owner_only)
             shown_port = kvs__owner_data_port(owner);
     }
+    if (metrics && kvs__metrics_http_available()) {
+        const char *mb = metrics_bind ? metrics_bind : cfg.bind_host;
+        rc = kvs__metrics_http_start(mb, (uint16_t)metrics_port, &http);
+        if (rc != KVS_OK && metrics_port_given) {
+            fprintf(stderr, "kvstash-server: %s\n", kvs_last_error());
+            exit_code = 2;
+            goto out;
+        }
+        if (rc != KVS_OK) {
+            fprintf(stderr, "kvstash-server: WARNING: no metrics endpoint: %s\n",
+                    kvs_last_error());
+        } else {
+            if (master != NULL)
+                kvs__metrics_http_add(http, kvs__master_server_metrics_render, master);
+            if (owner != NULL)
+                kvs__metrics_http_add(http, kvs__data_server_metrics_render,
+                                      kvs__owner_data_server(owner));
+            fprintf(stderr, "kvstash-server: metrics on http://%s:%u/metrics\n",
+                    mb ? mb : "0.0.0.0", (unsigned)kvs__metrics_http_port(http));
+        }
+    }
     if (port_file != NULL) {
         /* Written to a temporary name and renamed, so a reader never sees a partial file. */
         char tmp[4096];
@@ -591,6 +645,7 @@ int main(int argc, char **argv)
     sigwait(&sigs, &sig);
     exit_code = 0;
 out:
+    kvs__metrics_http_stop(http); /* before what it renders */
     kvs__owner_destroy(owner);
     kvs__master_server_destroy(master);
     kvs__free(etcd_eps);
