@@ -450,6 +450,16 @@ typedef struct {
 /* Copies a snapshot of the counters into *stats_p. */
 int kvs_client_get_stats(kvs_client_t *client, kvs_client_stats_t *stats_p);
 
+/* Serves this client's metrics (the table above) in Prometheus text format at
+ * http://bind_host:port/metrics until the client closes. bind_host NULL: every address; port 0:
+ * any free port (kvs_client_metrics_port tells which). Mooncake's client HTTP server uses port
+ * 9300. kvs_client_open does this itself when $KVS_CLIENT_METRICS_PORT is set. KVS_UNSUPPORTED
+ * when this build has no HTTP server (libmicrohttpd), KVS_IO_ERROR when the port cannot be
+ * bound, KVS_INVALID_PARAMS when already serving. */
+int kvs_client_serve_metrics(kvs_client_t *client, const char *bind_host, uint16_t port);
+/* The port the client's metrics are served on, 0 when they are not. */
+int kvs_client_metrics_port(kvs_client_t *client);
+
 #ifdef __cplusplus
 }
 #endif

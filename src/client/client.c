@@ -70,6 +70,22 @@ static int check_protocol(const char *p, bool *tcp_p, bool *shm_p)
     return kvs__fail(KVS_INVALID_PARAMS, "protocol '%s' is not one of tcp, shm, auto (or rdma)", p);
 }
 
+/* KVS_CLIENT_METRICS_PORT: serve this client's metrics there. A failure is a warning: the
+ * client works without its endpoint. */
+static void metrics_from_env(kvs_client_t *c)
+{
+    const char *v = getenv("KVS_CLIENT_METRICS_PORT");
+    uint64_t port;
+    if (v == NULL || *v == '\0')
+        return;
+    if (kvs__parse_u64(v, 65535, &port) != KVS_OK) {
+        kvs_warn("KVS_CLIENT_METRICS_PORT=%s is not a port (0..65535): no metrics endpoint", v);
+        return;
+    }
+    if (kvs_client_serve_metrics(c, NULL, (uint16_t)port) != KVS_OK)
+        kvs_warn("no client metrics endpoint: %s", kvs_last_error());
+}
+
 int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
 {
     if (cfg == NULL || client_p == NULL)
@@ -208,6 +224,7 @@ int kvs_client_open(const kvs_client_config_t *cfg, kvs_client_t **client_p)
     pthread_mutex_init(&c->rel_lock, NULL);
     pthread_mutex_init(&c->eps_lock, NULL);
     pthread_mutex_init(&c->psess_lock, NULL);
+    metrics_from_env(c);
     *client_p = c;
     return KVS_OK;
 
@@ -249,6 +266,7 @@ void kvs_client_close(kvs_client_t *c)
 {
     if (c == NULL)
         return;
+    kvs__metrics_http_stop(c->metrics); /* scrapes read the client: they end first */
     /* Calls in progress end by their own deadlines; nothing they write may outlive us. */
     pthread_mutex_lock(&c->wait_lock);
     while (atomic_load(&c->calls) > 0)
@@ -1153,6 +1171,39 @@ int kvs_client_get_stats(kvs_client_t *c, kvs_client_stats_t *s)
         s->staging_held_bytes = atomic_load(&ss->held_bytes);
     }
     return KVS_OK;
+}
+
+int kvs_client_serve_metrics(kvs_client_t *c, const char *bind_host, uint16_t port)
+{
+    if (c == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS, "serve_metrics: a client is required");
+    pthread_mutex_lock(&c->owners_lock);
+    int rc = KVS_OK;
+    if (c->metrics != NULL) {
+        rc = kvs__fail(KVS_INVALID_PARAMS, "serve_metrics: already serving on port %u",
+                       (unsigned)kvs__metrics_http_port(c->metrics));
+    } else {
+        kvs__metrics_http_t *h = NULL;
+        rc = kvs__metrics_http_start(bind_host, port, &h);
+        if (rc == KVS_OK) {
+            kvs__metrics_http_add(h, kvs__client_metrics_render, c);
+            c->metrics = h;
+            kvs_info("client metrics on http://%s:%u/metrics", bind_host ? bind_host : "0.0.0.0",
+                     (unsigned)kvs__metrics_http_port(h));
+        }
+    }
+    pthread_mutex_unlock(&c->owners_lock);
+    return rc;
+}
+
+int kvs_client_metrics_port(kvs_client_t *c)
+{
+    if (c == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS, "metrics_port: a client is required");
+    pthread_mutex_lock(&c->owners_lock);
+    int port = c->metrics != NULL ? (int)kvs__metrics_http_port(c->metrics) : 0;
+    pthread_mutex_unlock(&c->owners_lock);
+    return port;
 }
 
 int kvs__client_metrics_render(void *arg, kvs__text_t *t)

@@ -123,6 +123,7 @@ struct kvs_client {
     kvs__put_session_t *psess;
 
     kvs__client_stats_t st;
+    kvs__metrics_http_t *metrics; /* the client's metrics endpoint (owners_lock), or NULL */
 };
 
 /* Memory type of addr, from the CUDA driver if the process has loaded it: KVS_DOMAIN_HOST or

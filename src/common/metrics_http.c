@@ -152,10 +152,10 @@ int kvs__metrics_http_start(const char *bind_host, uint16_t port, kvs__metrics_h
     pthread_mutex_init(&s->lock, NULL);
     /* A scrape is tiny: one thread serves them all, and a peer that stalls is cut off. */
     s->d = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG, port, NULL, NULL,
-                            on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                            on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_EXTERNAL_LOGGER,
-                            mhd_log, NULL, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
     if (s->d == NULL) {
         pthread_mutex_destroy(&s->lock);
         kvs__free(s);

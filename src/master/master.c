@@ -2032,6 +2032,12 @@ static const kvs__metric_desc_t master_metrics[] = {
 #undef DESC_
 };
 
+const kvs__metric_desc_t *kvs__master_metrics_table(size_t *n_p)
+{
+    *n_p = KVS_ARRAY_SIZE(master_metrics);
+    return master_metrics;
+}
+
 int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs__stat_rsp_t *rsp)
 {
     if (m == NULL || arena == NULL || rsp == NULL)

@@ -161,6 +161,8 @@ int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t 
     X(COUNTER, BYTES, evicted_bytes, evicted, "Bytes evicted to make room")
 
 int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs__stat_rsp_t *rsp);
+/* The table as descriptors (*n_p entries; tests check it). */
+const kvs__metric_desc_t *kvs__master_metrics_table(size_t *n_p);
 /* Writes a STAT reply (kvs__master_stat's) as Prometheus text, kvstash_master_*. */
 void kvs__master_metrics_write(const kvs__stat_rsp_t *rsp, kvs__text_t *t);
 

@@ -1165,6 +1165,12 @@ static const kvs__metric_desc_t owner_metrics[] = {
 #undef DESC_
 };
 
+const kvs__metric_desc_t *kvs__data_server_metrics_table(size_t *n_p)
+{
+    *n_p = KVS_ARRAY_SIZE(owner_metrics);
+    return owner_metrics;
+}
+
 int kvs__data_server_metrics_render(void *arg, kvs__text_t *t)
 {
     kvs__data_server_t *s = arg;

@@ -116,6 +116,8 @@ uint64_t kvs__data_server_refused(const kvs__data_server_t *srv);
     X(COUNTER, NONE, refused_range, refusals, "reason=\"bad_range\"", "")                          \
     X(COUNTER, NONE, refused_limit, refusals, "reason=\"too_many_connections\"", "")
 
+/* The table as descriptors (*n_p entries; tests check it). */
+const kvs__metric_desc_t *kvs__data_server_metrics_table(size_t *n_p);
 /* Renders the data server's metrics (a kvs__metrics_render_cb; `arg` is the data server). */
 int kvs__data_server_metrics_render(void *arg, kvs__text_t *t);
 

@@ -1235,6 +1235,38 @@ static int add_u64(PyObject *d, const char *k, uint64_t v)
     return r;
 }
 
+/* _serve_metrics(port, bind=None) -> int: the client's Prometheus endpoint (0 or a negative
+ * code, with the reason logged); port 0 picks a free one (metrics_port() tells). */
+static PyObject *store_serve_metrics(store_t *self, PyObject *args)
+{
+    int port;
+    const char *bind = NULL;
+    if (!PyArg_ParseTuple(args, "i|z", &port, &bind))
+        return NULL;
+    if (port < 0 || port > 65535)
+        return PyLong_FromLong(KVS_INVALID_PARAMS);
+    kvs_client_t *c = store_enter(self);
+    if (c == NULL)
+        return PyLong_FromLong(KVS_INVALID_PARAMS);
+    int rc = kvs_client_serve_metrics(c, bind, (uint16_t)port);
+    store_leave(self);
+    if (rc != KVS_OK)
+        PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "kvstash: no client metrics endpoint: %s",
+                         kvs_last_error());
+    return rc == KVS_OK || !PyErr_Occurred() ? PyLong_FromLong(rc) : NULL;
+}
+
+static PyObject *store_metrics_port(store_t *self, PyObject *unused)
+{
+    (void)unused;
+    kvs_client_t *c = store_enter(self);
+    if (c == NULL)
+        return PyLong_FromLong(0);
+    int port = kvs_client_metrics_port(c);
+    store_leave(self);
+    return PyLong_FromLong(port);
+}
+
 static int add_hist(PyObject *d, const char *name, const kvs_histogram_t *h)
 {
     static const struct {
@@ -1918,6 +1950,11 @@ static PyMethodDef store_methods[] = {
      "config=None) -> int: stores metadata_size bytes at metadata_buffer_ptr followed by size "
      "bytes at buffer_ptr (registered memory) as one object. 0 (also for size 0: nothing "
      "stored) or a negative code."},
+    {"_serve_metrics", (PyCFunction)store_serve_metrics, METH_VARARGS,
+     "_serve_metrics(port, bind=None) -> int: serves the client's metrics (Prometheus text) at "
+     "http://bind:port/metrics; 0 or a negative code."},
+    {"metrics_port", (PyCFunction)store_metrics_port, METH_NOARGS,
+     "metrics_port() -> int: the port the client's metrics are served on (0: none)."},
     {"get_stats", (PyCFunction)store_get_stats, METH_NOARGS,
      "get_stats() -> dict: the client's counters (and latency quantiles in us)."},
     {"upsert", (PyCFunction)(void (*)(void))store_upsert, METH_VARARGS | METH_KEYWORDS,

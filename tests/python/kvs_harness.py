@@ -22,12 +22,15 @@ def read_text(path):
 class Server:
     """kvstash-server (owner + embedded master) on a free port."""
 
-    def __init__(self, segment="64MiB", extra=()):
+    def __init__(self, segment="64MiB", extra=(), metrics_port=None):
         self.dir = tempfile.TemporaryDirectory()
         port_file = os.path.join(self.dir.name, "port")
+        # Tests run side by side: none takes the default metrics port unless it asks for one.
+        metrics = ["--no-metrics"] if metrics_port is None else ["--metrics-port",
+                                                                 str(metrics_port)]
         self.proc = subprocess.Popen(
             [SERVER, "--port", "0", "--port-file", port_file, "--segment-size", segment,
-             "--log-level", "error", *extra], stdout=subprocess.DEVNULL)
+             "--log-level", "error", *metrics, *extra], stdout=subprocess.DEVNULL)
         for _ in range(500):
             if os.path.exists(port_file) and read_text(port_file):
                 break

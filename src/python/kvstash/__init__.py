@@ -267,7 +267,9 @@ class MooncakeDistributedStore(_kvstash.MooncakeDistributedStore):
         ignored. protocol 'rdma' means 'auto' (one warning). local_hostname "host:port" names
         this client's segment; a bare host gets the data port added (get_hostname() says which).
         engine (a Mooncake TransferEngine) is not used: one warning. enable_ssd_offload=True is
-        refused (-600): kvstash keeps objects in memory only.
+        refused (-600): kvstash keeps objects in memory only. enable_client_http_server=True
+        serves this client's metrics for Prometheus at http://0.0.0.0:client_http_port/metrics
+        (as $KVS_CLIENT_METRICS_PORT does); a port taken is a RuntimeWarning, not a failure.
         """
         extra = {}
         if isinstance(local_hostname, dict):
@@ -324,9 +326,6 @@ class MooncakeDistributedStore(_kvstash.MooncakeDistributedStore):
                            "tier); set it to False")
         if not isinstance(client_http_port, int) or not 0 < client_http_port < 65536:
             return _refuse(f"client_http_port {client_http_port!r} is not a port number")
-        if enable_client_http_server:
-            log.warning("kvstash setup: enable_client_http_server is not served yet; the "
-                        "client's counters are in get_stats()")
         if engine is not None:
             log.warning("kvstash setup: the transfer engine passed is not used (kvstash has "
                         "its own transports)")
@@ -339,8 +338,13 @@ class MooncakeDistributedStore(_kvstash.MooncakeDistributedStore):
             host, name = local_hostname, None  # the data port is added to the name
         else:
             name = local_hostname
-        return self._open(master_server_addr, protocol, host, seg, name, tenant_id,
-                          extra.get("token_file"), extra.get("tls", -1), False)
+        rc = self._open(master_server_addr, protocol, host, seg, name, tenant_id,
+                        extra.get("token_file"), extra.get("tls", -1), False)
+        if rc == 0 and enable_client_http_server and self.metrics_port() == 0:
+            # Mooncake's client HTTP server: this client's metrics for Prometheus. A port
+            # taken is a warning, as a missing HTTP library is: the store works without it.
+            self._serve_metrics(client_http_port)
+        return rc
 
     def setup_dummy(self, mem_pool_size, local_buffer_size, server_address):
         """SGLang's standalone mode: attach to the local kvstash-server at server_address

@@ -1,0 +1,204 @@
+/* Metrics: the tables are well formed, the Prometheus text is what the format wants (each family
+ * once, cumulative buckets, escaped labels), the client stats struct keeps its ABI, and the HTTP
+ * endpoint answers GET /metrics (or is refused with a reason in a build without it). */
+#define _GNU_SOURCE
+#include "kvs_test.h"
+#include "client/client_int.h"
+#include "common/metrics_int.h"
+#include "master/master_int.h"
+#include "owner/owner_int.h"
+#include "proto/net_int.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static size_t count(const char *hay, const char *needle)
+{
+    size_t n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        n++;
+    return n;
+}
+
+static void test_tables_are_well_formed(void)
+{
+    size_t n;
+    CHECK_EQ_INT(kvs__metrics_check_table(kvs__client_metrics, kvs__client_nmetrics), -1);
+    const kvs__metric_desc_t *m = kvs__master_metrics_table(&n);
+    CHECK_EQ_INT(kvs__metrics_check_table(m, n), -1);
+    const kvs__metric_desc_t *o = kvs__data_server_metrics_table(&n);
+    CHECK_EQ_INT(kvs__metrics_check_table(o, n), -1);
+    /* The check can fail: a family whose members disagree on kind, a repeated label set, an
+     * upper-case name, a family without help. */
+    const kvs__metric_desc_t bad[] = {
+        {KVS_METRIC_COUNTER, KVS_UNIT_NONE, "a", "fam", "x=\"1\"", "help"},
+        {KVS_METRIC_GAUGE, KVS_UNIT_NONE, "b", "fam", "x=\"2\"", ""},
+        {KVS_METRIC_COUNTER, KVS_UNIT_NONE, "c", "fam", "x=\"1\"", ""},
+        {KVS_METRIC_COUNTER, KVS_UNIT_NONE, "D", "dee", "", "help"},
+        {KVS_METRIC_COUNTER, KVS_UNIT_NONE, "e", "eee", "", ""},
+    };
+    CHECK_EQ_INT(kvs__metrics_check_table(bad, 1), -1);
+    CHECK_EQ_INT(kvs__metrics_check_table(bad, 2), 1);
+    CHECK_EQ_INT(kvs__metrics_check_table((const kvs__metric_desc_t[]){bad[0], bad[2]}, 2), 1);
+    CHECK_EQ_INT(kvs__metrics_check_table(&bad[3], 1), 0);
+    CHECK_EQ_INT(kvs__metrics_check_table(&bad[4], 1), 0);
+}
+
+/* kvs_client_stats_t is generated from the table: its layout must stay what programs built
+ * against the first release read (append-only). */
+static void test_client_stats_abi(void)
+{
+    CHECK_EQ_U64(sizeof(kvs_histogram_t), (3 + KVS_HIST_BUCKETS) * 8);
+    CHECK_EQ_U64(offsetof(kvs_client_stats_t, put_calls), 0);
+    CHECK_EQ_U64(offsetof(kvs_client_stats_t, get_grouped_calls), 8 * 8);
+    CHECK_EQ_U64(offsetof(kvs_client_stats_t, plan_ns_total), 19 * 8);
+    CHECK_EQ_U64(offsetof(kvs_client_stats_t, fallback_alloc_failed), 32 * 8);
+    CHECK_EQ_U64(offsetof(kvs_client_stats_t, put_latency), 33 * 8);
+    CHECK_EQ_U64(offsetof(kvs_client_stats_t, get_latency), 33 * 8 + 280);
+    CHECK_EQ_U64(offsetof(kvs_client_stats_t, fallback_not_exact), 33 * 8 + 2 * 280);
+    CHECK_EQ_U64(kvs__client_metric_offsets[kvs__client_nmetrics - 1],
+                 offsetof(kvs_client_stats_t, staging_held_bytes));
+}
+
+static void test_exposition(void)
+{
+    static const kvs__metric_desc_t d[] = {
+        {KVS_METRIC_COUNTER, KVS_UNIT_NONE, "reads_a", "reads", "mode=\"a\"", "Reads by mode"},
+        {KVS_METRIC_GAUGE, KVS_UNIT_BYTES, "held", "held", "", "Held"},
+        {KVS_METRIC_COUNTER, KVS_UNIT_NONE, "reads_b", "reads", "mode=\"b\"", ""},
+        {KVS_METRIC_COUNTER, KVS_UNIT_NS, "plan", "plan", "", "Planning"},
+        {KVS_METRIC_HIST, KVS_UNIT_NS, "lat", "lat", "", "Latency"},
+    };
+    kvs__hist_t live;
+    memset(&live, 0, sizeof(live));
+    kvs__hist_add(&live, 500);       /* < 1 µs: bucket 0 */
+    kvs__hist_add(&live, 3000);      /* 3 µs: [2, 4) µs */
+    kvs__hist_add(&live, 3000000);   /* 3 ms */
+    kvs_histogram_t h;
+    kvs__hist_copy(&h, &live);
+    CHECK_EQ_U64(h.count, 3);
+    CHECK_EQ_U64(h.max_ns, 3000000);
+    kvs__metric_value_t v[] = {
+        {&d[0], NULL, 5, NULL},      {&d[1], "seg=\"x\"", 7, NULL}, {&d[2], NULL, 6, NULL},
+        {&d[3], NULL, 1500000000, NULL}, {&d[4], NULL, 0, &h},
+    };
+    kvs__text_t t = {0};
+    kvs__metrics_write(&t, "kvs_", v, KVS_ARRAY_SIZE(v));
+    CHECK(!t.failed);
+    const char *s = t.p;
+    /* Each family once, its samples together, in the order of first appearance. */
+    CHECK_EQ_U64(count(s, "# TYPE kvs_reads_total counter\n"), 1);
+    CHECK_EQ_U64(count(s, "# HELP kvs_reads_total Reads by mode\n"), 1);
+    const char *a = strstr(s, "kvs_reads_total{mode=\"a\"} 5\n"),
+               *b = strstr(s, "kvs_reads_total{mode=\"b\"} 6\n"),
+               *g = strstr(s, "# TYPE kvs_held_bytes gauge\n");
+    CHECK(a != NULL && b != NULL && g != NULL);
+    CHECK(a < b && b < g);
+    CHECK(strstr(s, "kvs_held_bytes{seg=\"x\"} 7\n") != NULL);
+    CHECK(strstr(s, "kvs_plan_seconds_total 1.500000000\n") != NULL);
+    /* Histograms: seconds, cumulative, +Inf and _count equal the calls. */
+    CHECK(strstr(s, "# TYPE kvs_lat_seconds histogram\n") != NULL);
+    CHECK(strstr(s, "kvs_lat_seconds_bucket{le=\"1e-06\"} 1\n") != NULL);
+    CHECK(strstr(s, "kvs_lat_seconds_bucket{le=\"2e-06\"} 1\n") != NULL);
+    CHECK(strstr(s, "kvs_lat_seconds_bucket{le=\"4e-06\"} 2\n") != NULL);
+    CHECK(strstr(s, "kvs_lat_seconds_bucket{le=\"0.002048\"} 2\n") != NULL);
+    CHECK(strstr(s, "kvs_lat_seconds_bucket{le=\"0.004096\"} 3\n") != NULL);
+    CHECK(strstr(s, "kvs_lat_seconds_bucket{le=\"+Inf\"} 3\n") != NULL);
+    CHECK(strstr(s, "kvs_lat_seconds_sum 0.003003500\n") != NULL);
+    CHECK(strstr(s, "kvs_lat_seconds_count 3\n") != NULL);
+    CHECK_EQ_U64(count(s, "kvs_lat_seconds_bucket"), KVS_HIST_BUCKETS);
+    kvs__text_free(&t);
+
+    char esc[32];
+    kvs__metrics_label_escape("a\"b\\c\nd", esc, sizeof(esc));
+    CHECK_EQ_STR(esc, "a\\\"b\\\\c\\nd");
+    kvs__metrics_label_escape("abcdefgh", esc, 5); /* truncated, terminated */
+    CHECK_EQ_STR(esc, "ab");
+}
+
+static int render_fixed(void *arg, kvs__text_t *t)
+{
+    int *calls = arg;
+    (*calls)++;
+    kvs__text_printf(t, "# TYPE x gauge\nx %d\n", *calls);
+    return KVS_OK;
+}
+
+static int render_fail(void *arg, kvs__text_t *t)
+{
+    KVS_UNUSED(arg);
+    KVS_UNUSED(t);
+    return KVS_TIMED_OUT;
+}
+
+/* One HTTP/1.0 request; returns the whole response. */
+static char *http(uint16_t port, const char *request)
+{
+    int fd = kvs__tcp_connect("127.0.0.1", port, kvs__now_ns() + 5 * KVS_NS_PER_S);
+    CHECK(fd >= 0);
+    kvs__set_nonblock(fd, false);
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    CHECK(write(fd, request, strlen(request)) == (ssize_t)strlen(request));
+    static char buf[65536];
+    size_t n = 0;
+    ssize_t r;
+    while (n + 1 < sizeof(buf) && (r = read(fd, buf + n, sizeof(buf) - 1 - n)) > 0)
+        n += (size_t)r;
+    buf[n] = '\0';
+    close(fd);
+    return buf;
+}
+
+static void test_http_endpoint(void)
+{
+    kvs__metrics_http_t *h = NULL;
+    if (!kvs__metrics_http_available()) {
+        CHECK_STATUS(kvs__metrics_http_start(NULL, 0, &h), KVS_UNSUPPORTED);
+        CHECK(strstr(kvs_last_error(), "libmicrohttpd") != NULL);
+        CHECK(h == NULL);
+        return;
+    }
+    CHECK_STATUS(kvs__metrics_http_start("not-an-address", 0, &h), KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs__metrics_http_start("127.0.0.1", 0, &h), KVS_OK);
+    uint16_t port = kvs__metrics_http_port(h);
+    CHECK(port != 0);
+    /* The port taken: a clear refusal. */
+    kvs__metrics_http_t *h2 = NULL;
+    CHECK_STATUS(kvs__metrics_http_start("127.0.0.1", port, &h2), KVS_IO_ERROR);
+    CHECK(strstr(kvs_last_error(), "cannot listen") != NULL);
+    int calls = 0;
+    CHECK_STATUS(kvs__metrics_http_add(h, render_fixed, &calls), KVS_OK);
+    char *r = http(port, "GET /metrics HTTP/1.0\r\n\r\n");
+    CHECK(strncmp(r, "HTTP/1.0 200", 12) == 0 || strncmp(r, "HTTP/1.1 200", 12) == 0);
+    CHECK(strstr(r, "text/plain; version=0.0.4") != NULL);
+    CHECK(strstr(r, "\r\n\r\n# TYPE x gauge\nx 1\n") != NULL);
+    r = http(port, "GET /metrics HTTP/1.0\r\n\r\n");
+    CHECK(strstr(r, "x 2\n") != NULL);
+    r = http(port, "GET /other HTTP/1.0\r\n\r\n");
+    CHECK(strstr(r, " 404 ") != NULL);
+    r = http(port, "DELETE /metrics HTTP/1.0\r\n\r\n");
+    CHECK(strstr(r, " 405 ") != NULL);
+    CHECK_EQ_INT(calls, 2);
+    /* A source that cannot render: 503 with the reason, not a partial scrape. */
+    CHECK_STATUS(kvs__metrics_http_add(h, render_fail, NULL), KVS_OK);
+    r = http(port, "GET /metrics HTTP/1.0\r\n\r\n");
+    CHECK(strstr(r, " 503 ") != NULL);
+    CHECK(strstr(r, "x 3") == NULL);
+    CHECK(strstr(r, "timed out") != NULL);
+    kvs__metrics_http_stop(h);
+    kvs__metrics_http_stop(NULL);
+}
+
+int main(int argc, char **argv)
+{
+    static const kvs_test_case_t cases[] = {
+        KVS_TEST_CASE(test_tables_are_well_formed),
+        KVS_TEST_CASE(test_client_stats_abi),
+        KVS_TEST_CASE(test_exposition),
+        KVS_TEST_CASE(test_http_endpoint),
+    };
+    return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
+}
