@@ -33,7 +33,7 @@ command -v ip >/dev/null || need+=(iproute2)
 dpkg -s libmicrohttpd-dev >/dev/null 2>&1 || need+=(libmicrohttpd-dev)
 command -v prometheus >/dev/null && command -v promtool >/dev/null || need+=(prometheus)
 # Packaging: pip, build, venv and setuptools from Debian, used offline.
-for p in python3-build python3-venv python3-setuptools python3-wheel python3-pip; do
+for p in python3-build python3-venv python3-setuptools python3-wheel python3-pip python3-dev; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 # Terminal checks of the live view and progress output.
