@@ -175,6 +175,10 @@ static int run(kvs_client_t *c, const bench_opts_t *o)
     printf("%u keys x %s read into %s pages (%zu per key), %u repetitions\n", o->keys,
            kvs__format_size(o->size, sz, sizeof(sz)), kvs__format_size(o->page, pg, sizeof(pg)),
            l.nbufs[0], o->reps);
+    fflush(stdout);
+    kvs__progress_t prog;
+    kvs__progress_start(&prog, "bench client: rounds", o->reps, false);
+    kvs__progress_set(&prog, 0);
     for (uint32_t r = 0; r < o->reps; r++) {
         for (uint32_t i = 0; i < o->keys; i++)
             snprintf(names[i], 64, "bench-client-%d-%u-%u", (int)getpid(), r, i);
@@ -204,9 +208,13 @@ static int run(kvs_client_t *c, const bench_opts_t *o)
         }
         for (uint32_t i = 0; i < o->keys; i++)
             kvs_client_remove(c, keys[i], true);
+        kvs__progress_clear(&prog);
         printf("  round %u: put %.2f GB/s, get direct %.2f GB/s, get grouped %.2f GB/s\n", r + 1,
                put_gbps[r], direct_gbps[r], grouped_gbps[r]);
+        fflush(stdout);
+        kvs__progress_set(&prog, r + 1);
     }
+    kvs__progress_end(&prog, true);
     qsort(put_gbps, o->reps, sizeof(double), cmp_double);
     qsort(direct_gbps, o->reps, sizeof(double), cmp_double);
     qsort(grouped_gbps, o->reps, sizeof(double), cmp_double);

@@ -1390,6 +1390,8 @@ int kvs__bench_store_main(int argc, char **argv)
     }
     /* The matrix: fresh store and readers each round. */
     uint64_t t_start = kvs__now_ns();
+    kvs__progress_t prog;
+    kvs__progress_start(&prog, "bench store: rounds", (uint64_t)ncf * o.rounds, false);
     for (i = 0; i < ncf; i++) {
         config_t *cf = &cfs[i];
         const layout_t *l = &o.layout[cf->li];
@@ -1415,15 +1417,17 @@ int kvs__bench_store_main(int argc, char **argv)
             }
             cf->rounds = rnd + 1;
             done++;
-            fprintf(stderr,
+            kvs__progress_log(&prog,
                     "[%3u/%u %5.0f s] %s %s %u reader(s) round %u: direct %.1f, grouped %.1f, "
                     "staged %.1f, grouped staged %.1f ms (reader 0)\n",
                     done, ncf * (unsigned)o.rounds, (double)(kvs__now_ns() - t_start) / 1e9,
                     cf->topo, layout_str(l, lb, sizeof(lb)), cf->readers, rnd + 1,
                     cf->round_ms[0][M_DIRECT][rnd], cf->round_ms[0][M_GROUPED][rnd],
                     cf->round_ms[0][M_STAGED][rnd], cf->round_ms[0][M_GSTAGED][rnd]);
+            kvs__progress_set(&prog, done);
         }
     }
+    kvs__progress_end(&prog, true);
     printf("\nMedians of per-round medians; with several readers the slowest reader's median and "
            "the largest per-reader ratio (each reader's limit measured with all readers at "
            "once). Limit: %s for shm, raw loopback tcp (%u connections per reader) for tcp.\n\n",

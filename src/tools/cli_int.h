@@ -2,7 +2,30 @@
 #ifndef KVS_CLI_INT_H
 #define KVS_CLI_INT_H
 
+#include <stdbool.h>
 #include <stdint.h>
+
+/* Progress of long work on standard error (progress.c): drawn only on a terminal. */
+typedef struct {
+    bool on, bytes, drawn;
+    const char *what; /* borrowed */
+    uint64_t total, done, t0, drawn_ns;
+} kvs__progress_t;
+
+/* Whether progress is shown: standard error is a terminal (KVS_PROGRESS=0: never, =1: always). */
+bool kvs__progress_wanted(void);
+/* Starts a line "what: 42% done of total" (amounts in bytes when `bytes`, else counts). */
+void kvs__progress_start(kvs__progress_t *p, const char *what, uint64_t total, bool bytes);
+/* `done` of total so far; redrawn at most every 100 ms. */
+void kvs__progress_set(kvs__progress_t *p, uint64_t done);
+/* A log line on standard error (always printed), with the progress line kept below it. */
+void kvs__progress_log(kvs__progress_t *p, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Erases the line (before output to standard output on the same terminal); the next set
+ * draws it again. */
+void kvs__progress_clear(kvs__progress_t *p);
+/* The final line: 100% and "done", or "failed". */
+void kvs__progress_end(kvs__progress_t *p, bool ok);
 
 /* `kvstash bench allocator [options]`: replays the allocator workload. Returns an exit code. */
 int kvs__bench_allocator_main(int argc, char **argv);

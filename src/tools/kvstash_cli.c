@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define DEFAULT_MASTER "127.0.0.1:50051"
@@ -32,6 +33,9 @@ static void usage(FILE *f)
                "  rm KEY [--force]          remove KEY (--force: even while leased)\n"
                "  ls [PREFIX] [--limit N]   list keys (complete and pending) with sizes\n"
                "  stat                      master counters and mounted segments\n"
+               "  top [--interval-ms N] [--count N]\n"
+               "                            the master's rates and usage per segment, refreshed\n"
+               "                            every second (also: stat --watch)\n"
                "  schema                    print the wire schema (messages, records, fields)\n"
                "  bench allocator [...]     allocator replay benchmark (--help for options)\n"
                "  bench transport [...]     loopback tcp transport vs plain sockets\n"
@@ -45,7 +49,9 @@ static void usage(FILE *f)
                "The master defaults to $KVS_MASTER, else 127.0.0.1:50051; empty is an error.\n"
                "ls and stat escape keys and names: \\\\ for a backslash, \\n \\t \\r, and \\xNN\n"
                "for other bytes outside printable ASCII. put refuses input larger than the\n"
-               "store's largest segment (an object is stored whole in one segment).\n");
+               "store's largest segment (an object is stored whole in one segment).\n"
+               "put and get of objects of 16 MiB or more show progress when standard error is a\n"
+               "terminal (KVS_PROGRESS=0 never, =1 always).\n");
 }
 
 /* Which of the standard descriptors were closed at start (main put /dev/null in their place). */
@@ -306,16 +312,26 @@ static int cmd_ls(cli_t *c, kvs__list_req_t req)
     return rc;
 }
 
-static int cmd_stat(cli_t *c)
+/* One STAT; the reply lives in c->arena until the next. Returns 0, or 1 with a message. */
+static int stat_fetch(cli_t *c, kvs__stat_rsp_t *rsp)
 {
+    kvs__arena_free(&c->arena);
+    kvs__arena_init(&c->arena);
     kvs__rpc_begin(c->rpc, &c->req, KVS_MSG_STAT);
     if (cli_call(c) != KVS_OK)
         return 1;
-    kvs__stat_rsp_t rsp;
-    if (kvs__stat_rsp_decode(c->rsp.data, c->rsp.len, c->rsp.version, &c->arena, &rsp) != KVS_OK) {
+    if (kvs__stat_rsp_decode(c->rsp.data, c->rsp.len, c->rsp.version, &c->arena, rsp) != KVS_OK) {
         fprintf(stderr, "kvstash stat: malformed answer from the master\n");
         return 1;
     }
+    return 0;
+}
+
+static int cmd_stat(cli_t *c)
+{
+    kvs__stat_rsp_t rsp;
+    if (stat_fetch(c, &rsp) != 0)
+        return 1;
     char a[32], b[32];
     for (uint32_t i = 0; i < rsp.ncounters; i++) {
         const kvs__counter_t *k = &rsp.counters[i];
@@ -335,6 +351,138 @@ static int cmd_stat(cli_t *c)
         print_escaped(stdout, s->endpoint.ptr, s->endpoint.len);
         printf(": %s used of %s\n", kvs__format_size(s->used, a, sizeof(a)),
                kvs__format_size(s->size, b, sizeof(b)));
+    }
+    return 0;
+}
+
+/* ---- top: the master's rates and usage, refreshed ------------------------------------------- */
+
+/* What one frame of top needs from the last (rates are differences over the interval). */
+typedef struct {
+    uint64_t at_ns;
+    uint64_t puts, lookups, hits, removes, evictions, evicted;
+    uint64_t nsegs;
+    struct {
+        uint64_t id, used;
+    } segs[KVS_MAX_SEGMENTS];
+} top_prev_t;
+
+static uint64_t stat_value(const kvs__stat_rsp_t *r, const char *name)
+{
+    for (uint32_t i = 0; i < r->ncounters; i++)
+        if (kvs__str_eq(r->counters[i].name, kvs__str_c(name)))
+            return r->counters[i].value;
+    return 0;
+}
+
+static double rate(uint64_t now, uint64_t before, double secs)
+{
+    return secs > 0 && now >= before ? (double)(now - before) / secs : 0.0;
+}
+
+static void top_frame(const kvs__stat_rsp_t *r, top_prev_t *prev, const char *master, bool tty)
+{
+    uint64_t now = kvs__now_ns();
+    double secs = prev->at_ns ? (double)(now - prev->at_ns) / 1e9 : 0.0;
+    uint64_t puts = stat_value(r, "puts_ended"), lookups = stat_value(r, "lookups"),
+             hits = stat_value(r, "lookup_hits"), removes = stat_value(r, "removes"),
+             evictions = stat_value(r, "evictions"), evicted = stat_value(r, "evicted_bytes");
+    uint64_t cap = stat_value(r, "capacity_bytes"), used = stat_value(r, "used_bytes");
+    char a[32], b[32], c[32];
+    if (tty)
+        fputs("\033[H\033[2J", stdout); /* home and clear: one screen per frame */
+    printf("kvstash top: master %s, %u segment(s), %llu objects (%llu pending)\n", master,
+           r->nsegs, (unsigned long long)stat_value(r, "objects"),
+           (unsigned long long)stat_value(r, "objects_pending"));
+    printf("used %s of %s (%.1f%%)\n", kvs__format_size(used, a, sizeof(a)),
+           kvs__format_size(cap, b, sizeof(b)), cap ? 100.0 * (double)used / (double)cap : 0.0);
+    printf("puts/s %.1f  lookups/s %.1f  hits/s %.1f  removes/s %.1f  evictions/s %.1f  "
+           "evicted %s/s\n\n",
+           rate(puts, prev->puts, secs), rate(lookups, prev->lookups, secs),
+           rate(hits, prev->hits, secs), rate(removes, prev->removes, secs),
+           rate(evictions, prev->evictions, secs),
+           kvs__format_size((uint64_t)rate(evicted, prev->evicted, secs), c, sizeof(c)));
+    printf("%-32s %-16s %12s %12s %7s %14s\n", "SEGMENT", "NODE", "USED", "SIZE", "USE%",
+           "CHANGE/s");
+    for (uint32_t i = 0; i < r->nsegs; i++) {
+        const kvs__seg_info_t *s = &r->segs[i];
+        double change = 0;
+        for (uint64_t j = 0; j < prev->nsegs && secs > 0; j++)
+            if (prev->segs[j].id == s->id)
+                change = ((double)s->used - (double)prev->segs[j].used) / secs;
+        char name[40], node[24], d[32], ch[40];
+        snprintf(name, sizeof(name), "%.*s", (int)KVS_MIN(s->name.len, 32u), s->name.ptr);
+        snprintf(node, sizeof(node), "%.*s", (int)KVS_MIN(s->node.len, 16u), s->node.ptr);
+        for (char *q = name; *q; q++) /* owners choose names: nothing that moves the cursor */
+            *q = (*q < 0x20 || *q == 0x7f) ? '?' : *q;
+        for (char *q = node; *q; q++)
+            *q = (*q < 0x20 || *q == 0x7f) ? '?' : *q;
+        kvs__format_size((uint64_t)(change < 0 ? -change : change), d, sizeof(d));
+        snprintf(ch, sizeof(ch), "%c%s", change < 0 ? '-' : '+', d);
+        printf("%-32s %-16s %12s %12s %6.1f%% %14s\n", name, node,
+               kvs__format_size(s->used, a, sizeof(a)), kvs__format_size(s->size, b, sizeof(b)),
+               s->size ? 100.0 * (double)s->used / (double)s->size : 0.0, ch);
+    }
+    if (!tty)
+        putchar('\n');
+    fflush(stdout);
+    *prev = (top_prev_t){now, puts, lookups, hits, removes, evictions, evicted, r->nsegs, {{0}}};
+    for (uint32_t i = 0; i < r->nsegs; i++) {
+        prev->segs[i].id = r->segs[i].id;
+        prev->segs[i].used = r->segs[i].used;
+    }
+}
+
+/* Frames every interval_ms until interrupted, or `count` frames (0: no end). */
+static int cmd_top(cli_t *c, const char *master, uint64_t interval_ms, uint64_t count)
+{
+    top_prev_t *prev = kvs__calloc(1, sizeof(*prev));
+    if (prev == NULL) {
+        fprintf(stderr, "kvstash top: out of memory\n");
+        return 1;
+    }
+    bool tty = isatty(STDOUT_FILENO) == 1;
+    int ret = 0;
+    for (uint64_t n = 0; count == 0 || n < count; n++) {
+        if (n > 0) {
+            struct timespec ts = {(time_t)(interval_ms / 1000),
+                                  (long)(interval_ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        kvs__stat_rsp_t rsp;
+        if (stat_fetch(c, &rsp) != 0) {
+            ret = 1;
+            break;
+        }
+        top_frame(&rsp, prev, master, tty);
+    }
+    kvs__free(prev);
+    return ret;
+}
+
+/* top [--interval-ms N] [--count N], also `stat --watch [...]`. */
+static int top_args(int argc, char **argv, uint64_t *interval_p, uint64_t *count_p)
+{
+    *interval_p = 1000;
+    *count_p = 0;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--watch") == 0)
+            continue;
+        bool iv = strcmp(argv[i], "--interval-ms") == 0, cn = strcmp(argv[i], "--count") == 0;
+        if ((iv || cn) && i + 1 < argc) {
+            uint64_t v;
+            if (kvs__parse_u64(argv[++i], iv ? 3600000 : UINT32_MAX, &v) != KVS_OK ||
+                (iv && v < 10)) {
+                fprintf(stderr, "kvstash top: %s wants %s, got '%s'\n", argv[i - 1],
+                        iv ? "10..3600000" : "a count", argv[i]);
+                return 2;
+            }
+            *(iv ? interval_p : count_p) = v;
+            continue;
+        }
+        fprintf(stderr, "kvstash top: unknown argument '%s' (takes --interval-ms N, --count N)\n",
+                argv[i]);
+        return 2;
     }
     return 0;
 }
@@ -460,8 +608,60 @@ static int put_input(const char *master, uint64_t timeout_ms, const char *path, 
     return r;
 }
 
+/* Objects from this size on show progress (on a terminal), moved in chunks of PROGRESS_CHUNK. */
+#define PROGRESS_MIN   (16u << 20)
+#define PROGRESS_CHUNK (8u << 20)
+
+/* A put in chunks through a put session, drawing progress: the object is readable only once
+ * every chunk is written (a failure revokes it). Returns 0, or 1 with a message. */
+static int put_chunked(kvs_client_t *c, const char *key, const char *data, size_t size)
+{
+    const char *keys[1] = {key};
+    uint64_t sizes[1] = {size};
+    int res[1] = {0};
+    char what[96];
+    snprintf(what, sizeof(what), "put %.64s", key);
+    if (kvs_client_register_buffer(c, (void *)data, size) != KVS_OK) {
+        fprintf(stderr, "kvstash put: %s\n", kvs_last_error());
+        return 1;
+    }
+    int rc = kvs_client_put_session_start(c, 1, keys, sizes, NULL, res);
+    if (rc == KVS_OK)
+        rc = res[0];
+    if (rc != KVS_OK) {
+        fprintf(stderr, "kvstash put: %s\n", kvs_last_error());
+        kvs_client_unregister_buffer(c, (void *)data);
+        return 1;
+    }
+    kvs__progress_t p;
+    kvs__progress_start(&p, what, size, true);
+    for (size_t off = 0; rc == KVS_OK && off < size; off += PROGRESS_CHUNK) {
+        kvs_range_t r = {(void *)(data + off), KVS_MIN((size_t)PROGRESS_CHUNK, size - off), off};
+        const kvs_range_t *rs[1] = {&r};
+        size_t nr[1] = {1};
+        rc = kvs_client_put_session_write(c, 1, keys, rs, nr, res);
+        if (rc == KVS_OK)
+            rc = res[0];
+        kvs__progress_set(&p, off + r.len);
+    }
+    if (rc == KVS_OK) {
+        rc = kvs_client_put_session_end(c, 1, keys, res);
+        if (rc == KVS_OK)
+            rc = res[0];
+    } else {
+        kvs_client_put_session_revoke(c, 1, keys, res);
+    }
+    kvs__progress_end(&p, rc == KVS_OK);
+    if (rc != KVS_OK)
+        fprintf(stderr, "kvstash put: %s (%s)\n", kvs_status_str(rc), kvs_last_error());
+    kvs_client_unregister_buffer(c, (void *)data);
+    return rc == KVS_OK ? 0 : 1;
+}
+
 static int cmd_put(kvs_client_t *c, const char *key, const char *data, size_t size)
 {
+    if (size >= PROGRESS_MIN && kvs__progress_wanted())
+        return put_chunked(c, key, data, size);
     if (kvs_client_put(c, key, data, size, NULL) != KVS_OK) {
         fprintf(stderr, "kvstash put: %s\n", kvs_last_error());
         return 1;
@@ -474,7 +674,19 @@ static int cmd_get(kvs_client_t *c, const char *key, const char *path)
 {
     void *data;
     size_t size;
+    /* A large object's transfer is one call (one lease, so its bytes are one version): its
+     * progress line says when it starts and ends; writing it out then shows bytes written. */
+    kvs__progress_t xfer;
+    char what[96];
+    snprintf(what, sizeof(what), "get %.64s: reading", key);
+    int64_t want = kvs__progress_wanted() ? kvs_client_get_size(c, key) : 0;
+    kvs__progress_start(&xfer, what, want > 0 ? (uint64_t)want : 0, true);
+    xfer.on = xfer.on && want >= (int64_t)PROGRESS_MIN;
+    kvs__progress_set(&xfer, 0);
     int rc = kvs_client_get(c, key, &data, &size);
+    if (rc == KVS_OK)
+        xfer.total = size;
+    kvs__progress_end(&xfer, rc == KVS_OK);
     if (rc != KVS_OK) {
         fprintf(stderr, "kvstash get: %s\n", kvs_last_error());
         return 1;
@@ -487,12 +699,22 @@ static int cmd_get(kvs_client_t *c, const char *key, const char *path)
         ret = 1;
     } else {
         /* A short write is an error: the object is all there or the call fails. */
-        bool ok = fwrite(data, 1, size, f) == size;
+        kvs__progress_t p;
+        snprintf(what, sizeof(what), "get %.64s: writing", key);
+        kvs__progress_start(&p, what, size, true);
+        p.on = p.on && size >= PROGRESS_MIN;
+        bool ok = true;
+        for (size_t off = 0; ok && off < size; off += PROGRESS_CHUNK) {
+            size_t n = KVS_MIN((size_t)PROGRESS_CHUNK, size - off);
+            ok = fwrite((const char *)data + off, 1, n, f) == n;
+            kvs__progress_set(&p, off + n);
+        }
         int err = ok ? 0 : errno;
         if ((out ? fflush(f) : fclose(f)) != 0 && ok) {
             ok = false;
             err = errno;
         }
+        kvs__progress_end(&p, ok);
         if (!ok) {
             fprintf(stderr, "kvstash get: cannot write %s%s%s: %s\n", out ? "" : "'",
                     out ? "standard output" : path, out ? "" : "'", strerror(err));
@@ -591,11 +813,15 @@ static int master_cmd(const char *master, uint64_t timeout_ms, const char *cmd, 
                       char **argv)
 {
     bool ls = strcmp(cmd, "ls") == 0;
+    bool top = strcmp(cmd, "top") == 0 || (argc > 0 && strcmp(argv[0], "--watch") == 0);
     kvs__list_req_t req;
+    uint64_t interval_ms = 0, count = 0;
     if (ls && ls_args(argc, argv, &req) != 0)
         return 2;
-    if (!ls && argc > 0) {
-        fprintf(stderr, "kvstash stat: takes no arguments, got '%s'\n", argv[0]);
+    if (top && top_args(argc, argv, &interval_ms, &count) != 0)
+        return 2;
+    if (!ls && !top && argc > 0) {
+        fprintf(stderr, "kvstash stat: takes no arguments but --watch, got '%s'\n", argv[0]);
         return 2;
     }
     if (!stdout_open(cmd))
@@ -603,7 +829,7 @@ static int master_cmd(const char *master, uint64_t timeout_ms, const char *cmd, 
     cli_t c;
     if (cli_open(master, timeout_ms, &c) != 0)
         return 1;
-    int ret = ls ? cmd_ls(&c, req) : cmd_stat(&c);
+    int ret = ls ? cmd_ls(&c, req) : top ? cmd_top(&c, master, interval_ms, count) : cmd_stat(&c);
     cli_close(&c);
     return ret;
 }
@@ -672,7 +898,8 @@ int main(int argc, char **argv)
         return stdout_finish(cmd, 0);
     }
     bool client = strcmp(cmd, "put") == 0 || strcmp(cmd, "get") == 0 || strcmp(cmd, "rm") == 0;
-    if (!client && strcmp(cmd, "ls") != 0 && strcmp(cmd, "stat") != 0) {
+    if (!client && strcmp(cmd, "ls") != 0 && strcmp(cmd, "stat") != 0 &&
+        strcmp(cmd, "top") != 0) {
         fprintf(stderr, "kvstash: unknown command '%s'\n", cmd);
         usage(stderr);
         return 2;
