@@ -1417,13 +1417,14 @@ int kvs__bench_store_main(int argc, char **argv)
             }
             cf->rounds = rnd + 1;
             done++;
-            kvs__progress_log(&prog,
-                    "[%3u/%u %5.0f s] %s %s %u reader(s) round %u: direct %.1f, grouped %.1f, "
-                    "staged %.1f, grouped staged %.1f ms (reader 0)\n",
-                    done, ncf * (unsigned)o.rounds, (double)(kvs__now_ns() - t_start) / 1e9,
-                    cf->topo, layout_str(l, lb, sizeof(lb)), cf->readers, rnd + 1,
-                    cf->round_ms[0][M_DIRECT][rnd], cf->round_ms[0][M_GROUPED][rnd],
-                    cf->round_ms[0][M_STAGED][rnd], cf->round_ms[0][M_GSTAGED][rnd]);
+            kvs__progress_log(
+                &prog,
+                "[%3u/%u %5.0f s] %s %s %u reader(s) round %u: direct %.1f, grouped %.1f, "
+                "staged %.1f, grouped staged %.1f ms (reader 0)\n",
+                done, ncf * (unsigned)o.rounds, (double)(kvs__now_ns() - t_start) / 1e9, cf->topo,
+                layout_str(l, lb, sizeof(lb)), cf->readers, rnd + 1, cf->round_ms[0][M_DIRECT][rnd],
+                cf->round_ms[0][M_GROUPED][rnd], cf->round_ms[0][M_STAGED][rnd],
+                cf->round_ms[0][M_GSTAGED][rnd]);
             kvs__progress_set(&prog, done);
         }
     }

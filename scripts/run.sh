@@ -33,6 +33,14 @@ echo "--- client workload: batch puts, multi-buffer gets into scattered 64 KiB p
 kvs bench client --keys 32 --size 4MiB --page 64KiB --reps 5
 echo "--- kvstash stat"
 kvs stat
+echo "--- Prometheus metrics of the master and the owner (http://127.0.0.1:9003/metrics)"
+python3 - <<'PY' || echo "(no metrics endpoint: port 9003 taken, or built without libmicrohttpd)"
+import urllib.request
+text = urllib.request.urlopen("http://127.0.0.1:9003/metrics", timeout=5).read().decode()
+keep = ("kvstash_master_objects ", "kvstash_master_puts_ended_total", "kvstash_master_used_bytes",
+        "kvstash_owner_requests_total", "kvstash_owner_served_bytes_total")
+print("\n".join(l for l in text.splitlines() if l.startswith(keep)))
+PY
 echo "--- store benchmark (short form; the full protocol: docs/store_bench.md)"
 build/kvstash bench store --layout 32x4MiB,256x256KiB --fragment-size 16KiB --readers 1 \
     --rounds 1 --samples 3 --direct-samples 1 --threads 0

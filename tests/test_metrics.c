@@ -73,15 +73,15 @@ static void test_exposition(void)
     };
     kvs__hist_t live;
     memset(&live, 0, sizeof(live));
-    kvs__hist_add(&live, 500);       /* < 1 µs: bucket 0 */
-    kvs__hist_add(&live, 3000);      /* 3 µs: [2, 4) µs */
-    kvs__hist_add(&live, 3000000);   /* 3 ms */
+    kvs__hist_add(&live, 500);     /* < 1 µs: bucket 0 */
+    kvs__hist_add(&live, 3000);    /* 3 µs: [2, 4) µs */
+    kvs__hist_add(&live, 3000000); /* 3 ms */
     kvs_histogram_t h;
     kvs__hist_copy(&h, &live);
     CHECK_EQ_U64(h.count, 3);
     CHECK_EQ_U64(h.max_ns, 3000000);
     kvs__metric_value_t v[] = {
-        {&d[0], NULL, 5, NULL},      {&d[1], "seg=\"x\"", 7, NULL}, {&d[2], NULL, 6, NULL},
+        {&d[0], NULL, 5, NULL},          {&d[1], "seg=\"x\"", 7, NULL}, {&d[2], NULL, 6, NULL},
         {&d[3], NULL, 1500000000, NULL}, {&d[4], NULL, 0, &h},
     };
     kvs__text_t t = {0};

@@ -381,61 +381,61 @@ double kvs_histogram_quantile_us(const kvs_histogram_t *h, double q);
     X(COUNTER, NONE, get_keys, get_keys, "", "Keys carried by read calls")                         \
     X(COUNTER, BYTES, get_bytes, get, "", "Bytes read by read calls")                              \
     X(COUNTER, NONE, get_failed_keys, get_failed_keys, "", "Keys whose read failed")               \
-    /* reads in grouped mode that were not staged */                                              \
-    X(COUNTER, NONE, get_grouped_calls, reads, "mode=\"grouped\"", "Read calls by mode")          \
+    /* reads in grouped mode that were not staged */                                               \
+    X(COUNTER, NONE, get_grouped_calls, reads, "mode=\"grouped\"", "Read calls by mode")           \
     X(COUNTER, NONE, get_submissions, get_submissions, "", "Transport submissions of reads")       \
-    X(COUNTER, NONE, get_lease_expired, read_failures, "reason=\"lease_expired\"",                \
+    X(COUNTER, NONE, get_lease_expired, read_failures, "reason=\"lease_expired\"",                 \
       "Keys whose read failed, by reason")                                                         \
-    X(COUNTER, NONE, get_timed_out, read_failures, "reason=\"timed_out\"", "")                    \
-    X(COUNTER, NONE, get_transfer_fail, read_failures, "reason=\"transfer_fail\"", "")            \
+    X(COUNTER, NONE, get_timed_out, read_failures, "reason=\"timed_out\"", "")                     \
+    X(COUNTER, NONE, get_transfer_fail, read_failures, "reason=\"transfer_fail\"", "")             \
     X(COUNTER, NONE, remove_calls, remove_calls, "", "Remove calls")                               \
     X(COUNTER, NONE, exists_calls, exists_calls, "", "Exists calls")                               \
     X(COUNTER, NONE, size_calls, size_calls, "", "Size calls")                                     \
     X(COUNTER, NONE, rpc_failures, rpc_failures, "", "Master calls that failed")                   \
-    /* key transfers (reads and replica writes) over tcp, and over shm (owner on this host) */    \
-    X(COUNTER, NONE, tcp_transfers, transfers, "transport=\"tcp\"",                               \
+    /* key transfers (reads and replica writes) over tcp, and over shm (owner on this host) */     \
+    X(COUNTER, NONE, tcp_transfers, transfers, "transport=\"tcp\"",                                \
       "Key transfers (reads and replica writes) by transport")                                     \
-    X(COUNTER, NONE, shm_transfers, transfers, "transport=\"shm\"", "")                           \
-    /* Host planning of read calls: validation, replica and route choice, staging eligibility  */ \
+    X(COUNTER, NONE, shm_transfers, transfers, "transport=\"shm\"", "")                            \
+    /* Host planning of read calls: validation, replica and route choice, staging eligibility  */  \
     /* and fills, up to the first submission; the lookup RPC and the transfers excluded.        */ \
-    X(COUNTER, NS, plan_ns_total, plan, "", "Host planning time of read calls")                   \
+    X(COUNTER, NS, plan_ns_total, plan, "", "Host planning time of read calls")                    \
     X(COUNTER, NONE, planned_fragments, planned_fragments, "",                                     \
       "Destination fragments of planned read calls")                                               \
     X(GAUGE, NONE, registered_buffers, registered_buffers, "", "Buffers registered now")           \
     X(GAUGE, BYTES, registered_bytes, registered, "", "Bytes of the buffers registered now")       \
-    /* GPU read staging (all 0 while it is off): staged rounds (a retry is one more), their    */ \
-    /* keys, buffer fills (one submission each), scatter launches (one per fill with keys)     */ \
+    /* GPU read staging (all 0 while it is off): staged rounds (a retry is one more), their    */  \
+    /* keys, buffer fills (one submission each), scatter launches (one per fill with keys)     */  \
     X(COUNTER, NONE, staged_reads, staging_rounds, "", "Staged read rounds (a retry is another)")  \
     X(COUNTER, NONE, staged_keys, staging_keys, "", "Keys carried by staged rounds")               \
     X(COUNTER, NONE, fills, staging_fills, "", "Staging buffer fills")                             \
     X(COUNTER, NONE, scatter_launches, scatter_launches, "", "Scatter kernel launches")            \
-    /* Calls that fell back to direct reads, by the first reason found: another call held the  */ \
-    /* buffer (after the busy wait), a key larger than the buffer, two fragments overlap, a    */ \
-    /* fragment outside the backend's memory (or mixed), the buffer lives on another device,   */ \
+    /* Calls that fell back to direct reads, by the first reason found: another call held the  */  \
+    /* buffer (after the busy wait), a key larger than the buffer, two fragments overlap, a    */  \
+    /* fragment outside the backend's memory (or mixed), the buffer lives on another device,   */  \
     /* the buffer could not be allocated (staging now off).                                     */ \
-    X(COUNTER, NONE, fallback_busy, staging_fallbacks, "reason=\"busy\"",                         \
+    X(COUNTER, NONE, fallback_busy, staging_fallbacks, "reason=\"busy\"",                          \
       "Read calls that fell back from staging to direct, by reason")                               \
-    X(COUNTER, NONE, fallback_too_large, staging_fallbacks, "reason=\"too_large\"", "")           \
-    X(COUNTER, NONE, fallback_overlap, staging_fallbacks, "reason=\"overlap\"", "")               \
-    X(COUNTER, NONE, fallback_other_domain, staging_fallbacks, "reason=\"other_domain\"", "")     \
-    X(COUNTER, NONE, fallback_other_gpu, staging_fallbacks, "reason=\"other_gpu\"", "")           \
-    X(COUNTER, NONE, fallback_alloc_failed, staging_fallbacks, "reason=\"alloc_failed\"", "")     \
+    X(COUNTER, NONE, fallback_too_large, staging_fallbacks, "reason=\"too_large\"", "")            \
+    X(COUNTER, NONE, fallback_overlap, staging_fallbacks, "reason=\"overlap\"", "")                \
+    X(COUNTER, NONE, fallback_other_domain, staging_fallbacks, "reason=\"other_domain\"", "")      \
+    X(COUNTER, NONE, fallback_other_gpu, staging_fallbacks, "reason=\"other_gpu\"", "")            \
+    X(COUNTER, NONE, fallback_alloc_failed, staging_fallbacks, "reason=\"alloc_failed\"", "")      \
     X(HIST, NS, put_latency, put_latency, "", "Put call latency, end to end")                      \
     X(HIST, NS, get_latency, get_latency, "", "Read call latency, end to end, every mode")         \
-    /* Read calls that went direct because a key's fragments hold more than the object         */ \
+    /* Read calls that went direct because a key's fragments hold more than the object         */  \
     /* (kvs_client_batch_get_into_multi_buffers accepts them; staging needs an exact cover).    */ \
-    X(COUNTER, NONE, fallback_not_exact, staging_fallbacks, "reason=\"not_exact\"", "")           \
-    /* Appended after 0.1.0: each read call's mode, exclusive (their sum is get_calls).     */ \
-    X(COUNTER, NONE, get_direct_calls, reads, "mode=\"direct\"", "")                              \
-    X(COUNTER, NONE, get_staged_calls, reads, "mode=\"staged\"", "")                              \
-    X(COUNTER, BYTES, get_direct_bytes, read, "mode=\"direct\"", "Bytes read, by mode")           \
-    X(COUNTER, BYTES, get_grouped_bytes, read, "mode=\"grouped\"", "")                            \
-    X(COUNTER, BYTES, get_staged_bytes, read, "mode=\"staged\"", "")                              \
-    X(HIST, NS, get_direct_latency, read_latency, "mode=\"direct\"",                              \
+    X(COUNTER, NONE, fallback_not_exact, staging_fallbacks, "reason=\"not_exact\"", "")            \
+    /* Appended after 0.1.0: each read call's mode, exclusive (their sum is get_calls).     */     \
+    X(COUNTER, NONE, get_direct_calls, reads, "mode=\"direct\"", "")                               \
+    X(COUNTER, NONE, get_staged_calls, reads, "mode=\"staged\"", "")                               \
+    X(COUNTER, BYTES, get_direct_bytes, read, "mode=\"direct\"", "Bytes read, by mode")            \
+    X(COUNTER, BYTES, get_grouped_bytes, read, "mode=\"grouped\"", "")                             \
+    X(COUNTER, BYTES, get_staged_bytes, read, "mode=\"staged\"", "")                               \
+    X(HIST, NS, get_direct_latency, read_latency, "mode=\"direct\"",                               \
       "Read call latency, end to end, by mode")                                                    \
-    X(HIST, NS, get_grouped_latency, read_latency, "mode=\"grouped\"", "")                        \
-    X(HIST, NS, get_staged_latency, read_latency, "mode=\"staged\"", "")                          \
-    /* GPU (or host-backend) memory the staging buffer holds now, 0 before first use           */ \
+    X(HIST, NS, get_grouped_latency, read_latency, "mode=\"grouped\"", "")                         \
+    X(HIST, NS, get_staged_latency, read_latency, "mode=\"staged\"", "")                           \
+    /* GPU (or host-backend) memory the staging buffer holds now, 0 before first use           */  \
     X(GAUGE, BYTES, staging_held_bytes, staging_held, "", "Memory the staging buffer holds")
 
 #define KVS_STATS_TYPE_COUNTER uint64_t

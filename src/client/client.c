@@ -1145,9 +1145,9 @@ int kvs_client_get_stats(kvs_client_t *c, kvs_client_stats_t *s)
         return kvs__fail(KVS_INVALID_PARAMS, "get_stats: client and stats are required");
     memset(s, 0, sizeof(*s));
     kvs__client_stats_t *t = &c->st;
-#define LOAD_COUNTER_(f) s->f = atomic_load_explicit(&t->f, memory_order_relaxed);
-#define LOAD_GAUGE_(f)   LOAD_COUNTER_(f)
-#define LOAD_HIST_(f)    kvs__hist_copy(&s->f, &t->f);
+#define LOAD_COUNTER_(f)                               s->f = atomic_load_explicit(&t->f, memory_order_relaxed);
+#define LOAD_GAUGE_(f)                                 LOAD_COUNTER_(f)
+#define LOAD_HIST_(f)                                  kvs__hist_copy(&s->f, &t->f);
 #define LOAD_(kind, unit, field, family, labels, help) LOAD_##kind##_(field)
     KVS_CLIENT_STATS(LOAD_)
 #undef LOAD_

@@ -149,7 +149,6 @@ kvs__staging_t *kvs__client_staging(kvs_client_t *c);
 /* Lets go of every buffer in `ps` and frees its array. */
 void kvs__pinset_release(kvs_client_t *c, kvs__pinset_t *ps);
 
-
 /* One request/response with the master before the call's deadline (kvs__now_ns() clock); counts
  * failures. `req` holds a begun frame. */
 int kvs__client_call(kvs_client_t *c, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint64_t deadline_ns);

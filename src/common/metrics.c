@@ -16,9 +16,8 @@ void kvs__hist_add(kvs__hist_t *h, uint64_t ns)
     atomic_fetch_add_explicit(&h->sum_ns, ns, memory_order_relaxed);
     atomic_fetch_add_explicit(&h->buckets[b], 1, memory_order_relaxed);
     uint64_t m = atomic_load_explicit(&h->max_ns, memory_order_relaxed);
-    while (ns > m &&
-           !atomic_compare_exchange_weak_explicit(&h->max_ns, &m, ns, memory_order_relaxed,
-                                                  memory_order_relaxed)) {
+    while (ns > m && !atomic_compare_exchange_weak_explicit(
+                         &h->max_ns, &m, ns, memory_order_relaxed, memory_order_relaxed)) {
     }
 }
 

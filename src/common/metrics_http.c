@@ -85,9 +85,8 @@ static enum MHD_Result answer(struct MHD_Connection *conn, unsigned code, kvs__t
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_data_size,
-                                  void **req_cls)
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **req_cls)
 {
     KVS_UNUSED(version);
     KVS_UNUSED(upload_data);
@@ -121,7 +120,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return t.failed ? MHD_NO : answer(conn, MHD_HTTP_OK, &t, "text/plain; version=0.0.4");
 }
 
-static void mhd_log(void *cls, const char *fmt, va_list ap)
+__attribute__((format(printf, 2, 0))) static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     KVS_UNUSED(cls);
     char msg[256];

@@ -68,7 +68,7 @@ typedef struct {
 typedef struct {
     const kvs__metric_desc_t *d;
     const char *labels;
-    uint64_t value;            /* COUNTER and GAUGE */
+    uint64_t value;              /* COUNTER and GAUGE */
     const kvs_histogram_t *hist; /* HIST */
 } kvs__metric_value_t;
 
@@ -76,8 +76,7 @@ typedef struct {
  * it, wherever its values stand in the array), names prefixed with `prefix` ("kvstash_master_").
  * The exposition's name is prefix + family + unit suffix (_bytes, _seconds) + _total for
  * counters. */
-void kvs__metrics_write(kvs__text_t *t, const char *prefix, const kvs__metric_value_t *v,
-                        size_t n);
+void kvs__metrics_write(kvs__text_t *t, const char *prefix, const kvs__metric_value_t *v, size_t n);
 
 /* Escapes a label value (backslash, quote, newline) into `out` (NUL-terminated, truncated to
  * `len`). */

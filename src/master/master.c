@@ -2044,7 +2044,8 @@ int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs
         return KVS_INVALID_PARAMS;
     KVS_UNUSED(now_ns);
     memset(rsp, 0, sizeof(*rsp));
-    rsp->counters = kvs__arena_alloc(arena, KVS_ARRAY_SIZE(master_metrics) * sizeof(*rsp->counters));
+    rsp->counters =
+        kvs__arena_alloc(arena, KVS_ARRAY_SIZE(master_metrics) * sizeof(*rsp->counters));
     rsp->segs = kvs__arena_alloc(arena, (size_t)m->nseg * sizeof(*rsp->segs));
     if (rsp->counters == NULL || rsp->segs == NULL)
         return KVS_NO_MEMORY;
@@ -2058,8 +2059,7 @@ int kvs__master_stat(kvs__master_t *m, uint64_t now_ns, kvs__arena_t *arena, kvs
             s->size, kvs__seg_alloc_used(s->alloc)};
     }
     const uint64_t objects = m->nobjs - (m->npending - m->nversions), objects_pending = m->npending,
-                   segments = m->nseg, capacity_bytes = cap, used_bytes = used,
-                   groups = m->ngroups;
+                   segments = m->nseg, capacity_bytes = cap, used_bytes = used, groups = m->ngroups;
 #define VALUE_COUNTER(name) m->c.name
 #define VALUE_GAUGE(name)   name
 #define VALUE_(kind, unit, name, family, help)                                                     \
@@ -2078,17 +2078,24 @@ void kvs__master_metrics_write(const kvs__stat_rsp_t *rsp, kvs__text_t *t)
     for (size_t i = 0; i < KVS_ARRAY_SIZE(master_metrics); i++) {
         for (uint32_t j = 0; j < rsp->ncounters; j++) {
             if (kvs__str_eq(rsp->counters[j].name, kvs__str_c(master_metrics[i].name))) {
-                v[n++] = (kvs__metric_value_t){&master_metrics[i], NULL, rsp->counters[j].value,
-                                               NULL};
+                v[n++] =
+                    (kvs__metric_value_t){&master_metrics[i], NULL, rsp->counters[j].value, NULL};
                 break;
             }
         }
     }
     kvs__metrics_write(t, "kvstash_master_", v, n);
-    static const kvs__metric_desc_t seg_cap = {KVS_METRIC_GAUGE, KVS_UNIT_BYTES, "segment_capacity",
-                                               "segment_capacity", "", "A segment's size"},
-                                    seg_used = {KVS_METRIC_GAUGE, KVS_UNIT_BYTES, "segment_used",
-                                                "segment_used", "",
+    static const kvs__metric_desc_t seg_cap = {KVS_METRIC_GAUGE,
+                                               KVS_UNIT_BYTES,
+                                               "segment_capacity",
+                                               "segment_capacity",
+                                               "",
+                                               "A segment's size"},
+                                    seg_used = {KVS_METRIC_GAUGE,
+                                                KVS_UNIT_BYTES,
+                                                "segment_used",
+                                                "segment_used",
+                                                "",
                                                 "A segment's bytes allocated to objects"};
     /* Per segment: labels of at most ~3 escaped names each. */
     enum { LABEL_LEN = 8 * KVS_MAX_NAME_LEN };

@@ -132,9 +132,9 @@ int kvs__master_list(kvs__master_t *m, const kvs__list_req_t *req, kvs__arena_t 
     X(GAUGE, NONE, objects, objects, "Complete objects stored")                                    \
     X(GAUGE, NONE, objects_pending, objects_pending, "Objects whose put has not ended")            \
     X(GAUGE, NONE, segments, segments, "Mounted segments")                                         \
-    X(GAUGE, BYTES, capacity_bytes, capacity, "Bytes of every mounted segment")                   \
+    X(GAUGE, BYTES, capacity_bytes, capacity, "Bytes of every mounted segment")                    \
     X(GAUGE, BYTES, used_bytes, used, "Bytes of the segments allocated to objects")                \
-    X(GAUGE, NONE, groups, groups, "Placement groups with objects")        \
+    X(GAUGE, NONE, groups, groups, "Placement groups with objects")                                \
     X(COUNTER, NONE, segments_mounted, segments_mounted, "Segments mounted")                       \
     X(COUNTER, NONE, segments_unmounted, segments_unmounted, "Segments unmounted by their owner")  \
     X(COUNTER, NONE, segments_expired, segments_expired, "Segments dropped: owner silent")         \

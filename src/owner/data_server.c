@@ -137,9 +137,9 @@ typedef struct {
 
 /* The live form of KVS_OWNER_METRICS (gauges are computed when rendered). */
 typedef struct {
-#define DSTAT_ATOMIC_COUNTER atomic_uint_fast64_t
-#define DSTAT_ATOMIC_GAUGE   atomic_uint_fast64_t
-#define DSTAT_ATOMIC_HIST    kvs__hist_t
+#define DSTAT_ATOMIC_COUNTER                                 atomic_uint_fast64_t
+#define DSTAT_ATOMIC_GAUGE                                   atomic_uint_fast64_t
+#define DSTAT_ATOMIC_HIST                                    kvs__hist_t
 #define DSTAT_FIELD_(kind, unit, name, family, labels, help) DSTAT_ATOMIC_##kind name;
     KVS_OWNER_METRICS(DSTAT_FIELD_)
 #undef DSTAT_FIELD_

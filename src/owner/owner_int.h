@@ -91,20 +91,20 @@ uint64_t kvs__data_server_refused(const kvs__data_server_t *srv);
  * the owner (readers map the segment): its shm requests are the handshakes that hand a segment
  * out, and the clients' metrics count the bytes. */
 #define KVS_OWNER_METRICS(X)                                                                       \
-    X(COUNTER, NONE, tcp_reads, requests, "transport=\"tcp\",op=\"read\"",                        \
+    X(COUNTER, NONE, tcp_reads, requests, "transport=\"tcp\",op=\"read\"",                         \
       "Requests served, by transport and operation")                                               \
-    X(COUNTER, NONE, tcp_writes, requests, "transport=\"tcp\",op=\"write\"", "")                  \
-    X(COUNTER, NONE, shm_maps, requests, "transport=\"shm\",op=\"map\"", "")                      \
-    X(COUNTER, BYTES, tcp_read_bytes, served, "transport=\"tcp\",op=\"read\"",                    \
+    X(COUNTER, NONE, tcp_writes, requests, "transport=\"tcp\",op=\"write\"", "")                   \
+    X(COUNTER, NONE, shm_maps, requests, "transport=\"shm\",op=\"map\"", "")                       \
+    X(COUNTER, BYTES, tcp_read_bytes, served, "transport=\"tcp\",op=\"read\"",                     \
       "Bytes served, by transport and operation")                                                  \
-    X(COUNTER, BYTES, tcp_write_bytes, served, "transport=\"tcp\",op=\"write\"", "")              \
-    X(HIST, NS, tcp_read_latency, request_latency, "transport=\"tcp\",op=\"read\"",               \
+    X(COUNTER, BYTES, tcp_write_bytes, served, "transport=\"tcp\",op=\"write\"", "")               \
+    X(HIST, NS, tcp_read_latency, request_latency, "transport=\"tcp\",op=\"read\"",                \
       "Time to serve a request, from its header to its last byte")                                 \
-    X(HIST, NS, tcp_write_latency, request_latency, "transport=\"tcp\",op=\"write\"", "")         \
-    X(HIST, NS, shm_map_latency, request_latency, "transport=\"shm\",op=\"map\"", "")             \
-    X(GAUGE, NONE, tcp_connections, connections, "transport=\"tcp\"",                             \
+    X(HIST, NS, tcp_write_latency, request_latency, "transport=\"tcp\",op=\"write\"", "")          \
+    X(HIST, NS, shm_map_latency, request_latency, "transport=\"shm\",op=\"map\"", "")              \
+    X(GAUGE, NONE, tcp_connections, connections, "transport=\"tcp\"",                              \
       "Open connections (shm: handshakes in progress)")                                            \
-    X(GAUGE, NONE, shm_connections, connections, "transport=\"shm\"", "")                         \
+    X(GAUGE, NONE, shm_connections, connections, "transport=\"shm\"", "")                          \
     X(GAUGE, NONE, segments, segments, "", "Segments served")                                      \
     X(GAUGE, BYTES, segment_bytes, segment, "", "Bytes of the segments served")                    \
     X(COUNTER, NONE, refused_protocol, refusals, "reason=\"protocol\"",                            \

@@ -1305,9 +1305,9 @@ static PyObject *store_get_stats(store_t *self, PyObject *unused)
     PyObject *d = PyDict_New();
     if (d == NULL)
         return NULL;
-    /* Generated from the client's metric table: every counter and gauge by its field name,
-     * every histogram as <name>_count, _sum_ns, _max_us and the _p50_us, _p90_us, _p99_us
-     * upper bounds. */
+        /* Generated from the client's metric table: every counter and gauge by its field name,
+         * every histogram as <name>_count, _sum_ns, _max_us and the _p50_us, _p90_us, _p99_us
+         * upper bounds. */
 #define STAT_COUNTER_(f)                                                                           \
     if (add_u64(d, #f, s.f) != 0)                                                                  \
         goto err;

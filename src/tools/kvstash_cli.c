@@ -391,8 +391,8 @@ static void top_frame(const kvs__stat_rsp_t *r, top_prev_t *prev, const char *ma
     char a[32], b[32], c[32];
     if (tty)
         fputs("\033[H\033[2J", stdout); /* home and clear: one screen per frame */
-    printf("kvstash top: master %s, %u segment(s), %llu objects (%llu pending)\n", master,
-           r->nsegs, (unsigned long long)stat_value(r, "objects"),
+    printf("kvstash top: master %s, %u segment(s), %llu objects (%llu pending)\n", master, r->nsegs,
+           (unsigned long long)stat_value(r, "objects"),
            (unsigned long long)stat_value(r, "objects_pending"));
     printf("used %s of %s (%.1f%%)\n", kvs__format_size(used, a, sizeof(a)),
            kvs__format_size(cap, b, sizeof(b)), cap ? 100.0 * (double)used / (double)cap : 0.0);
@@ -898,8 +898,7 @@ int main(int argc, char **argv)
         return stdout_finish(cmd, 0);
     }
     bool client = strcmp(cmd, "put") == 0 || strcmp(cmd, "get") == 0 || strcmp(cmd, "rm") == 0;
-    if (!client && strcmp(cmd, "ls") != 0 && strcmp(cmd, "stat") != 0 &&
-        strcmp(cmd, "top") != 0) {
+    if (!client && strcmp(cmd, "ls") != 0 && strcmp(cmd, "stat") != 0 && strcmp(cmd, "top") != 0) {
         fprintf(stderr, "kvstash: unknown command '%s'\n", cmd);
         usage(stderr);
         return 2;

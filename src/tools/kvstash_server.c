@@ -381,7 +381,8 @@ int main(int argc, char **argv)
             break;
         case O_METRICS_PORT:
             if (kvs__parse_u64(optarg, 65535, &metrics_port) != KVS_OK) {
-                fprintf(stderr, "kvstash-server: --metrics-port wants a port (0..65535), got '%s'\n",
+                fprintf(stderr,
+                        "kvstash-server: --metrics-port wants a port (0..65535), got '%s'\n",
                         optarg);
                 return 2;
             }
@@ -618,8 +619,7 @@ int main(int argc, char **argv)
             goto out;
         }
         if (rc != KVS_OK) {
-            fprintf(stderr, "kvstash-server: WARNING: no metrics endpoint: %s\n",
-                    kvs_last_error());
+            fprintf(stderr, "kvstash-server: WARNING: no metrics endpoint: %s\n", kvs_last_error());
         } else {
             if (master != NULL)
                 kvs__metrics_http_add(http, kvs__master_server_metrics_render, master);
