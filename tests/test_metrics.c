@@ -6,10 +6,13 @@
 #include "client/client_int.h"
 #include "common/metrics_int.h"
 #include "master/master_int.h"
+#include "master/master_server_int.h"
 #include "owner/owner_int.h"
 #include "proto/net_int.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -120,9 +123,9 @@ static void test_exposition(void)
 
 static int render_fixed(void *arg, kvs__text_t *t)
 {
-    int *calls = arg;
-    (*calls)++;
-    kvs__text_printf(t, "# TYPE x gauge\nx %d\n", *calls);
+    atomic_int *calls = arg; /* the HTTP server's thread counts, the test's reads */
+    int n = atomic_fetch_add(calls, 1) + 1;
+    kvs__text_printf(t, "# TYPE x gauge\nx %d\n", n);
     return KVS_OK;
 }
 
@@ -169,7 +172,7 @@ static void test_http_endpoint(void)
     kvs__metrics_http_t *h2 = NULL;
     CHECK_STATUS(kvs__metrics_http_start("127.0.0.1", port, &h2), KVS_IO_ERROR);
     CHECK(strstr(kvs_last_error(), "cannot listen") != NULL);
-    int calls = 0;
+    atomic_int calls = 0;
     CHECK_STATUS(kvs__metrics_http_add(h, render_fixed, &calls), KVS_OK);
     char *r = http(port, "GET /metrics HTTP/1.0\r\n\r\n");
     CHECK(strncmp(r, "HTTP/1.0 200", 12) == 0 || strncmp(r, "HTTP/1.1 200", 12) == 0);
@@ -181,7 +184,7 @@ static void test_http_endpoint(void)
     CHECK(strstr(r, " 404 ") != NULL);
     r = http(port, "DELETE /metrics HTTP/1.0\r\n\r\n");
     CHECK(strstr(r, " 405 ") != NULL);
-    CHECK_EQ_INT(calls, 2);
+    CHECK_EQ_INT(atomic_load(&calls), 2);
     /* A source that cannot render: 503 with the reason, not a partial scrape. */
     CHECK_STATUS(kvs__metrics_http_add(h, render_fail, NULL), KVS_OK);
     r = http(port, "GET /metrics HTTP/1.0\r\n\r\n");
@@ -192,6 +195,80 @@ static void test_http_endpoint(void)
     kvs__metrics_http_stop(NULL);
 }
 
+/* The master's scrape is rendered on its loop thread; a loop that does not answer in time is
+ * KVS_TIMED_OUT, never a scrape written later into a buffer the caller dropped. */
+static void test_master_scrape(void)
+{
+    kvs__master_server_config_t cfg;
+    CHECK_STATUS(kvs__master_server_config_init(&cfg), KVS_OK);
+    cfg.port = 0;
+    cfg.metrics_timeout_ms = 200;
+    kvs__master_server_t *s = NULL;
+    CHECK_STATUS(kvs__master_server_create(&cfg, &s), KVS_OK);
+    CHECK_STATUS(kvs__master_server_start(s), KVS_OK);
+    for (int i = 0; i < 3; i++) {
+        kvs__text_t t = {0};
+        CHECK_STATUS(kvs__master_server_metrics_render(s, &t), KVS_OK);
+        CHECK(strstr(t.p, "# TYPE kvstash_master_objects gauge\nkvstash_master_objects 0\n"));
+        CHECK(strstr(t.p, "kvstash_master_puts_started_total 0\n") != NULL);
+        CHECK(strstr(t.p, "kvstash_master_leader 1\n") != NULL);
+        CHECK(strstr(t.p, "kvstash_master_segment_used_bytes") == NULL); /* no segment yet */
+        kvs__text_free(&t);
+    }
+    kvs__master_server_stop(s); /* the loop ends: nobody answers scrapes now */
+    usleep(50000);
+    kvs__text_t t = {0};
+    uint64_t t0 = kvs__now_ns();
+    CHECK_STATUS(kvs__master_server_metrics_render(s, &t), KVS_TIMED_OUT);
+    CHECK_CMP_U64(kvs__now_ns() - t0, >=, 150 * KVS_NS_PER_MS);
+    CHECK(t.len == 0);
+    kvs__text_free(&t);
+    kvs__master_server_destroy(s);
+}
+
+/* Owner refusals are counted by reason and exposed with the owner's name. */
+static void test_owner_refusals(void)
+{
+    kvs__data_server_config_t cfg;
+    kvs__data_server_config_init(&cfg);
+    cfg.port = 0;
+    char dir[] = "/tmp/kvs-metrics-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    cfg.shm_dir = dir;
+    kvs__data_server_t *d = NULL;
+    CHECK_STATUS(kvs__data_server_create(&cfg, &d), KVS_OK);
+    /* Garbage where a frame header should be: a protocol refusal, and the connection closed. */
+    int fd = kvs__tcp_connect("127.0.0.1", kvs__data_server_port(d), kvs__now_ns() + KVS_NS_PER_S);
+    CHECK(fd >= 0);
+    kvs__set_nonblock(fd, false);
+    char junk[64];
+    memset(junk, 'x', sizeof(junk));
+    CHECK(write(fd, junk, sizeof(junk)) == (ssize_t)sizeof(junk));
+    char b[256];
+    while (read(fd, b, sizeof(b)) > 0) {
+    }
+    close(fd);
+    uint64_t deadline = kvs__now_ns() + 5 * KVS_NS_PER_S;
+    while (kvs__data_server_refused(d) < 1 && kvs__now_ns() < deadline)
+        usleep(1000);
+    CHECK_EQ_U64(kvs__data_server_refused(d), 1);
+    kvs__text_t t = {0};
+    CHECK_STATUS(kvs__data_server_metrics_render(d, &t), KVS_OK);
+    char want[160];
+    snprintf(want, sizeof(want),
+             "kvstash_owner_refusals_total{reason=\"protocol\",owner=\"%s\"} 1\n",
+             kvs__data_server_name(d));
+    CHECK(strstr(t.p, want) != NULL);
+    snprintf(want, sizeof(want), "kvstash_owner_refusals_total{reason=\"auth\",owner=\"%s\"} 0\n",
+             kvs__data_server_name(d));
+    CHECK(strstr(t.p, want) != NULL);
+    CHECK(strstr(t.p, "# TYPE kvstash_owner_request_latency_seconds histogram\n") != NULL);
+    CHECK_EQ_U64(count(t.p, "# TYPE kvstash_owner_requests_total counter"), 1);
+    kvs__text_free(&t);
+    kvs__data_server_destroy(d);
+    rmdir(dir);
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
@@ -199,6 +276,8 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_client_stats_abi),
         KVS_TEST_CASE(test_exposition),
         KVS_TEST_CASE(test_http_endpoint),
+        KVS_TEST_CASE(test_master_scrape),
+        KVS_TEST_CASE(test_owner_refusals),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
 }

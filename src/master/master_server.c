@@ -168,6 +168,7 @@ int kvs__master_server_config_init(kvs__master_server_config_t *cfg)
     cfg->etcd_ttl_s = KVS_HA_DEFAULT_TTL_S;
     cfg->etcd_poll_ms = KVS_HA_DEFAULT_POLL_MS;
     cfg->recovery_ms = 300;
+    cfg->metrics_timeout_ms = 2000;
     cfg->index_wait_ms = 1000;
     return kvs__master_config_init(&cfg->master);
 }
@@ -1473,7 +1474,7 @@ static void metrics_answer(kvs__master_server_t *s)
 int kvs__master_server_metrics_render(void *arg, kvs__text_t *t)
 {
     kvs__master_server_t *s = arg;
-    uint64_t one = 1, deadline = kvs__now_ns() + 2 * KVS_NS_PER_S;
+    uint64_t one = 1, deadline = kvs__now_ns() + s->cfg.metrics_timeout_ms * KVS_NS_PER_MS;
     pthread_mutex_lock(&s->metrics_lock);
     while (s->metrics_out != NULL) /* one scrape at a time */
         if (!kvs__cond_wait_until(&s->metrics_done, &s->metrics_lock, deadline))

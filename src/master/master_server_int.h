@@ -40,6 +40,7 @@ typedef struct {
                               * re-register (default 300) */
     uint64_t index_wait_ms;  /* a PUT_END reply waits this long at most for the owners to
                               * index its objects (default 1000) */
+    uint64_t metrics_timeout_ms; /* a scrape waits this long for the loop (default 2000) */
     kvs__auth_t auth;        /* peers must prove this secret at HELLO (AUTH), if on */
     bool tls;                /* TLS on every connection (needs auth) */
     kvs__master_config_t master;
@@ -61,7 +62,7 @@ int kvs__master_server_start(kvs__master_server_t *s);
 /* Asks the loop to return. Async-signal-safe: only writes to an eventfd. */
 void kvs__master_server_stop(kvs__master_server_t *s);
 /* Renders the master's metrics (a kvs__metrics_render_cb; `arg` is the server): asks the loop,
- * which must be running, and waits up to 2 s for it (else KVS_TIMED_OUT). */
+ * which must be running, and waits up to metrics_timeout_ms for it (else KVS_TIMED_OUT). */
 int kvs__master_server_metrics_render(void *arg, kvs__text_t *t);
 /* Stops (if started), joins, closes every connection and frees. NULL is a no-op. */
 void kvs__master_server_destroy(kvs__master_server_t *s);
