@@ -1,9 +1,11 @@
 """Builds the `kvstash` Python package's extension with the project's CMake (see pyproject.toml).
 
 The extension is CMake's kvstash_python target: the whole store linked statically into
-`kvstash/_kvstash*.so`, so the installed package needs no libkvstash beside it. A CUDA build is
-chosen when nvcc is found (on PATH, $CUDACXX, or /usr/local/cuda/bin/nvcc); KVSTASH_CUDA=0
-forces a build without it, KVSTASH_CUDA=1 fails when there is no nvcc. KVSTASH_CMAKE_ARGS adds
+`kvstash/_kvstash*.so`, so the installed package needs no libkvstash beside it (it does use the
+system's shared OpenSSL, and libcurl/json-c, libmicrohttpd and the CUDA runtime when the build
+found them). A CUDA build is chosen when nvcc is found (on PATH, $CUDACXX, or
+/usr/local/cuda/bin/nvcc) and CMake's probe of it succeeds; KVSTASH_CUDA=0 forces a build
+without it, KVSTASH_CUDA=1 insists on it (the build fails without a working nvcc). KVSTASH_CMAKE_ARGS adds
 configure arguments (space separated). Offline: nothing is downloaded."""
 import os
 import re
@@ -48,14 +50,20 @@ class CMakeBuild(build_ext):
         args = [f"-DPython3_EXECUTABLE={sys.executable}", "-DBUILD_TESTING=OFF",
                 "-DCMAKE_BUILD_TYPE=Release"]
         nvcc = find_nvcc()
-        args += [f"-DCMAKE_CUDA_COMPILER={nvcc}"] if nvcc else ["-DKVS_CUDA=OFF"]
+        env = dict(os.environ)
+        if nvcc and os.environ.get("KVSTASH_CUDA") == "1":
+            args.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")  # no working nvcc: the build fails
+        elif nvcc:
+            env["CUDACXX"] = nvcc  # CMake probes it, and builds without CUDA if it fails
+        else:
+            args.append("-DKVS_CUDA=OFF")
         args += os.environ.get("KVSTASH_CMAKE_ARGS", "").split()
-        print(f"kvstash: building with CMake in {build} ({'CUDA ' + nvcc if nvcc else 'no CUDA'})",
-              flush=True)
-        subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build), *args])
+        print(f"kvstash: building with CMake in {build} "
+              f"({'nvcc ' + nvcc if nvcc else 'no nvcc: no CUDA'})", flush=True)
+        subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build), *args], env=env)
         jobs = str(os.cpu_count() or 2)
         subprocess.check_call(["cmake", "--build", str(build), "--target", "kvstash_python",
-                               "-j", jobs])
+                               "-j", jobs], env=env)
         built = sorted((build / "python" / "kvstash").glob("_kvstash*.so"))
         if len(built) != 1:
             raise RuntimeError(f"setup.py: expected one _kvstash*.so in {build}, found {built}")

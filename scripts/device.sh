@@ -23,13 +23,16 @@
 #                  authentication and TLS cost
 #   ha             the GPU build without etcd's libraries (the machine has none): --etcd and
 #                  etcd:// are refused with a message, the HA tests skip, the rest still builds
+#   ops            the GPU build without libmicrohttpd (the machine has none): --metrics-port and
+#                  client metrics are refused with a message; `pip install --no-build-isolation`
+#                  into a venv picks the CUDA build, and a round trip runs from outside the tree
 # $SCATTER_ARGS adds options to `kvstash bench scatter`.
 # Every suite runs even when an earlier one failed; the exit status says whether all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-build-gpu/out}
 mkdir -p "$out"
-(($#)) || { sed -n '2,27p' "$0"; exit 2; }
+(($#)) || { sed -n '2,30p' "$0"; exit 2; }
 {
     date -u +"%Y-%m-%dT%H:%M:%SZ"
     # (no commit line: the device machine's copy of .git may lag behind the tree it runs)
@@ -164,6 +167,36 @@ for suite in "$@"; do
         step ha_refused bash -c 'out=$(build-gpu/kvstash-server --master-only --etcd 127.0.0.1:2379 2>&1); rc=$?; echo "$out"; [ $rc -eq 2 ] && grep -q "etcd support" <<<"$out"'
         step ha_client_refused bash -c 'out=$(KVS_MASTER=etcd://127.0.0.1:2379 build-gpu/kvstash stat 2>&1); rc=$?; echo "$out"; [ $rc -ne 0 ] && grep -q "etcd" <<<"$out"'
         step ha_test bash -c 'build-gpu/tests/test_ha; rc=$?; [ $rc -eq 77 ] || [ $rc -eq 0 ]'
+        ;;
+    ops)
+        step ops_version build-gpu/kvstash-server --version
+        step ops_refused bash -c 'out=$(build-gpu/kvstash-server --metrics-port 9003 2>&1); rc=$?; echo "$out"; [ $rc -eq 2 ] && grep -q "libmicrohttpd" <<<"$out"'
+        PYTHONPATH=$PWD/build-gpu/python KVS_SERVER_PATH=$PWD/build-gpu/kvstash-server \
+            step ops_client_refused bash -c 'cd tests/python && python3 -W error::RuntimeWarning - <<"PY" 2>&1 | tee /dev/stderr | grep -q libmicrohttpd
+import kvstash
+from kvs_harness import Server
+srv = Server()
+s = kvstash.MooncakeDistributedStore()
+try:
+    s.setup("localhost", "", 0, "16MB", "tcp", "", srv.master, enable_client_http_server=True)
+except RuntimeWarning as w:
+    print("refused as expected:", w)
+finally:
+    srv.stop()
+PY'
+        step ops_pip bash -c 'set -e; v=$(mktemp -d)/venv; python3 -m venv --system-site-packages "$v"
+            "$v/bin/python" -c "import setuptools, wheel" || { echo "no setuptools/wheel for $(python3 --version)"; exit 1; }
+            "$v/bin/pip" install --no-build-isolation --no-index . 2>&1 | tail -n 5
+            so=$("$v/bin/python" -c "import kvstash._kvstash as m; print(m.__file__)")
+            echo "installed: $so"; ldd "$so" | grep -q libcudart && echo "CUDA build: links libcudart"
+            cd /tmp && KVS_SERVER_PATH=$OLDPWD/build-gpu/kvstash-server PYTHONPATH=$OLDPWD/tests/python \
+                "$v/bin/python" -c "
+import os, kvstash
+from kvs_harness import Server
+srv = Server(); s = kvstash.MooncakeDistributedStore()
+assert s.setup(\"localhost\", \"\", 0, \"16MB\", \"tcp\", \"\", srv.master) == 0
+d = os.urandom(8 << 20); assert s.put(\"k\", d) == 0 and s.get(\"k\") == d
+print(\"round trip from\", kvstash.__file__); s.close(); srv.stop()"'
         ;;
     *) echo "unknown suite '$suite'"; failed+=("$suite") ;;
     esac

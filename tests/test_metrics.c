@@ -53,6 +53,50 @@ static void test_tables_are_well_formed(void)
  * against the first release read (append-only). */
 static void test_client_stats_abi(void)
 {
+    /* The 0.1.0 struct, field by field: 33 counters, two histograms, one counter. */
+    static const char *const v0[] = {"put_calls",
+                                     "put_keys",
+                                     "put_bytes",
+                                     "put_failed_keys",
+                                     "get_calls",
+                                     "get_keys",
+                                     "get_bytes",
+                                     "get_failed_keys",
+                                     "get_grouped_calls",
+                                     "get_submissions",
+                                     "get_lease_expired",
+                                     "get_timed_out",
+                                     "get_transfer_fail",
+                                     "remove_calls",
+                                     "exists_calls",
+                                     "size_calls",
+                                     "rpc_failures",
+                                     "tcp_transfers",
+                                     "shm_transfers",
+                                     "plan_ns_total",
+                                     "planned_fragments",
+                                     "registered_buffers",
+                                     "registered_bytes",
+                                     "staged_reads",
+                                     "staged_keys",
+                                     "fills",
+                                     "scatter_launches",
+                                     "fallback_busy",
+                                     "fallback_too_large",
+                                     "fallback_overlap",
+                                     "fallback_other_domain",
+                                     "fallback_other_gpu",
+                                     "fallback_alloc_failed",
+                                     "put_latency",
+                                     "get_latency",
+                                     "fallback_not_exact"};
+    size_t off = 0;
+    for (size_t i = 0; i < KVS_ARRAY_SIZE(v0); i++) {
+        CHECK_EQ_STR(kvs__client_metrics[i].name, v0[i]);
+        CHECK_EQ_U64(kvs__client_metric_offsets[i], off);
+        off += kvs__client_metrics[i].kind == KVS_METRIC_HIST ? sizeof(kvs_histogram_t) : 8;
+    }
+    CHECK_EQ_U64(off, KVS_CLIENT_STATS_V0_SIZE);
     CHECK_EQ_U64(sizeof(kvs_histogram_t), (3 + KVS_HIST_BUCKETS) * 8);
     CHECK_EQ_U64(offsetof(kvs_client_stats_t, put_calls), 0);
     CHECK_EQ_U64(offsetof(kvs_client_stats_t, get_grouped_calls), 8 * 8);
@@ -103,22 +147,43 @@ static void test_exposition(void)
     CHECK(strstr(s, "kvs_plan_seconds_total 1.500000000\n") != NULL);
     /* Histograms: seconds, cumulative, +Inf and _count equal the calls. */
     CHECK(strstr(s, "# TYPE kvs_lat_seconds histogram\n") != NULL);
-    CHECK(strstr(s, "kvs_lat_seconds_bucket{le=\"1e-06\"} 1\n") != NULL);
-    CHECK(strstr(s, "kvs_lat_seconds_bucket{le=\"2e-06\"} 1\n") != NULL);
-    CHECK(strstr(s, "kvs_lat_seconds_bucket{le=\"4e-06\"} 2\n") != NULL);
+    CHECK(strstr(s, "kvs_lat_seconds_bucket{le=\"0.000001\"} 1\n") != NULL);
+    CHECK(strstr(s, "kvs_lat_seconds_bucket{le=\"0.000002\"} 1\n") != NULL);
+    CHECK(strstr(s, "kvs_lat_seconds_bucket{le=\"0.000004\"} 2\n") != NULL);
     CHECK(strstr(s, "kvs_lat_seconds_bucket{le=\"0.002048\"} 2\n") != NULL);
     CHECK(strstr(s, "kvs_lat_seconds_bucket{le=\"0.004096\"} 3\n") != NULL);
     CHECK(strstr(s, "kvs_lat_seconds_bucket{le=\"+Inf\"} 3\n") != NULL);
     CHECK(strstr(s, "kvs_lat_seconds_sum 0.003003500\n") != NULL);
     CHECK(strstr(s, "kvs_lat_seconds_count 3\n") != NULL);
     CHECK_EQ_U64(count(s, "kvs_lat_seconds_bucket"), KVS_HIST_BUCKETS);
+    CHECK(strstr(s, "le=\"1073.741824\"") != NULL); /* 2^30 µs, exact */
     kvs__text_free(&t);
 
-    char esc[32];
+    /* A label of 1 KiB (a long escaped segment name) is written whole. */
+    char big[1100];
+    memset(big, 'n', sizeof(big));
+    memcpy(big, "seg=\"", 5);
+    memcpy(big + sizeof(big) - 2, "\"", 2);
+    kvs__metric_value_t lv = {&d[1], big, 3, NULL};
+    kvs__text_t t2 = {0};
+    kvs__metrics_write(&t2, "kvs_", &lv, 1);
+    CHECK(!t2.failed);
+    char tail[] = "nnnn\"} 3\n";
+    CHECK(t2.len > sizeof(big) && strstr(t2.p, tail) != NULL);
+    kvs__text_free(&t2);
+
+    char esc[64];
     kvs__metrics_label_escape("a\"b\\c\nd", esc, sizeof(esc));
     CHECK_EQ_STR(esc, "a\\\"b\\\\c\\nd");
+    /* Names come from peers: what is not UTF-8, and control characters, become '?'; valid
+     * UTF-8 stays. */
+    kvs__metrics_label_escape("x\xff\xc0\xafy\x1b[2J\xc3\xa9\xe2\x82\xac\xed\xa0\x80z", esc,
+                              sizeof(esc));
+    CHECK_EQ_STR(esc, "x???y?[2J\xc3\xa9\xe2\x82\xac???z");
     kvs__metrics_label_escape("abcdefgh", esc, 5); /* truncated, terminated */
-    CHECK_EQ_STR(esc, "ab");
+    CHECK_EQ_STR(esc, "abcd");
+    kvs__metrics_label_escape("abc\xc3\xa9", esc, 5); /* never half a character */
+    CHECK_EQ_STR(esc, "abc");
 }
 
 static int render_fixed(void *arg, kvs__text_t *t)
@@ -165,6 +230,13 @@ static void test_http_endpoint(void)
         return;
     }
     CHECK_STATUS(kvs__metrics_http_start("not-an-address", 0, &h), KVS_INVALID_PARAMS);
+    /* IPv6 where the host has it (a container may not): a bound port, or a clear refusal. */
+    int rc6 = kvs__metrics_http_start("::1", 0, &h);
+    CHECK(rc6 == KVS_OK || rc6 == KVS_IO_ERROR);
+    if (rc6 == KVS_OK)
+        CHECK(kvs__metrics_http_port(h) != 0);
+    kvs__metrics_http_stop(h);
+    h = NULL;
     CHECK_STATUS(kvs__metrics_http_start("127.0.0.1", 0, &h), KVS_OK);
     uint16_t port = kvs__metrics_http_port(h);
     CHECK(port != 0);
@@ -215,6 +287,33 @@ static void test_master_scrape(void)
         CHECK(strstr(t.p, "kvstash_master_segment_used_bytes") == NULL); /* no segment yet */
         kvs__text_free(&t);
     }
+    /* The stats call writes no more than the caller's struct holds: the 0.1.0 symbol its
+     * prefix, the sized call `size` bytes; below the 0.1.0 size it refuses. */
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", (unsigned)kvs__master_server_port(s));
+    kvs_client_config_t ccfg;
+    CHECK_STATUS(kvs_client_config_init(&ccfg), KVS_OK);
+    ccfg.master = addr;
+    kvs_client_t *c = NULL;
+    CHECK_STATUS(kvs_client_open(&ccfg, &c), KVS_OK);
+    CHECK_EQ_INT(kvs_client_exists(c, "nothing"), 0);
+    static unsigned char buf[sizeof(kvs_client_stats_t) + 64];
+    memset(buf, 0xa5, sizeof(buf));
+    CHECK_STATUS((kvs_client_get_stats)(c, (kvs_client_stats_t *)(void *)buf), KVS_OK);
+    for (size_t i = KVS_CLIENT_STATS_V0_SIZE; i < sizeof(buf); i++)
+        CHECK_EQ_INT(buf[i], 0xa5);
+    CHECK_EQ_U64(((kvs_client_stats_t *)(void *)buf)->exists_calls, 1);
+    memset(buf, 0xa5, sizeof(buf));
+    CHECK_STATUS(kvs_client_get_stats_sized(c, (kvs_client_stats_t *)(void *)buf,
+                                            KVS_CLIENT_STATS_V0_SIZE + 8),
+                 KVS_OK);
+    CHECK_EQ_INT(buf[KVS_CLIENT_STATS_V0_SIZE + 8], 0xa5);
+    CHECK_STATUS(kvs_client_get_stats_sized(c, (kvs_client_stats_t *)(void *)buf, 100),
+                 KVS_INVALID_PARAMS);
+    kvs_client_stats_t full;
+    CHECK_STATUS(kvs_client_get_stats(c, &full), KVS_OK);
+    CHECK_EQ_U64(full.exists_calls, 1);
+    kvs_client_close(c);
     kvs__master_server_stop(s); /* the loop ends: nobody answers scrapes now */
     usleep(50000);
     kvs__text_t t = {0};

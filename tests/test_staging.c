@@ -211,6 +211,17 @@ static void test_staging_exact_capacity(void)
     CHECK_EQ_U64(s.staged_reads, 1);
     CHECK_EQ_U64(s.fallback_too_large, 1);
     CHECK_EQ_U64(s.get_submissions, 1);
+    /* Each call in one mode: the first staged, the second direct (it fell back). */
+    CHECK_EQ_U64(s.get_staged_calls, 1);
+    CHECK_EQ_U64(s.get_direct_calls, 1);
+    CHECK_EQ_U64(s.get_grouped_unstaged_calls, 0);
+    CHECK_EQ_U64(s.get_staged_calls + s.get_direct_calls + s.get_grouped_unstaged_calls,
+                 s.get_calls);
+    CHECK_EQ_U64(s.get_staged_bytes, BUDGET);
+    CHECK_EQ_U64(s.get_direct_bytes, BUDGET + 1);
+    CHECK_EQ_U64(s.get_staged_latency.count, 1);
+    CHECK_EQ_U64(s.get_direct_latency.count, 1);
+    CHECK_EQ_U64(s.staging_held_bytes, BUDGET);
     dest_free(c, &d);
     kvs_client_close(c);
     server_stop(&st.srv);

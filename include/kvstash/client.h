@@ -370,8 +370,9 @@ double kvs_histogram_quantile_us(const kvs_histogram_t *h, double q);
  * first member's).
  *
  * ABI: kvs_client_stats_t stays ABI-stable. Members are only ever appended to this table (never
- * reordered, removed or retyped), so a program built against an older header reads the prefix it
- * knows. "calls" count API calls, "keys" the keys they carried. */
+ * reordered, removed or retyped), and the caller says how large its struct is (see
+ * kvs_client_get_stats below), so a program built against an older header reads the prefix it
+ * knows and nothing is written past it. "calls" count API calls, "keys" the keys they carried. */
 #define KVS_CLIENT_STATS(X)                                                                        \
     X(COUNTER, NONE, put_calls, put_calls, "", "Put calls")                                        \
     X(COUNTER, NONE, put_keys, put_keys, "", "Keys carried by put calls")                          \
@@ -381,8 +382,8 @@ double kvs_histogram_quantile_us(const kvs_histogram_t *h, double q);
     X(COUNTER, NONE, get_keys, get_keys, "", "Keys carried by read calls")                         \
     X(COUNTER, BYTES, get_bytes, get, "", "Bytes read by read calls")                              \
     X(COUNTER, NONE, get_failed_keys, get_failed_keys, "", "Keys whose read failed")               \
-    /* reads in grouped mode that were not staged */                                               \
-    X(COUNTER, NONE, get_grouped_calls, reads, "mode=\"grouped\"", "Read calls by mode")           \
+    /* reads asked for in grouped mode (staged or not) */                                          \
+    X(COUNTER, NONE, get_grouped_calls, grouped_calls, "", "Read calls asked for in grouped mode") \
     X(COUNTER, NONE, get_submissions, get_submissions, "", "Transport submissions of reads")       \
     X(COUNTER, NONE, get_lease_expired, read_failures, "reason=\"lease_expired\"",                 \
       "Keys whose read failed, by reason")                                                         \
@@ -425,8 +426,10 @@ double kvs_histogram_quantile_us(const kvs_histogram_t *h, double q);
     /* Read calls that went direct because a key's fragments hold more than the object         */  \
     /* (kvs_client_batch_get_into_multi_buffers accepts them; staging needs an exact cover).    */ \
     X(COUNTER, NONE, fallback_not_exact, staging_fallbacks, "reason=\"not_exact\"", "")            \
-    /* Appended after 0.1.0: each read call's mode, exclusive (their sum is get_calls).     */     \
-    X(COUNTER, NONE, get_direct_calls, reads, "mode=\"direct\"", "")                               \
+    /* Appended after 0.1.0 (KVS_CLIENT_STATS_V0_SIZE ends before them): the mode each read  */    \
+    /* call took, exclusive (their sum is get_calls): direct, grouped and not staged, staged    */ \
+    X(COUNTER, NONE, get_direct_calls, reads, "mode=\"direct\"", "Read calls by the mode taken")   \
+    X(COUNTER, NONE, get_grouped_unstaged_calls, reads, "mode=\"grouped\"", "")                    \
     X(COUNTER, NONE, get_staged_calls, reads, "mode=\"staged\"", "")                               \
     X(COUNTER, BYTES, get_direct_bytes, read, "mode=\"direct\"", "Bytes read, by mode")            \
     X(COUNTER, BYTES, get_grouped_bytes, read, "mode=\"grouped\"", "")                             \
@@ -447,8 +450,21 @@ typedef struct {
 #undef KVS_STATS_FIELD_
 } kvs_client_stats_t;
 
-/* Copies a snapshot of the counters into *stats_p. */
+/* The size of kvs_client_stats_t in kvstash 0.1.0: what kvs_client_get_stats fills for a program
+ * built against that header. */
+#define KVS_CLIENT_STATS_V0_SIZE 832u
+
+/* Copies a snapshot of the counters into *stats_p, at most `size` bytes of it (the caller's
+ * sizeof(kvs_client_stats_t)): a program built against an older, shorter struct gets the prefix
+ * it knows and nothing past it. KVS_INVALID_PARAMS for a size below KVS_CLIENT_STATS_V0_SIZE. */
+int kvs_client_get_stats_sized(kvs_client_t *client, kvs_client_stats_t *stats_p, size_t size);
+
+/* kvs_client_get_stats(client, stats_p): the sized call with this header's struct size. (The
+ * library's function of that name, which programs built against 0.1.0 call, fills the 0.1.0
+ * prefix only.) */
 int kvs_client_get_stats(kvs_client_t *client, kvs_client_stats_t *stats_p);
+#define kvs_client_get_stats(client, stats_p)                                                      \
+    kvs_client_get_stats_sized((client), (stats_p), sizeof(*(stats_p)))
 
 /* Serves this client's metrics (the table above) in Prometheus text format at
  * http://bind_host:port/metrics until the client closes. bind_host NULL: every address; port 0:

@@ -1139,10 +1139,9 @@ const size_t kvs__client_metric_offsets[] = {
 #undef OFF_
 };
 
-int kvs_client_get_stats(kvs_client_t *c, kvs_client_stats_t *s)
+/* The whole struct, into *s (ours: full size). */
+static void stats_snapshot(kvs_client_t *c, kvs_client_stats_t *s)
 {
-    if (c == NULL || s == NULL)
-        return kvs__fail(KVS_INVALID_PARAMS, "get_stats: client and stats are required");
     memset(s, 0, sizeof(*s));
     kvs__client_stats_t *t = &c->st;
 #define LOAD_COUNTER_(f)                               s->f = atomic_load_explicit(&t->f, memory_order_relaxed);
@@ -1170,7 +1169,26 @@ int kvs_client_get_stats(kvs_client_t *c, kvs_client_stats_t *s)
 #undef FALLBACK_
         s->staging_held_bytes = atomic_load(&ss->held_bytes);
     }
+}
+
+int kvs_client_get_stats_sized(kvs_client_t *c, kvs_client_stats_t *s, size_t size)
+{
+    if (c == NULL || s == NULL)
+        return kvs__fail(KVS_INVALID_PARAMS, "get_stats: client and stats are required");
+    if (size < KVS_CLIENT_STATS_V0_SIZE)
+        return kvs__fail(KVS_INVALID_PARAMS, "get_stats: a stats struct of %zu bytes (at least %u)",
+                         size, KVS_CLIENT_STATS_V0_SIZE);
+    kvs_client_stats_t all;
+    stats_snapshot(c, &all);
+    memcpy(s, &all, KVS_MIN(size, sizeof(all)));
     return KVS_OK;
+}
+
+/* The symbol programs built against 0.1.0 call: their struct is the 0.1.0 one. */
+#undef kvs_client_get_stats
+int kvs_client_get_stats(kvs_client_t *c, kvs_client_stats_t *s)
+{
+    return kvs_client_get_stats_sized(c, s, KVS_CLIENT_STATS_V0_SIZE);
 }
 
 int kvs_client_serve_metrics(kvs_client_t *c, const char *bind_host, uint16_t port)
@@ -1209,9 +1227,7 @@ int kvs_client_metrics_port(kvs_client_t *c)
 int kvs__client_metrics_render(void *arg, kvs__text_t *t)
 {
     kvs_client_stats_t s;
-    int rc = kvs_client_get_stats(arg, &s);
-    if (rc != KVS_OK)
-        return rc;
+    stats_snapshot(arg, &s);
     kvs__metric_value_t v[KVS_ARRAY_SIZE(kvs__client_metrics)];
     for (size_t i = 0; i < kvs__client_nmetrics; i++) {
         const char *p = (const char *)&s + kvs__client_metric_offsets[i];
@@ -1222,5 +1238,16 @@ int kvs__client_metrics_render(void *arg, kvs__text_t *t)
             memcpy(&v[i].value, p, sizeof(uint64_t));
     }
     kvs__metrics_write(t, "kvstash_client_", v, kvs__client_nmetrics);
+    /* A client with segments of its own is their owner too: their data servers' metrics. */
+    kvs_client_t *c = arg;
+    pthread_mutex_lock(&c->owners_lock);
+    kvs__data_server_t **ds = c->nowners ? kvs__calloc(c->nowners, sizeof(*ds)) : NULL;
+    size_t n = ds != NULL ? c->nowners : 0;
+    for (size_t i = 0; i < n; i++)
+        ds[i] = kvs__owner_data_server(c->owners[i]);
+    if (n > 0)
+        kvs__data_servers_metrics_write(ds, n, t);
+    pthread_mutex_unlock(&c->owners_lock);
+    kvs__free(ds);
     return t->failed ? KVS_NO_MEMORY : KVS_OK;
 }

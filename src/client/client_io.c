@@ -1090,6 +1090,7 @@ static int get_run(kvs_client_t *c, const char *op, size_t n, const char *const 
     atomic_fetch_add(&st->plan_ns_total, init_ns + plan_ns);
     atomic_fetch_add(&st->planned_fragments, nfrag);
     atomic_fetch_add(&st->get_calls, 1);
+    atomic_fetch_add(&st->get_grouped_calls, grouped);
     atomic_fetch_add(&st->get_keys, n);
     atomic_fetch_add(&st->get_bytes, bytes);
     /* Each call counts in one mode: staged if any round staged, else grouped or direct. */
@@ -1100,7 +1101,7 @@ static int get_run(kvs_client_t *c, const char *op, size_t n, const char *const 
         mode_bytes = &st->get_staged_bytes;
         mode_latency = &st->get_staged_latency;
     } else if (grouped) {
-        calls = &st->get_grouped_calls;
+        calls = &st->get_grouped_unstaged_calls;
         mode_bytes = &st->get_grouped_bytes;
         mode_latency = &st->get_grouped_latency;
     }

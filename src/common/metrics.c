@@ -84,19 +84,50 @@ void kvs__text_free(kvs__text_t *t)
     memset(t, 0, sizeof(*t));
 }
 
+/* The length of the valid UTF-8 sequence at `p` (at most `n` bytes), 0 when invalid. */
+static size_t utf8_len(const unsigned char *p, size_t n)
+{
+    size_t len = p[0] < 0x80             ? 1
+                 : (p[0] & 0xe0) == 0xc0 ? 2
+                 : (p[0] & 0xf0) == 0xe0 ? 3
+                 : (p[0] & 0xf8) == 0xf0 ? 4
+                                         : 0;
+    if (len == 0 || len > n || (len == 2 && p[0] < 0xc2) || (len == 4 && p[0] > 0xf4))
+        return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+    if ((len == 3 && p[0] == 0xe0 && p[1] < 0xa0) || (len == 3 && p[0] == 0xed && p[1] >= 0xa0) ||
+        (len == 4 && p[0] == 0xf0 && p[1] < 0x90) || (len == 4 && p[0] == 0xf4 && p[1] >= 0x90))
+        return 0; /* overlong, surrogates, beyond U+10FFFF */
+    return len;
+}
+
 void kvs__metrics_label_escape(const char *in, char *out, size_t len)
 {
-    size_t o = 0;
-    for (; in != NULL && *in != '\0' && o + 3 < len; in++) {
-        if (*in == '\\' || *in == '"') {
-            out[o++] = '\\';
-            out[o++] = *in;
-        } else if (*in == '\n') {
-            out[o++] = '\\';
-            out[o++] = 'n';
+    size_t o = 0, n = in != NULL ? strlen(in) : 0;
+    const unsigned char *p = (const unsigned char *)in;
+    /* Prometheus refuses a whole scrape for one label value that is not UTF-8: names come from
+     * peers, so anything else (and control characters) becomes '?'. */
+    for (size_t i = 0; i < n;) {
+        size_t u = utf8_len(p + i, n - i);
+        char piece[4];
+        size_t plen = 0;
+        if (u == 0 || (u == 1 && (p[i] < 0x20 || p[i] == 0x7f) && p[i] != '\n')) {
+            piece[plen++] = '?';
+            u = u == 0 ? 1 : u;
+        } else if (p[i] == '\\' || p[i] == '"' || p[i] == '\n') {
+            piece[plen++] = '\\';
+            piece[plen++] = p[i] == '\n' ? 'n' : (char)p[i];
         } else {
-            out[o++] = *in;
+            memcpy(piece, p + i, u);
+            plen = u;
         }
+        if (o + plen + 1 > len) /* whole characters only, and the terminator */
+            break;
+        memcpy(out + o, piece, plen);
+        o += plen;
+        i += u;
     }
     if (len > 0)
         out[KVS_MIN(o, len - 1)] = '\0';
@@ -107,35 +138,32 @@ static const char *unit_suffix(kvs__metric_unit_t u)
     return u == KVS_UNIT_BYTES ? "_bytes" : u == KVS_UNIT_NS ? "_seconds" : "";
 }
 
-/* "{a,b}" of the two label sets, or "" when both are empty; `extra` is put before a `le`. */
-static void labels_join(char *out, size_t len, const char *a, const char *b, const char *extra)
+/* Writes "{a,b,extra}" of the label sets present (nothing when none is): straight into the
+ * growable text, so a long label value is never cut short. */
+static void write_labels(kvs__text_t *t, const char *a, const char *b, const char *extra)
 {
     const char *parts[3] = {a, b, extra};
-    size_t o = 0;
-    out[0] = '\0';
+    bool first = true;
     for (int i = 0; i < 3; i++) {
         if (parts[i] == NULL || parts[i][0] == '\0')
             continue;
-        int n = snprintf(out + o, len - o, "%s%s", o == 0 ? "{" : ",", parts[i]);
-        if (n < 0 || (size_t)n >= len - o)
-            return;
-        o += (size_t)n;
+        kvs__text_printf(t, "%s%s", first ? "{" : ",", parts[i]);
+        first = false;
     }
-    if (o > 0 && o + 1 < len) {
-        out[o] = '}';
-        out[o + 1] = '\0';
-    }
+    if (!first)
+        kvs__text_printf(t, "}");
 }
 
 static void write_sample(kvs__text_t *t, const char *name, const kvs__metric_value_t *v)
 {
-    char lb[768];
-    labels_join(lb, sizeof(lb), v->d->labels, v->labels, NULL);
-    if (v->d->kind != KVS_METRIC_HIST) {
-        if (v->d->unit == KVS_UNIT_NS)
-            kvs__text_printf(t, "%s%s %.9f\n", name, lb, (double)v->value / 1e9);
+    const kvs__metric_desc_t *d = v->d;
+    if (d->kind != KVS_METRIC_HIST) {
+        kvs__text_printf(t, "%s", name);
+        write_labels(t, d->labels, v->labels, NULL);
+        if (d->unit == KVS_UNIT_NS)
+            kvs__text_printf(t, " %.9f\n", (double)v->value / 1e9);
         else
-            kvs__text_printf(t, "%s%s %llu\n", name, lb, (unsigned long long)v->value);
+            kvs__text_printf(t, " %llu\n", (unsigned long long)v->value);
         return;
     }
     const kvs_histogram_t *h = v->hist;
@@ -144,19 +172,24 @@ static void write_sample(kvs__text_t *t, const char *name, const kvs__metric_val
     uint64_t seen = 0, count = 0;
     for (unsigned i = 0; h != NULL && i < KVS_HIST_BUCKETS; i++)
         count += h->buckets[i];
-    /* Bucket i holds [2^(i-1), 2^i) µs; the last one also everything longer, so it is +Inf. */
+    /* Bucket i holds [2^(i-1), 2^i) µs; the last one also everything longer, so it is +Inf.
+     * Bounds are whole microseconds: exact in six decimals of a second. */
     for (unsigned i = 0; i + 1 < KVS_HIST_BUCKETS; i++) {
+        unsigned long long us = 1ull << i;
         char le[48];
+        snprintf(le, sizeof(le), "le=\"%llu.%06llu\"", us / 1000000, us % 1000000);
         seen += h ? h->buckets[i] : 0;
-        snprintf(le, sizeof(le), "le=\"%g\"", (double)(1ull << i) / 1e6);
-        labels_join(lb, sizeof(lb), v->d->labels, v->labels, le);
-        kvs__text_printf(t, "%s_bucket%s %llu\n", name, lb, (unsigned long long)seen);
+        kvs__text_printf(t, "%s_bucket", name);
+        write_labels(t, d->labels, v->labels, le);
+        kvs__text_printf(t, " %llu\n", (unsigned long long)seen);
     }
-    labels_join(lb, sizeof(lb), v->d->labels, v->labels, "le=\"+Inf\"");
-    kvs__text_printf(t, "%s_bucket%s %llu\n", name, lb, (unsigned long long)count);
-    labels_join(lb, sizeof(lb), v->d->labels, v->labels, NULL);
-    kvs__text_printf(t, "%s_sum%s %.9f\n", name, lb, h ? (double)h->sum_ns / 1e9 : 0.0);
-    kvs__text_printf(t, "%s_count%s %llu\n", name, lb, (unsigned long long)count);
+    kvs__text_printf(t, "%s_bucket", name);
+    write_labels(t, d->labels, v->labels, "le=\"+Inf\"");
+    kvs__text_printf(t, " %llu\n%s_sum", (unsigned long long)count, name);
+    write_labels(t, d->labels, v->labels, NULL);
+    kvs__text_printf(t, " %.9f\n%s_count", h ? (double)h->sum_ns / 1e9 : 0.0, name);
+    write_labels(t, d->labels, v->labels, NULL);
+    kvs__text_printf(t, " %llu\n", (unsigned long long)count);
 }
 
 void kvs__metrics_write(kvs__text_t *t, const char *prefix, const kvs__metric_value_t *v, size_t n)

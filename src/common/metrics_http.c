@@ -136,13 +136,17 @@ int kvs__metrics_http_start(const char *bind_host, uint16_t port, kvs__metrics_h
     if (srv_p == NULL)
         return kvs__fail(KVS_INVALID_PARAMS, "metrics endpoint: an output is required");
     *srv_p = NULL;
+    /* An IPv4 or IPv6 address to listen on; NULL, "", 0.0.0.0: every IPv4 address. */
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    struct sockaddr_in6 sa6 = {.sin6_family = AF_INET6, .sin6_port = htons(port)};
     sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    bool v6 = false;
     if (bind_host != NULL && *bind_host != '\0' && strcmp(bind_host, "0.0.0.0") != 0) {
         const char *h = strcmp(bind_host, "localhost") == 0 ? "127.0.0.1" : bind_host;
-        if (inet_pton(AF_INET, h, &sa.sin_addr) != 1)
+        v6 = inet_pton(AF_INET6, h, &sa6.sin6_addr) == 1;
+        if (!v6 && inet_pton(AF_INET, h, &sa.sin_addr) != 1)
             return kvs__fail(KVS_INVALID_PARAMS,
-                             "metrics endpoint: '%s' is not an IPv4 address to listen on",
+                             "metrics endpoint: '%s' is not an IPv4 or IPv6 address to listen on",
                              bind_host);
     }
     kvs__metrics_http_t *s = kvs__calloc(1, sizeof(*s));
@@ -150,9 +154,10 @@ int kvs__metrics_http_start(const char *bind_host, uint16_t port, kvs__metrics_h
         return kvs__fail(KVS_NO_MEMORY, "metrics endpoint: out of memory");
     pthread_mutex_init(&s->lock, NULL);
     /* A scrape is tiny: one thread serves them all, and a peer that stalls is cut off. */
-    s->d = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG, port, NULL, NULL,
-                            on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+    s->d = MHD_start_daemon(flags, port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER,
+                            mhd_log, NULL, MHD_OPTION_SOCK_ADDR,
+                            v6 ? (struct sockaddr *)&sa6 : (struct sockaddr *)&sa,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
     if (s->d == NULL) {

@@ -723,7 +723,7 @@ static void conn_start(kvs__data_server_t *s, int fd, const pthread_attr_t *deta
     pthread_mutex_unlock(&s->conn_lock);
     if (fd < 0)
         return;
-    refuse(&s->st.refused_limit);
+    refuse(open >= s->cfg.max_conns ? &s->st.refused_limit : &s->st.refused_no_resource);
     char msg[96];
     if (open >= s->cfg.max_conns)
         snprintf(msg, sizeof(msg), "too many connections (%u open, limit %u)", (unsigned)open,
@@ -754,8 +754,11 @@ static void *accept_thread(void *arg)
         if (fd >= 0) {
             conn_start(s, fd, &detached);
         } else if (errno == EMFILE || errno == ENFILE) {
-            if (kvs__spare_fd_shed(&s->spare, s->listen_fd, "data server") < 0)
+            int shed = kvs__spare_fd_shed(&s->spare, s->listen_fd, "data server");
+            if (shed < 0)
                 usleep(10000); /* no descriptor to shed with: back off rather than spin */
+            else if (shed == 1)
+                refuse(&s->st.refused_no_resource);
         } else if (errno != EINTR && errno != ECONNABORTED && errno != EAGAIN &&
                    errno != EWOULDBLOCK) {
             usleep(10000); /* ENOBUFS, ENOMEM */
@@ -805,8 +808,10 @@ static void shm_answer(kvs__data_server_t *s, int c)
     struct ucred cred;
     socklen_t cl = sizeof(cred);
     if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
-        (cred.uid != geteuid() && cred.uid != 0))
+        (cred.uid != geteuid() && cred.uid != 0)) {
+        refuse(&s->st.refused_auth); /* another user's process: never its segment */
         return;
+    }
     /* The greeting carries our nonce, so the reader's proof is fresh for this connection. */
     uint8_t sn[KVS_AUTH_NONCE_LEN], greet[KVS_SHM_HELLO_LEN];
     kvs__auth_nonce(sn);
@@ -821,8 +826,10 @@ static void shm_answer(kvs__data_server_t *s, int c)
         send(c, greet, sizeof(greet), MSG_NOSIGNAL) != (ssize_t)sizeof(greet) ||
         recv(c, req, sizeof(req), MSG_WAITALL) != (ssize_t)sizeof(req) ||
         kvs__shm_req_decode(req, sizeof(req), KVS_PROTO_VERSION_MIN, NULL, &sr) != KVS_OK ||
-        sr.magic != KVS_SHM_MAGIC || sr.nonce.len != KVS_AUTH_NONCE_LEN)
+        sr.magic != KVS_SHM_MAGIC || sr.nonce.len != KVS_AUTH_NONCE_LEN) {
+        refuse(&s->st.refused_protocol); /* silent, short or malformed */
         return;
+    }
     uint8_t proof[KVS_AUTH_PROOF_LEN] = {0};
     if (s->cfg.auth.on) {
         if (!kvs__auth_check(&s->cfg.auth, KVS_AUTH_SHM, s->name, KVS_AUTH_BY_CLIENT, sr.nonce.ptr,
@@ -856,8 +863,9 @@ static void shm_answer(kvs__data_server_t *s, int c)
         close(fd);
     if (status == KVS_OK)
         served(&s->st.shm_maps, NULL, &s->st.shm_map_latency, 0, t0);
-    else if (status == KVS_SEGMENT_NOT_FOUND)
-        refuse(&s->st.refused_not_served);
+    else
+        refuse(status == KVS_SEGMENT_NOT_FOUND ? &s->st.refused_not_served
+                                               : &s->st.refused_internal);
 }
 
 /* Answers one same-host handshake (bounded by shm_answer's own time-outs, and by the
@@ -894,6 +902,8 @@ static void shm_accept(kvs__data_server_t *s, kvs__spare_fd_t *spare,
             int shed = 0;
             if (errno == EMFILE || errno == ENFILE)
                 shed = kvs__spare_fd_shed(spare, s->unix_fd, "shm socket");
+            if (shed == 1)
+                refuse(&s->st.refused_no_resource);
             else if (errno != EAGAIN && errno != EWOULDBLOCK)
                 shed = -1;
             if (shed > 0)
@@ -1155,7 +1165,8 @@ uint64_t kvs__data_server_refused(const kvs__data_server_t *s)
     return atomic_load(&t->refused_protocol) + atomic_load(&t->refused_auth) +
            atomic_load(&t->refused_tls) + atomic_load(&t->refused_not_served) +
            atomic_load(&t->refused_write) + atomic_load(&t->refused_range) +
-           atomic_load(&t->refused_limit);
+           atomic_load(&t->refused_limit) + atomic_load(&t->refused_no_resource) +
+           atomic_load(&t->refused_internal);
 }
 
 static const kvs__metric_desc_t owner_metrics[] = {
@@ -1171,9 +1182,14 @@ const kvs__metric_desc_t *kvs__data_server_metrics_table(size_t *n_p)
     return owner_metrics;
 }
 
-int kvs__data_server_metrics_render(void *arg, kvs__text_t *t)
+/* One data server's values, labelled with its name (owner="..."), into v, h and owner. */
+typedef struct {
+    char owner[3 * KVS_MAX_NAME_LEN + 32];
+    kvs_histogram_t h[KVS_ARRAY_SIZE(owner_metrics)];
+} dsnap_t;
+
+static void data_server_values(kvs__data_server_t *s, dsnap_t *snap, kvs__metric_value_t *v)
 {
-    kvs__data_server_t *s = arg;
     dstats_t *st = &s->st;
     pthread_mutex_lock(&s->conn_lock);
     atomic_store(&st->tcp_connections, s->nconns);
@@ -1188,18 +1204,16 @@ int kvs__data_server_metrics_render(void *arg, kvs__text_t *t)
     atomic_store(&st->segments, s->nseg);
     atomic_store(&st->segment_bytes, bytes);
     pthread_rwlock_unlock(&s->seg_lock);
-    char name[3 * sizeof(s->name)], owner[sizeof(name) + 16];
+    char name[3 * KVS_MAX_NAME_LEN + 16];
     kvs__metrics_label_escape(s->name, name, sizeof(name));
-    snprintf(owner, sizeof(owner), "owner=\"%s\"", name);
-    kvs_histogram_t h[KVS_ARRAY_SIZE(owner_metrics)];
-    kvs__metric_value_t v[KVS_ARRAY_SIZE(owner_metrics)];
+    snprintf(snap->owner, sizeof(snap->owner), "owner=\"%s\"", name);
     size_t i = 0;
 #define VAL_COUNTER(name)                                                                          \
-    v[i] = (kvs__metric_value_t){&owner_metrics[i], owner, atomic_load(&st->name), NULL};
+    v[i] = (kvs__metric_value_t){&owner_metrics[i], snap->owner, atomic_load(&st->name), NULL};
 #define VAL_GAUGE(name) VAL_COUNTER(name)
 #define VAL_HIST(name)                                                                             \
-    kvs__hist_copy(&h[i], &st->name);                                                              \
-    v[i] = (kvs__metric_value_t){&owner_metrics[i], owner, 0, &h[i]};
+    kvs__hist_copy(&snap->h[i], &st->name);                                                        \
+    v[i] = (kvs__metric_value_t){&owner_metrics[i], snap->owner, 0, &snap->h[i]};
 #define VAL_(kind, unit, name, family, labels, help)                                               \
     VAL_##kind(name);                                                                              \
     i++;
@@ -1208,8 +1222,31 @@ int kvs__data_server_metrics_render(void *arg, kvs__text_t *t)
 #undef VAL_HIST
 #undef VAL_GAUGE
 #undef VAL_COUNTER
-    kvs__metrics_write(t, "kvstash_owner_", v, i);
+}
+
+int kvs__data_servers_metrics_write(kvs__data_server_t *const *ds, size_t n, kvs__text_t *t)
+{
+    if (n == 0)
+        return KVS_OK;
+    const size_t k = KVS_ARRAY_SIZE(owner_metrics);
+    dsnap_t *snaps = kvs__calloc(n, sizeof(*snaps));
+    kvs__metric_value_t *v = kvs__calloc(n * k, sizeof(*v));
+    if (snaps != NULL && v != NULL) {
+        for (size_t j = 0; j < n; j++)
+            data_server_values(ds[j], &snaps[j], v + j * k);
+        kvs__metrics_write(t, "kvstash_owner_", v, n * k);
+    } else {
+        t->failed = true;
+    }
+    kvs__free(v);
+    kvs__free(snaps);
     return t->failed ? KVS_NO_MEMORY : KVS_OK;
+}
+
+int kvs__data_server_metrics_render(void *arg, kvs__text_t *t)
+{
+    kvs__data_server_t *s = arg;
+    return kvs__data_servers_metrics_write(&s, 1, t);
 }
 
 int kvs__data_server_add(kvs__data_server_t *s, uint64_t segment_id, void *base, uint64_t size,

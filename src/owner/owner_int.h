@@ -114,11 +114,16 @@ uint64_t kvs__data_server_refused(const kvs__data_server_t *srv);
     X(COUNTER, NONE, refused_not_served, refusals, "reason=\"not_served\"", "")                    \
     X(COUNTER, NONE, refused_write, refusals, "reason=\"write_refused\"", "")                      \
     X(COUNTER, NONE, refused_range, refusals, "reason=\"bad_range\"", "")                          \
-    X(COUNTER, NONE, refused_limit, refusals, "reason=\"too_many_connections\"", "")
+    X(COUNTER, NONE, refused_limit, refusals, "reason=\"too_many_connections\"", "")            \
+    X(COUNTER, NONE, refused_no_resource, refusals, "reason=\"no_resource\"", "")                 \
+    X(COUNTER, NONE, refused_internal, refusals, "reason=\"internal\"", "")
 
 /* The table as descriptors (*n_p entries; tests check it). */
 const kvs__metric_desc_t *kvs__data_server_metrics_table(size_t *n_p);
-/* Renders the data server's metrics (a kvs__metrics_render_cb; `arg` is the data server). */
+/* Writes the metrics of `n` data servers (each sample labelled with its owner), every family
+ * once. */
+int kvs__data_servers_metrics_write(kvs__data_server_t *const *ds, size_t n, kvs__text_t *t);
+/* Renders one data server's metrics (a kvs__metrics_render_cb; `arg` is the data server). */
 int kvs__data_server_metrics_render(void *arg, kvs__text_t *t);
 
 /* Closes every connection, waits for every thread, removes its same-host socket, frees. NULL

@@ -196,7 +196,6 @@ def main():
                 {lab(seg, transport="tcp", op="read"): reads * SIZE},
             'kvstash_owner_requests_total{op="read"}':
                 {lab(seg, transport="tcp", op="read"): reads},
-            'kvstash_owner_connections{transport="tcp"}': None,
         }
 
         # Scrapes come every second: wait until every value has caught up, or fail with both.
@@ -228,6 +227,11 @@ def main():
         assert len(seg_used) == 1 and next(iter(seg_used.values())) >= NKEYS * SIZE, seg_used
         names = [dict(k).get("segment") for k in seg_used]
         assert names[0], seg_used
+        # The client keeps its tcp connections to the owner open between calls.
+        conns = promql(prom.base, 'kvstash_owner_connections{transport="tcp"}')
+        assert len(conns) == 1 and next(iter(conns.values())) >= 1, conns
+        refused = promql(prom.base, "sum(kvstash_owner_refusals_total)")
+        assert list(refused.values()) == [0.0], refused
         up = promql(prom.base, "up")
         assert sorted(up.values()) == [1.0, 1.0], up
         hist = promql(prom.base, 'kvstash_client_get_latency_seconds_bucket{le="+Inf"}')

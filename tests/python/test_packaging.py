@@ -2,7 +2,8 @@
  1. `python3 -m build --wheel --no-isolation` builds a wheel from a copy of the tree, which
     `pip install --no-index` puts into a fresh `python3 -m venv`;
  2. `pip install --no-build-isolation --no-index .` builds and installs into another venv
-    (with the system's site packages, where setuptools and wheel are).
+    (with the system's site packages, where setuptools and wheel are);
+ 3. `python3 -m build --sdist` makes an sdist, which pip builds and installs alone.
 From each, outside the source and build trees, `import kvstash` must load the installed copy
 and a put/get round trip against a real kvstash-server must return the same bytes.
 
@@ -105,7 +106,17 @@ def main():
         run([os.path.join(venv2, "bin", "pip"), "install", "--no-build-isolation", "--no-index",
              src], env=env)
         round_trip(venv2, srv.master, tmp)
-        print("packaging: the wheel and pip install both work from a fresh environment")
+        # 3. An sdist holds what the build needs: pip builds and installs from it alone.
+        shutil.rmtree(os.path.join(src, "build"))
+        sdist = os.path.join(tmp, "sdist")
+        run([PY, "-m", "build", "--sdist", "--no-isolation", "--outdir", sdist, src], env=env)
+        tarballs = [f for f in os.listdir(sdist) if f.endswith(".tar.gz")]
+        assert len(tarballs) == 1, tarballs
+        run([os.path.join(venv2, "bin", "pip"), "install", "--no-build-isolation", "--no-index",
+             "--force-reinstall", os.path.join(sdist, tarballs[0])], env=env)
+        round_trip(venv2, srv.master, tmp)
+        print("packaging: the wheel, pip install of the tree and of an sdist all work from a "
+              "fresh environment")
         return 0
     finally:
         srv.stop()
