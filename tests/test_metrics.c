@@ -9,12 +9,14 @@
 #include "master/master_server_int.h"
 #include "owner/owner_int.h"
 #include "proto/net_int.h"
+#include "transport/shm/shm_int.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 static size_t count(const char *hay, const char *needle)
@@ -351,11 +353,32 @@ static void test_owner_refusals(void)
     while (kvs__data_server_refused(d) < 1 && kvs__now_ns() < deadline)
         usleep(1000);
     CHECK_EQ_U64(kvs__data_server_refused(d), 1);
+    /* The shm socket: a peer that connects and leaves without a word is a liveness probe (the
+     * clients' sweep of the socket directory), not a refusal; a short request is one. */
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    CHECK_STATUS(kvs__shm_socket_path(dir, kvs__data_server_port(d), path, sizeof(path)), KVS_OK);
+    for (int round = 0; round < 2; round++) {
+        int u = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_un ua = {.sun_family = AF_UNIX};
+        memcpy(ua.sun_path, path, strlen(path) + 1);
+        CHECK(u >= 0 && connect(u, (struct sockaddr *)&ua, sizeof(ua)) == 0);
+        if (round == 1)
+            CHECK(write(u, "short", 5) == 5);
+        shutdown(u, SHUT_WR);
+        while (read(u, b, sizeof(b)) > 0) { /* the greeting, then the owner's close */
+        }
+        close(u);
+    }
+    deadline = kvs__now_ns() + 5 * KVS_NS_PER_S;
+    while (kvs__data_server_refused(d) < 2 && kvs__now_ns() < deadline)
+        usleep(1000);
+    usleep(20000); /* a wrong count would have landed by now */
+    CHECK_EQ_U64(kvs__data_server_refused(d), 2);
     kvs__text_t t = {0};
     CHECK_STATUS(kvs__data_server_metrics_render(d, &t), KVS_OK);
     char want[160];
     snprintf(want, sizeof(want),
-             "kvstash_owner_refusals_total{reason=\"protocol\",owner=\"%s\"} 1\n",
+             "kvstash_owner_refusals_total{reason=\"protocol\",owner=\"%s\"} 2\n",
              kvs__data_server_name(d));
     CHECK(strstr(t.p, want) != NULL);
     snprintf(want, sizeof(want), "kvstash_owner_refusals_total{reason=\"auth\",owner=\"%s\"} 0\n",

@@ -823,11 +823,15 @@ static void shm_answer(kvs__data_server_t *s, int c)
     uint8_t req[KVS_SHM_REQ_LEN];
     kvs__shm_req_t sr;
     if (gw.failed || gw.len != sizeof(greet) ||
-        send(c, greet, sizeof(greet), MSG_NOSIGNAL) != (ssize_t)sizeof(greet) ||
-        recv(c, req, sizeof(req), MSG_WAITALL) != (ssize_t)sizeof(req) ||
+        send(c, greet, sizeof(greet), MSG_NOSIGNAL) != (ssize_t)sizeof(greet))
+        return;
+    ssize_t got = recv(c, req, sizeof(req), MSG_WAITALL);
+    if (got <= 0)
+        return; /* gone without a word: a liveness probe (a sweep of the socket directory) */
+    if (got != (ssize_t)sizeof(req) ||
         kvs__shm_req_decode(req, sizeof(req), KVS_PROTO_VERSION_MIN, NULL, &sr) != KVS_OK ||
         sr.magic != KVS_SHM_MAGIC || sr.nonce.len != KVS_AUTH_NONCE_LEN) {
-        refuse(&s->st.refused_protocol); /* silent, short or malformed */
+        refuse(&s->st.refused_protocol); /* short or malformed */
         return;
     }
     uint8_t proof[KVS_AUTH_PROOF_LEN] = {0};
