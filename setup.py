@@ -54,7 +54,10 @@ class CMakeBuild(build_ext):
         if nvcc and os.environ.get("KVSTASH_CUDA") == "1":
             args.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")  # no working nvcc: the build fails
         elif nvcc:
-            env["CUDACXX"] = nvcc  # CMake probes it, and builds without CUDA if it fails
+            # CMake probes it (and builds without CUDA if the probe fails); ON overrides a
+            # KVS_CUDA=OFF cached by an earlier KVSTASH_CUDA=0 build in the same build/pip.
+            env["CUDACXX"] = nvcc
+            args.append("-DKVS_CUDA=ON")
         else:
             args.append("-DKVS_CUDA=OFF")
         args += os.environ.get("KVSTASH_CMAKE_ARGS", "").split()
@@ -71,6 +74,9 @@ class CMakeBuild(build_ext):
         shutil.copyfile(built[0], out)
 
 
-(ROOT / "build").mkdir(exist_ok=True)  # setup.cfg keeps egg-info there, out of the tree
+try:
+    (ROOT / "build").mkdir(exist_ok=True)  # setup.cfg keeps egg-info there, out of the tree
+except OSError as e:
+    sys.exit(f"setup.py: cannot create {ROOT / 'build'} ({e}); build from a writable copy")
 setup(version=version(), ext_modules=[Extension("kvstash._kvstash", sources=[])],
       cmdclass={"build_ext": CMakeBuild})

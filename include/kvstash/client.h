@@ -454,9 +454,11 @@ typedef struct {
  * built against that header. */
 #define KVS_CLIENT_STATS_V0_SIZE 832u
 
-/* Copies a snapshot of the counters into *stats_p, at most `size` bytes of it (the caller's
+/* Copies a snapshot of the counters into *stats_p, `size` bytes of it (the caller's
  * sizeof(kvs_client_stats_t)): a program built against an older, shorter struct gets the prefix
- * it knows and nothing past it. KVS_INVALID_PARAMS for a size below KVS_CLIENT_STATS_V0_SIZE. */
+ * it knows and nothing past it; a newer, longer one gets 0 in the fields this library does not
+ * have. KVS_INVALID_PARAMS for a size below KVS_CLIENT_STATS_V0_SIZE. Needs a library newer than
+ * 0.1.0 (which has only kvs_client_get_stats, with the 0.1.0 struct). */
 int kvs_client_get_stats_sized(kvs_client_t *client, kvs_client_stats_t *stats_p, size_t size);
 
 /* kvs_client_get_stats(client, stats_p): the sized call with this header's struct size. (The
@@ -464,7 +466,7 @@ int kvs_client_get_stats_sized(kvs_client_t *client, kvs_client_stats_t *stats_p
  * prefix only.) */
 int kvs_client_get_stats(kvs_client_t *client, kvs_client_stats_t *stats_p);
 #define kvs_client_get_stats(client, stats_p)                                                      \
-    kvs_client_get_stats_sized((client), (stats_p), sizeof(*(stats_p)))
+    kvs_client_get_stats_sized((client), (stats_p), sizeof(kvs_client_stats_t))
 
 /* Serves this client's metrics (the table above) in Prometheus text format at
  * http://bind_host:port/metrics until the client closes. bind_host NULL: every address; port 0:

@@ -334,16 +334,23 @@ int kvs_client_mount_segment(kvs_client_t *c, uint64_t size, const char *name,
     oc.data.auth = c->auth; /* peers of our segment prove the secret we were given */
     oc.data.tls = c->tls;
     kvs__client_enter(c);
-    pthread_mutex_lock(&c->owners_lock);
-    kvs__owner_t **grown = kvs__realloc(c->owners, (c->nowners + 1) * sizeof(*grown));
-    int rc = KVS_NO_MEMORY;
-    if (grown != NULL) {
-        c->owners = grown;
-        rc = kvs__owner_create(&oc, &c->owners[c->nowners]);
-        if (rc == KVS_OK)
-            c->nowners++;
+    /* Created outside owners_lock (it mounts with the master, seconds at worst), so scrapes and
+     * segment-name lookups never wait for it; listed under it. */
+    kvs__owner_t *o = NULL;
+    int rc = kvs__owner_create(&oc, &o);
+    if (rc == KVS_OK) {
+        pthread_mutex_lock(&c->owners_lock);
+        kvs__owner_t **grown = kvs__realloc(c->owners, (c->nowners + 1) * sizeof(*grown));
+        if (grown != NULL) {
+            c->owners = grown;
+            c->owners[c->nowners++] = o;
+            o = NULL;
+        } else {
+            rc = KVS_NO_MEMORY;
+        }
+        pthread_mutex_unlock(&c->owners_lock);
+        kvs__owner_destroy(o); /* not listed: unmounted again */
     }
-    pthread_mutex_unlock(&c->owners_lock);
     kvs__client_leave(c);
     if (rc != KVS_OK)
         return kvs__fail(rc, "mounting a %llu-byte segment failed: %s", (unsigned long long)size,
@@ -1181,6 +1188,8 @@ int kvs_client_get_stats_sized(kvs_client_t *c, kvs_client_stats_t *s, size_t si
     kvs_client_stats_t all;
     stats_snapshot(c, &all);
     memcpy(s, &all, KVS_MIN(size, sizeof(all)));
+    if (size > sizeof(all)) /* a newer caller's fields this library does not know: 0 */
+        memset((char *)s + sizeof(all), 0, size - sizeof(all));
     return KVS_OK;
 }
 
@@ -1241,13 +1250,16 @@ int kvs__client_metrics_render(void *arg, kvs__text_t *t)
     /* A client with segments of its own is their owner too: their data servers' metrics. */
     kvs_client_t *c = arg;
     pthread_mutex_lock(&c->owners_lock);
-    kvs__data_server_t **ds = c->nowners ? kvs__calloc(c->nowners, sizeof(*ds)) : NULL;
-    size_t n = ds != NULL ? c->nowners : 0;
-    for (size_t i = 0; i < n; i++)
+    size_t n = c->nowners;
+    kvs__data_server_t **ds = n ? kvs__calloc(n, sizeof(*ds)) : NULL;
+    for (size_t i = 0; ds != NULL && i < n; i++)
         ds[i] = kvs__owner_data_server(c->owners[i]);
-    if (n > 0)
-        kvs__data_servers_metrics_write(ds, n, t);
     pthread_mutex_unlock(&c->owners_lock);
+    /* Owners live until close, which stops this endpoint first: the pointers stay valid. */
+    if (n > 0 && ds == NULL)
+        t->failed = true;
+    else if (n > 0)
+        kvs__data_servers_metrics_write(ds, n, t);
     kvs__free(ds);
     return t->failed ? KVS_NO_MEMORY : KVS_OK;
 }

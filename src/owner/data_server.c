@@ -754,10 +754,10 @@ static void *accept_thread(void *arg)
         if (fd >= 0) {
             conn_start(s, fd, &detached);
         } else if (errno == EMFILE || errno == ENFILE) {
-            int shed = kvs__spare_fd_shed(&s->spare, s->listen_fd, "data server");
-            if (shed < 0)
+            uint64_t before = s->spare.shed;
+            if (kvs__spare_fd_shed(&s->spare, s->listen_fd, "data server") < 0)
                 usleep(10000); /* no descriptor to shed with: back off rather than spin */
-            else if (shed == 1)
+            if (s->spare.shed > before)
                 refuse(&s->st.refused_no_resource);
         } else if (errno != EINTR && errno != ECONNABORTED && errno != EAGAIN &&
                    errno != EWOULDBLOCK) {
@@ -826,9 +826,9 @@ static void shm_answer(kvs__data_server_t *s, int c)
         send(c, greet, sizeof(greet), MSG_NOSIGNAL) != (ssize_t)sizeof(greet))
         return;
     ssize_t got = recv(c, req, sizeof(req), MSG_WAITALL);
-    if (got <= 0)
+    if (got == 0)
         return; /* gone without a word: a liveness probe (a sweep of the socket directory) */
-    if (got != (ssize_t)sizeof(req) ||
+    if (got != (ssize_t)sizeof(req) || /* short, or silent until the time-out */
         kvs__shm_req_decode(req, sizeof(req), KVS_PROTO_VERSION_MIN, NULL, &sr) != KVS_OK ||
         sr.magic != KVS_SHM_MAGIC || sr.nonce.len != KVS_AUTH_NONCE_LEN) {
         refuse(&s->st.refused_protocol); /* short or malformed */
@@ -904,12 +904,13 @@ static void shm_accept(kvs__data_server_t *s, kvs__spare_fd_t *spare,
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
             int shed = 0;
+            uint64_t before = spare->shed;
             if (errno == EMFILE || errno == ENFILE)
                 shed = kvs__spare_fd_shed(spare, s->unix_fd, "shm socket");
-            if (shed == 1)
-                refuse(&s->st.refused_no_resource);
             else if (errno != EAGAIN && errno != EWOULDBLOCK)
                 shed = -1;
+            if (spare->shed > before)
+                refuse(&s->st.refused_no_resource);
             if (shed > 0)
                 continue;
             if (shed < 0)

@@ -131,6 +131,18 @@ def main():
         assert any("metrics" in str(x.message) for x in w), [str(x.message) for x in w]
         other.close()
 
+        # A client with a segment of its own is its owner: its endpoint has the owner metrics.
+        seg_port = free_port()
+        holder = kvstash.MooncakeDistributedStore()
+        assert holder.setup("localhost", "", "32MB", "16MB", "tcp", "", srv.master,
+                            enable_client_http_server=True, client_http_port=seg_port) == 0
+        holder_text = fetch(f"http://127.0.0.1:{seg_port}/metrics")
+        check_promtool("client with a segment", holder_text)
+        owned = [l for l in holder_text.splitlines()
+                 if l.startswith("kvstash_owner_segment_bytes{")]
+        assert len(owned) == 1 and owned[0].endswith(f" {32 * 1000 * 1000}"), owned
+        holder.close()
+
         prom = Prometheus({"kvstash_server": server_port, "kvstash_client": client_port})
 
         # The workload: NKEYS puts, each read back alone, then one batch of 3 keys, one
@@ -167,7 +179,7 @@ def main():
         expect = [
             # master
             ("kvstash_master_objects", {seg: NKEYS}),
-            ("kvstash_master_segments", {seg: 1}),
+            ("kvstash_master_segments", {seg: 1}),  # the holder's segment went with it
             ("kvstash_master_puts_started_total", {seg: NKEYS}),
             ("kvstash_master_puts_ended_total", {seg: NKEYS}),
             ("kvstash_master_lookup_hits_total", {seg: lookups_hit}),
