@@ -790,6 +790,134 @@ static void test_staging_unregister_and_close_wait_for_reads(void)
     server_stop(&st.srv);
 }
 
+/* Page-table reads: two regions of different page sizes and strides (say K and V of a layer),
+ * page ids per key in random order, both fragment orders; staged when the pages cover the
+ * object exactly. Page ids out of range are refused before any I/O; duplicate pages overlap and
+ * fall back. Writes from pages put back what reads give. */
+#define PT_PAGES 64
+static void pt_expect(uint8_t *want, const char *key, size_t size)
+{
+    for (size_t i = 0; i < size; i++)
+        want[i] = byte_of(key, i);
+}
+
+/* The bytes key i's pages hold, gathered in `order`, into out. */
+static void pt_gather(const kvs_page_region_t *rg, size_t nr, kvs_page_order_t order,
+                      const uint32_t *ids, size_t np, uint8_t *out)
+{
+    size_t o = 0;
+    for (size_t a = 0; a < (order == KVS_PAGE_MAJOR ? np : nr); a++)
+        for (size_t b = 0; b < (order == KVS_PAGE_MAJOR ? nr : np); b++) {
+            size_t pg = order == KVS_PAGE_MAJOR ? a : b, r = order == KVS_PAGE_MAJOR ? b : a;
+            memcpy(out + o, (uint8_t *)rg[r].base + ids[pg] * rg[r].stride, rg[r].page_bytes);
+            o += rg[r].page_bytes;
+        }
+}
+
+static void test_staging_page_table_reads(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    kvs_client_t *c = staged_client(&st, 5000, NULL);
+    /* Region 0: 1 KiB pages every 1.5 KiB; region 1: 512-byte pages every 4 KiB. */
+    size_t pool_len = PT_PAGES * 1536 + PT_PAGES * 4096;
+    uint8_t *pool = malloc(pool_len);
+    CHECK(pool != NULL);
+    CHECK_STATUS(kvs_client_register_buffer(c, pool, pool_len), KVS_OK);
+    kvs_page_region_t rg[2] = {{pool, 1024, 1536, PT_PAGES},
+                               {pool + PT_PAGES * 1536, 512, 4096, PT_PAGES}};
+    const size_t per_page = 1024 + 512, np = 8, size = np * per_page;
+    const char *keys[3] = {"pt-a", "pt-b", "pt-c"};
+    for (int k = 0; k < 3; k++)
+        put_key(c, keys[k], size);
+    uint8_t want[8 * 1536], got[8 * 1536];
+    for (int order = KVS_PAGE_MAJOR; order <= KVS_REGION_MAJOR; order++) {
+        /* 24 distinct pages, shuffled, 8 per key. */
+        uint32_t ids[24];
+        for (uint32_t i = 0; i < 24; i++)
+            ids[i] = (i * 37 + (uint32_t)order * 11) % PT_PAGES;
+        size_t npages[3] = {np, np, np};
+        memset(pool, GUARD, pool_len);
+        kvs_client_stats_t before = stats(c);
+        int64_t res[3];
+        CHECK_STATUS(kvs_client_batch_get_into_pages(c, 3, keys, rg, 2, (kvs_page_order_t)order,
+                                                     ids, npages, false, res),
+                     KVS_OK);
+        for (int k = 0; k < 3; k++) {
+            CHECK_EQ_INT(res[k], (int64_t)size);
+            pt_gather(rg, 2, (kvs_page_order_t)order, ids + k * np, np, got);
+            pt_expect(want, keys[k], size);
+            CHECK_EQ_MEM(got, want, size);
+        }
+        /* Every byte of the pool outside the named pages is untouched. */
+        size_t touched = 0;
+        for (size_t b = 0; b < pool_len; b++)
+            touched += pool[b] != GUARD;
+        CHECK_CMP_U64(touched, <=, 3 * size);
+        kvs_client_stats_t after = stats(c);
+        CHECK_EQ_U64(after.get_staged_calls - before.get_staged_calls, 1);
+        CHECK_EQ_U64(after.planned_fragments - before.planned_fragments, 3 * np * 2);
+        /* Write back from the pages under new keys: the same bytes come back by pointer. */
+        const char *copies[3] = {order ? "pt-a2r" : "pt-a2p", order ? "pt-b2r" : "pt-b2p",
+                                 order ? "pt-c2r" : "pt-c2p"};
+        int pres[3];
+        CHECK_STATUS(kvs_client_batch_put_from_pages(c, 3, copies, rg, 2, (kvs_page_order_t)order,
+                                                     ids, npages, NULL, pres),
+                     KVS_OK);
+        for (int k = 0; k < 3; k++) {
+            CHECK_STATUS(pres[k], KVS_OK);
+            void *data = NULL;
+            size_t dsize = 0;
+            CHECK_STATUS(kvs_client_get(c, copies[k], &data, &dsize), KVS_OK);
+            pt_expect(want, keys[k], size);
+            CHECK_EQ_U64(dsize, size);
+            CHECK_EQ_MEM(data, want, size);
+            kvs_free(data);
+        }
+    }
+    /* A page id past the region: the call is refused before any I/O, the pool untouched. */
+    uint32_t bad[8] = {0, 1, 2, 3, 4, 5, 6, PT_PAGES};
+    size_t one[1] = {np};
+    int64_t r1 = 12345;
+    memset(pool, GUARD, pool_len);
+    kvs_client_stats_t before = stats(c);
+    CHECK_STATUS(
+        kvs_client_batch_get_into_pages(c, 1, keys, rg, 2, KVS_PAGE_MAJOR, bad, one, false, &r1),
+        KVS_INVALID_PARAMS);
+    CHECK(strstr(kvs_last_error(), "names page 64") != NULL);
+    CHECK_EQ_INT(r1, 12345);
+    CHECK_EQ_U64(stats(c).get_calls, before.get_calls);
+    for (size_t b = 0; b < pool_len; b++)
+        CHECK_EQ_INT(pool[b], GUARD);
+    /* Bad regions: a stride below the page, no base, no pages; an unknown order. */
+    kvs_page_region_t br = {pool, 1024, 512, PT_PAGES};
+    uint32_t ok_ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    CHECK_STATUS(kvs_client_batch_get_into_pages(c, 1, keys, &br, 1, KVS_PAGE_MAJOR, ok_ids, one,
+                                                 false, &r1),
+                 KVS_INVALID_PARAMS);
+    br = (kvs_page_region_t){NULL, 1024, 1024, PT_PAGES};
+    CHECK_STATUS(kvs_client_batch_get_into_pages(c, 1, keys, &br, 1, KVS_PAGE_MAJOR, ok_ids, one,
+                                                 false, &r1),
+                 KVS_INVALID_PARAMS);
+    CHECK_STATUS(kvs_client_batch_get_into_pages(c, 1, keys, rg, 2, (kvs_page_order_t)7, ok_ids,
+                                                 one, false, &r1),
+                 KVS_INVALID_PARAMS);
+    /* Duplicate pages overlap: the call is not staged (fallback_overlap) and still answers. */
+    uint32_t dup[8] = {9, 9, 10, 11, 12, 13, 14, 15};
+    before = stats(c);
+    CHECK_STATUS(
+        kvs_client_batch_get_into_pages(c, 1, keys, rg, 2, KVS_PAGE_MAJOR, dup, one, false, &r1),
+        KVS_OK);
+    CHECK_EQ_INT(r1, (int64_t)size);
+    kvs_client_stats_t after = stats(c);
+    CHECK_EQ_U64(after.fallback_overlap - before.fallback_overlap, 1);
+    CHECK_EQ_U64(after.get_direct_calls - before.get_direct_calls, 1);
+    CHECK_STATUS(kvs_client_unregister_buffer(c, pool), KVS_OK);
+    free(pool);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
@@ -807,6 +935,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_staging_alloc_failure_disables_staging),
         KVS_TEST_CASE(test_staging_late_completion_lands_nowhere),
         KVS_TEST_CASE(test_staging_unregister_and_close_wait_for_reads),
+        KVS_TEST_CASE(test_staging_page_table_reads),
     };
     return kvs_test_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }

@@ -225,6 +225,48 @@ int kvs_client_batch_get_into_multi_buffers(kvs_client_t *client, size_t n,
                                             const size_t nbufs[], bool prefer_alloc_in_same_node,
                                             int64_t results[]);
 
+/* ---- page-table reads and writes ------------------------------------------------------------ */
+
+/* A destination (or source) region of pages in registered memory: page p of the region is
+ * [base + p * stride, base + p * stride + page_bytes), for p < npages. A paged KV pool names one
+ * region per layer (or per layer and K/V) and, per key, the page ids of its block. */
+typedef struct {
+    void *base;
+    size_t page_bytes; /* bytes of one page (>= 1) */
+    size_t stride;     /* bytes from one page to the next (>= page_bytes) */
+    uint64_t npages;   /* page ids must be below this */
+} kvs_page_region_t;
+
+/* The order of a key's fragments: page-major takes, for each of the key's pages, that page of
+ * every region in turn (vLLM's per-block layout); region-major takes every page of the first
+ * region, then of the next (SGLang's per-layer layout). */
+typedef enum {
+    KVS_PAGE_MAJOR = 0,
+    KVS_REGION_MAJOR = 1,
+} kvs_page_order_t;
+
+/* Reads object i into the pages page_ids[first_i .. first_i + npages[i]) of the `nregions`
+ * regions (first_i = npages[0] + ... + npages[i-1]), in `order`: as
+ * kvs_client_batch_get_into_multi_buffers with those fragments (the same planner, staging,
+ * grouping and results), without a pointer per page from the caller. A key's pages hold
+ * npages[i] x (the regions' page_bytes summed) bytes. A page id at or past a region's npages, a
+ * region that is not whole in registered memory, or bad arguments: KVS_INVALID_PARAMS for the
+ * call, with the reason, before any I/O. Duplicate page ids overlap (unspecified bytes, never
+ * staged), as overlapping fragments do. */
+int kvs_client_batch_get_into_pages(kvs_client_t *client, size_t n, const char *const keys[],
+                                    const kvs_page_region_t regions[], size_t nregions,
+                                    kvs_page_order_t order, const uint32_t page_ids[],
+                                    const size_t npages[], bool prefer_alloc_in_same_node,
+                                    int64_t results[]);
+
+/* Stores object i gathered from its pages, as kvs_client_batch_get_into_pages names them, as
+ * kvs_client_batch_put_from_multi does; one result per key. */
+int kvs_client_batch_put_from_pages(kvs_client_t *client, size_t n, const char *const keys[],
+                                    const kvs_page_region_t regions[], size_t nregions,
+                                    kvs_page_order_t order, const uint32_t page_ids[],
+                                    const size_t npages[], const kvs_replicate_config_t *rc,
+                                    int results[]);
+
 /* ---- ranged reads, sessions and inspection --------------------------------------------------- */
 
 /* A fragment of registered memory and where it lies in the object. */

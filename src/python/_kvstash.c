@@ -916,6 +916,268 @@ done:
     return out;
 }
 
+/* ---- page-table calls ------------------------------------------------------------------------- */
+
+/* Copies `count` page ids of a buffer's items (format `fmt`, `itemsize` bytes each: 4- or 8-byte
+ * integers) into out. 1: a value negative or past 2^32 - 1 (the caller answers -600); -1: an
+ * unsupported format (TypeError set). No Python object per element. */
+static int ids_from_items(const void *buf, const char *fmt, Py_ssize_t itemsize, size_t count,
+                          uint32_t *out)
+{
+    char f = fmt == NULL ? 'B' : fmt[0];
+    if (f == '@' || f == '=' || f == '<')
+        f = fmt[1];
+    bool sign = f == 'i' || f == 'l' || f == 'q' || f == 'n';
+    bool usign = f == 'I' || f == 'L' || f == 'Q' || f == 'N';
+    if ((!sign && !usign) || (itemsize != 4 && itemsize != 8)) {
+        PyErr_Format(PyExc_TypeError,
+                     "page_ids: 4- or 8-byte integers wanted (int32, uint32, int64, uint64), "
+                     "not format '%s'",
+                     fmt ? fmt : "B");
+        return -1;
+    }
+    for (size_t i = 0; i < count; i++) {
+        int64_t v;
+        uint64_t u;
+        if (itemsize == 4) {
+            int32_t a;
+            uint32_t b;
+            memcpy(&a, (const char *)buf + 4 * i, 4);
+            memcpy(&b, (const char *)buf + 4 * i, 4);
+            v = sign ? a : 0;
+            u = sign ? (uint64_t)(a < 0 ? 0 : a) : b;
+        } else {
+            memcpy(&v, (const char *)buf + 8 * i, 8);
+            memcpy(&u, (const char *)buf + 8 * i, 8);
+        }
+        if ((sign && (v < 0 || v > (int64_t)UINT32_MAX)) || (!sign && u > UINT32_MAX))
+            return 1;
+        out[i] = (uint32_t)(sign ? (uint64_t)v : u);
+    }
+    return 0;
+}
+
+/* Page ids of n keys: a C-contiguous buffer (numpy array, array.array, memoryview) of shape
+ * (n, pages) or (n * pages,), or a sequence of n per-key buffers or lists of int. *ids_p
+ * (PyMem) and npages[0..n). 0 ok, 1 a bad value (-600), -1 a Python error. */
+static int page_ids_from(PyObject *o, Py_ssize_t n, uint32_t **ids_p, size_t *npages)
+{
+    *ids_p = NULL;
+    if (PyObject_CheckBuffer(o)) {
+        Py_buffer v;
+        if (PyObject_GetBuffer(o, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0)
+            return -1;
+        size_t count = v.itemsize > 0 ? (size_t)(v.len / v.itemsize) : 0;
+        int r = 0;
+        if (v.ndim == 2 ? v.shape[0] != n : count % (size_t)n != 0 || count == 0)
+            r = 1; /* not n keys' worth: -600 */
+        uint32_t *ids = r == 0 ? PyMem_Malloc(count * sizeof(*ids) + 1) : NULL;
+        if (r == 0 && ids == NULL) {
+            PyErr_NoMemory();
+            r = -1;
+        }
+        if (r == 0)
+            r = ids_from_items(v.buf, v.format, v.itemsize, count, ids);
+        PyBuffer_Release(&v);
+        if (r != 0) {
+            PyMem_Free(ids);
+            return r;
+        }
+        for (Py_ssize_t i = 0; i < n; i++)
+            npages[i] = count / (size_t)n;
+        *ids_p = ids;
+        return 0;
+    }
+    if (!PyList_Check(o) && !PyTuple_Check(o)) {
+        PyErr_SetString(PyExc_TypeError, "page_ids must be an integer array (buffer protocol) "
+                                         "or a list of per-key arrays or lists of int");
+        return -1;
+    }
+    if (PySequence_Fast_GET_SIZE(o) != n)
+        return 1;
+    PyObject **items = PySequence_Fast_ITEMS(o);
+    size_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t m = PyObject_CheckBuffer(items[i]) ? -1 : PySequence_Size(items[i]);
+        if (m == -1 && PyObject_CheckBuffer(items[i])) {
+            Py_buffer v;
+            if (PyObject_GetBuffer(items[i], &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0)
+                return -1;
+            m = v.itemsize > 0 ? v.len / v.itemsize : 0;
+            PyBuffer_Release(&v);
+        } else if (m < 0) {
+            return -1;
+        }
+        npages[i] = (size_t)m;
+        total += (size_t)m;
+    }
+    uint32_t *ids = PyMem_Malloc(total * sizeof(*ids) + 1);
+    if (ids == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    size_t at = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int r = 0;
+        if (PyObject_CheckBuffer(items[i])) {
+            Py_buffer v;
+            if (PyObject_GetBuffer(items[i], &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+                PyMem_Free(ids);
+                return -1;
+            }
+            size_t cnt = v.itemsize > 0 ? (size_t)(v.len / v.itemsize) : 0;
+            r = cnt == npages[i] ? ids_from_items(v.buf, v.format, v.itemsize, cnt, ids + at) : 1;
+            PyBuffer_Release(&v);
+        } else {
+            uint64_t *tmp = PyMem_Malloc(npages[i] * sizeof(*tmp) + 1);
+            PyObject *seq = tmp ? PySequence_Fast(items[i], "page ids") : NULL;
+            r = seq == NULL ? -1 : ints_from(seq, (Py_ssize_t)npages[i], "page_ids", tmp);
+            for (size_t j = 0; r == 0 && j < npages[i]; j++) {
+                if (tmp[j] > UINT32_MAX)
+                    r = 1;
+                else
+                    ids[at + j] = (uint32_t)tmp[j];
+            }
+            if (r < 0 && PyErr_ExceptionMatches(PyExc_ValueError)) {
+                PyErr_Clear(); /* a negative id: a bad value, -600 */
+                r = 1;
+            }
+            Py_XDECREF(seq);
+            PyMem_Free(tmp);
+            if (tmp == NULL && r == 0)
+                r = -1;
+        }
+        if (r != 0) {
+            PyMem_Free(ids);
+            return r;
+        }
+        at += npages[i];
+    }
+    *ids_p = ids;
+    return 0;
+}
+
+/* Regions: a sequence of (base, page_bytes, stride, npages) tuples of int. */
+static int regions_from(PyObject *o, kvs_page_region_t **rg_p, size_t *n_p)
+{
+    *rg_p = NULL;
+    if (!PyList_Check(o) && !PyTuple_Check(o)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "regions must be a list of (base, page_bytes, stride, npages) tuples");
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+    kvs_page_region_t *rg = PyMem_Calloc((size_t)n + 1, sizeof(*rg));
+    if (rg == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(o);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long base, page, stride, np;
+        if (!PyTuple_Check(items[i]) ||
+            !PyArg_ParseTuple(items[i], "KKKK", &base, &page, &stride, &np)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "each region is (base, page_bytes, stride, "
+                                                 "npages), four ints");
+            PyMem_Free(rg);
+            return -1;
+        }
+        rg[i] = (kvs_page_region_t){(void *)(uintptr_t)base, (size_t)page, (size_t)stride, np};
+    }
+    *rg_p = rg;
+    *n_p = (size_t)n;
+    return 0;
+}
+
+/* batch_get_into_pages / batch_put_from_pages (see their docstrings). */
+static PyObject *pages_call(store_t *self, PyObject *keys_o, PyObject *regions_o, PyObject *ids_o,
+                            const char *order_s, bool put, PyObject *cfg, bool same_node)
+{
+    rc_holder_t h = {0};
+    int cr = put ? rc_convert(cfg, &h) : 0;
+    if (cr < 0)
+        return NULL;
+    Py_ssize_t n;
+    PyObject *hold = NULL, *out = NULL;
+    const char **keys = keys_from(keys_o, &n, &hold);
+    if (keys == NULL) {
+        rc_release(&h);
+        return NULL;
+    }
+    kvs_page_region_t *rg = NULL;
+    size_t nr = 0;
+    uint32_t *ids = NULL;
+    size_t *npages = PyMem_Calloc((size_t)n + 1, sizeof(*npages));
+    int64_t *res = PyMem_Calloc((size_t)n + 1, sizeof(*res));
+    int *ires = PyMem_Calloc((size_t)n + 1, sizeof(*ires));
+    if (npages == NULL || res == NULL || ires == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int order = order_s != NULL && strcmp(order_s, "page") == 0     ? KVS_PAGE_MAJOR
+                : order_s != NULL && strcmp(order_s, "region") == 0 ? KVS_REGION_MAJOR
+                                                                     : -1;
+    if (order < 0) {
+        PyErr_SetString(PyExc_ValueError, "order must be 'page' or 'region'");
+        goto done;
+    }
+    if (regions_from(regions_o, &rg, &nr) != 0)
+        goto done;
+    int ir = n > 0 ? page_ids_from(ids_o, n, &ids, npages) : 1;
+    if (ir < 0)
+        goto done;
+    if (ir > 0 || cr != 0) {
+        out = same_code_list(n, KVS_INVALID_PARAMS);
+        goto done;
+    }
+    kvs_client_t *c = store_enter(self);
+    if (c == NULL) {
+        out = same_code_list(n, NOT_SET_UP);
+        goto done;
+    }
+    int r;
+    Py_BEGIN_ALLOW_THREADS if (put) r =
+        kvs_client_batch_put_from_pages(c, (size_t)n, keys, rg, nr, (kvs_page_order_t)order, ids,
+                                        npages, &h.rc, ires);
+    else r = kvs_client_batch_get_into_pages(c, (size_t)n, keys, rg, nr, (kvs_page_order_t)order,
+                                             ids, npages, same_node, res);
+    Py_END_ALLOW_THREADS store_leave(self);
+    out = batch_results(r, n, res, ires, put);
+done:
+    rc_release(&h);
+    PyMem_Free(keys);
+    Py_XDECREF(hold);
+    PyMem_Free(rg);
+    PyMem_Free(ids);
+    PyMem_Free(npages);
+    PyMem_Free(res);
+    PyMem_Free(ires);
+    return out;
+}
+
+static PyObject *store_get_into_pages(store_t *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"keys", "regions", "page_ids", "order", "prefer_alloc_in_same_node",
+                            NULL};
+    PyObject *k, *r, *i;
+    const char *order = "page";
+    int same = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|sp", names, &k, &r, &i, &order, &same))
+        return NULL;
+    return pages_call(self, k, r, i, order, false, NULL, same != 0);
+}
+
+static PyObject *store_put_from_pages(store_t *self, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"keys", "regions", "page_ids", "order", "config", NULL};
+    PyObject *k, *r, *i, *cfg = NULL;
+    const char *order = "page";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|sO", names, &k, &r, &i, &order, &cfg))
+        return NULL;
+    return pages_call(self, k, r, i, order, true, cfg, false);
+}
+
 /* _put_frags(keys, all_buffer_ptrs, all_sizes, config=None, upsert=False) -> [code per key]:
  * object i gathered from its fragments in any memory (the tensor calls' header and payload),
  * with Mooncake's put codes (0 for an existing key unless upserting). */
@@ -1950,6 +2212,18 @@ static PyMethodDef store_methods[] = {
      "config=None) -> int: stores metadata_size bytes at metadata_buffer_ptr followed by size "
      "bytes at buffer_ptr (registered memory) as one object. 0 (also for size 0: nothing "
      "stored) or a negative code."},
+    {"batch_get_into_pages", (PyCFunction)(void (*)(void))store_get_into_pages,
+     METH_VARARGS | METH_KEYWORDS,
+     "batch_get_into_pages(keys, regions, page_ids, order='page', "
+     "prefer_alloc_in_same_node=False) -> list[int]: reads key i into its pages of every region "
+     "(regions: (base, page_bytes, stride, npages) tuples in registered memory; page_ids: an "
+     "integer array of shape (n, pages) or per-key arrays or lists; order 'page' takes each page "
+     "of every region in turn, 'region' every page of one region, then the next). Sizes or "
+     "negative codes, as batch_get_into_multi_buffers."},
+    {"batch_put_from_pages", (PyCFunction)(void (*)(void))store_put_from_pages,
+     METH_VARARGS | METH_KEYWORDS,
+     "batch_put_from_pages(keys, regions, page_ids, order='page', config=None) -> list[int]: "
+     "stores key i gathered from its pages, as batch_get_into_pages names them."},
     {"_serve_metrics", (PyCFunction)store_serve_metrics, METH_VARARGS,
      "_serve_metrics(port, bind=None) -> int: serves the client's metrics (Prometheus text) at "
      "http://bind:port/metrics; 0 or a negative code."},

@@ -39,6 +39,59 @@ class PagedKVTest(unittest.TestCase):
             self.assertEqual(modes[mode]["fills"], modes[mode]["scatter_launches"])
             self.assertGreaterEqual(modes[mode]["fills"], 4)
 
+    def test_page_table_into_cuda_pages(self):
+        """Per-layer CUDA pools named once, page ids per key: direct and staged reads into
+        freshly permuted pages, every page compared with torch.equal."""
+        import kvstash
+        import paged_kv_cache as ex
+        proc, master = ex.start_server(os.environ.get("KVS_SERVER_PATH", "kvstash-server"),
+                                       "1GiB")
+        layers, pages, page_shape, keys_n, per_key = 4, 256, (16, 8, 64), 8, 16
+        try:
+            gen = torch.Generator(device="cuda").manual_seed(7)
+            src = [torch.randn((pages, *page_shape), device="cuda", dtype=torch.bfloat16,
+                               generator=gen) for _ in range(layers)]
+            keys = [f"pt-{i}" for i in range(keys_n)]
+            src_ids = torch.randperm(pages)[:keys_n * per_key].view(keys_n, per_key)
+            for staged in (False, True):
+                if staged:
+                    os.environ["MC_STORE_GPU_STAGING"] = "1"
+                store = kvstash.MooncakeDistributedStore()
+                self.assertEqual(store.setup("localhost", "", 0, 0, "tcp", "", master), 0)
+                os.environ.pop("MC_STORE_GPU_STAGING", None)
+                dst = [torch.zeros_like(t) for t in src]
+                for t in src + dst:
+                    self.assertEqual(store.register_buffer(t.data_ptr(),
+                                                           t.numel() * t.element_size()), 0)
+                if not staged:
+                    res = store.batch_put_from_pages(keys, [kvstash.page_region(t) for t in src],
+                                                     src_ids, "page")
+                    self.assertEqual(res, [0] * keys_n)
+                dst_ids = torch.randperm(pages)[:keys_n * per_key].view(keys_n, per_key)
+                before = store.get_stats()
+                res = store.batch_get_into_pages(keys, [kvstash.page_region(t) for t in dst],
+                                                 dst_ids, "page")
+                torch.cuda.synchronize()
+                size = per_key * layers * src[0][0].numel() * 2
+                self.assertEqual(res, [size] * keys_n)
+                for k in range(keys_n):
+                    for j in range(per_key):
+                        for layer in range(layers):
+                            self.assertTrue(torch.equal(dst[layer][dst_ids[k, j]],
+                                                        src[layer][src_ids[k, j]]))
+                after = store.get_stats()
+                staged_calls = after["get_staged_calls"] - before["get_staged_calls"]
+                self.assertEqual(staged_calls, 1 if staged else 0)
+                print(f"\n  page-table {'staged' if staged else 'direct'}: {keys_n} keys x "
+                      f"{per_key} pages x {layers} layers into permuted CUDA pages, all equal; "
+                      f"fills {after['fills'] - before['fills']}")
+                for t in src + dst:
+                    store.unregister_buffer(t.data_ptr())
+                store.close()
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
 
 if __name__ == "__main__":
     unittest.main()

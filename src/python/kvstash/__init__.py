@@ -24,6 +24,7 @@ from ._pool import (BufferLease, BufferLeaseView, BufferPool, RegisteredBufferLe
 from ._kvstash import BufferHandle, __version__
 
 __all__ = [
+    "page_region",
     "BufferHandle",
     "BufferLease",
     "BufferLeaseView",
@@ -214,6 +215,30 @@ class MooncakeHostMemAllocator:
         return 0
 
 
+def page_region(tensor):
+    """The (base, page_bytes, stride, npages) region of a paged KV tensor whose first dimension
+    indexes pages (one layer's pool, say shape (num_pages, 16, heads, head_dim)): for
+    batch_get_into_pages and batch_put_from_pages. Each page must be contiguous."""
+    if not hasattr(tensor, "data_ptr") or tensor.dim() < 1 or tensor.shape[0] < 1:
+        raise ValueError("page_region wants a tensor of at least one page")
+    page = tensor[0]
+    if not page.is_contiguous():
+        raise ValueError("page_region: a page (tensor[i]) must be contiguous")
+    esize = tensor.element_size()
+    return (tensor.data_ptr(), page.numel() * esize, tensor.stride(0) * esize, tensor.shape[0])
+
+
+def _page_ids(ids):
+    """CPU torch tensors as numpy views (no copy): the native call reads any integer buffer."""
+    if hasattr(ids, "numpy") and hasattr(ids, "device"):
+        if ids.device.type != "cpu":
+            raise ValueError("page_ids must be on the CPU (the host plans the reads)")
+        return ids.contiguous().numpy()
+    if isinstance(ids, (list, tuple)):
+        return [_page_ids(i) if hasattr(i, "device") else i for i in ids]
+    return ids
+
+
 def _size(value, what):
     """A size argument (int, or a string such as '16MB' or '4GiB') as an int, or None."""
     if isinstance(value, bool):
@@ -345,6 +370,22 @@ class MooncakeDistributedStore(_kvstash.MooncakeDistributedStore):
             # taken is a warning, as a missing HTTP library is: the store works without it.
             self._serve_metrics(client_http_port)
         return rc
+
+    def batch_get_into_pages(self, keys, regions, page_ids, order="page",
+                             prefer_alloc_in_same_node=False):
+        """Reads key i into its pages of every region: regions are (base, page_bytes, stride,
+        npages) tuples in registered memory (page_region(tensor) makes one), page_ids an
+        integer array of shape (len(keys), pages) (numpy, array.array, a CPU torch tensor) or
+        a list of per-key arrays or lists. order 'page' takes each page of every region in
+        turn (vLLM's blocks), 'region' every page of the first region, then the next. Returns
+        sizes or negative codes, as batch_get_into_multi_buffers; a page id past a region is
+        -600 for every key before any I/O."""
+        return super().batch_get_into_pages(keys, regions, _page_ids(page_ids), order,
+                                            prefer_alloc_in_same_node)
+
+    def batch_put_from_pages(self, keys, regions, page_ids, order="page", config=None):
+        """Stores key i gathered from its pages, named as in batch_get_into_pages."""
+        return super().batch_put_from_pages(keys, regions, _page_ids(page_ids), order, config)
 
     def setup_dummy(self, mem_pool_size, local_buffer_size, server_address):
         """SGLang's standalone mode: attach to the local kvstash-server at server_address
