@@ -54,11 +54,14 @@ class PagedKVTest(unittest.TestCase):
             keys = [f"pt-{i}" for i in range(keys_n)]
             src_ids = torch.randperm(pages)[:keys_n * per_key].view(keys_n, per_key)
             for staged in (False, True):
-                if staged:
-                    os.environ["MC_STORE_GPU_STAGING"] = "1"
+                was = os.environ.get("MC_STORE_GPU_STAGING")
+                os.environ["MC_STORE_GPU_STAGING"] = "1" if staged else "0"  # read at setup
                 store = kvstash.MooncakeDistributedStore()
                 self.assertEqual(store.setup("localhost", "", 0, 0, "tcp", "", master), 0)
-                os.environ.pop("MC_STORE_GPU_STAGING", None)
+                if was is None:
+                    del os.environ["MC_STORE_GPU_STAGING"]
+                else:
+                    os.environ["MC_STORE_GPU_STAGING"] = was
                 dst = [torch.zeros_like(t) for t in src]
                 for t in src + dst:
                     self.assertEqual(store.register_buffer(t.data_ptr(),
