@@ -850,10 +850,16 @@ static void test_staging_page_table_reads(void)
             CHECK_EQ_MEM(got, want, size);
         }
         /* Every byte of the pool outside the named pages is untouched. */
-        size_t touched = 0;
-        for (size_t b = 0; b < pool_len; b++)
-            touched += pool[b] != GUARD;
-        CHECK_CMP_U64(touched, <=, 3 * size);
+        for (int r = 0; r < 2; r++)
+            for (uint32_t pg = 0; pg < PT_PAGES; pg++) {
+                bool named = false;
+                for (int j = 0; j < 24; j++)
+                    named = named || ids[j] == pg;
+                const uint8_t *at = (const uint8_t *)rg[r].base + pg * rg[r].stride;
+                for (size_t b = named ? rg[r].page_bytes : 0;
+                     b < rg[r].stride && at + b < pool + pool_len; b++)
+                    CHECK_EQ_INT(at[b], GUARD);
+            }
         kvs_client_stats_t after = stats(c);
         CHECK_EQ_U64(after.get_staged_calls - before.get_staged_calls, 1);
         CHECK_EQ_U64(after.planned_fragments - before.planned_fragments, 3 * np * 2);
@@ -875,7 +881,16 @@ static void test_staging_page_table_reads(void)
             kvs_free(data);
         }
     }
-    /* A page id past the region: the call is refused before any I/O, the pool untouched. */
+    /* A page id past the region (in the second key): the call is refused before any I/O, the
+     * pool untouched, and the message names the key and the page. */
+    uint32_t bad2[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, PT_PAGES + 5};
+    size_t two[2] = {np, np};
+    int64_t r2[2] = {7, 7};
+    CHECK_STATUS(
+        kvs_client_batch_get_into_pages(c, 2, keys, rg, 2, KVS_REGION_MAJOR, bad2, two, false, r2),
+        KVS_INVALID_PARAMS);
+    CHECK(strstr(kvs_last_error(), "key 1 names page 69") != NULL);
+    CHECK(r2[0] == 7 && r2[1] == 7);
     uint32_t bad[8] = {0, 1, 2, 3, 4, 5, 6, PT_PAGES};
     size_t one[1] = {np};
     int64_t r1 = 12345;

@@ -40,6 +40,7 @@ static int pages_build(const char *op, size_t n, const kvs_page_region_t regions
     for (size_t r = 0; r < nregions; r++) {
         const kvs_page_region_t *g = &regions[r];
         if (g->base == NULL || g->page_bytes == 0 || g->stride < g->page_bytes || g->npages == 0 ||
+            g->page_bytes > UINTPTR_MAX - (uintptr_t)g->base ||
             g->stride > (UINTPTR_MAX - (uintptr_t)g->base - g->page_bytes) / g->npages)
             return kvs__fail(KVS_INVALID_PARAMS,
                              "%s: region %zu wants a base, page_bytes >= 1, stride >= "
@@ -95,6 +96,23 @@ static int pages_build(const char *op, size_t n, const kvs_page_region_t regions
     return KVS_OK;
 }
 
+/* Every region whole in one registered buffer (its npages pages, not only those named), so that
+ * a region that overstates its memory is refused for the call before any I/O. */
+static int regions_registered(kvs_client_t *c, const char *op, const kvs_page_region_t regions[],
+                              size_t nregions)
+{
+    for (size_t r = 0; r < nregions; r++) {
+        const kvs_page_region_t *g = &regions[r];
+        size_t span = (size_t)(g->npages - 1) * g->stride + g->page_bytes;
+        if (kvs_client_buffer_domain(c, g->base, span) == KVS_INVALID_PARAMS)
+            return kvs__fail(KVS_INVALID_PARAMS,
+                             "%s: region %zu (%zu bytes at %p) is not whole in one registered "
+                             "buffer",
+                             op, r, span, g->base);
+    }
+    return KVS_OK;
+}
+
 int kvs_client_batch_get_into_pages(kvs_client_t *c, size_t n, const char *const keys[],
                                     const kvs_page_region_t regions[], size_t nregions,
                                     kvs_page_order_t order, const uint32_t page_ids[],
@@ -108,6 +126,11 @@ int kvs_client_batch_get_into_pages(kvs_client_t *c, size_t n, const char *const
     int rc = pages_build("batch_get_into_pages", n, regions, nregions, order, page_ids, npages, &p);
     if (rc != KVS_OK)
         return rc;
+    rc = regions_registered(c, "batch_get_into_pages", regions, nregions);
+    if (rc != KVS_OK) {
+        pages_free(&p);
+        return rc;
+    }
     rc = kvs_client_batch_get_into_multi_buffers(c, n, keys, p.bufs, p.nbufs,
                                                  prefer_alloc_in_same_node, results);
     pages_free(&p);
@@ -127,6 +150,11 @@ int kvs_client_batch_put_from_pages(kvs_client_t *c, size_t n, const char *const
     int r = pages_build("batch_put_from_pages", n, regions, nregions, order, page_ids, npages, &p);
     if (r != KVS_OK)
         return r;
+    r = regions_registered(c, "batch_put_from_pages", regions, nregions);
+    if (r != KVS_OK) {
+        pages_free(&p);
+        return r;
+    }
     r = kvs_client_batch_put_from_multi(c, n, keys, p.bufs, p.nbufs, rc, results);
     pages_free(&p);
     return r;

@@ -916,7 +916,8 @@ done:
     return out;
 }
 
-/* ---- page-table calls ------------------------------------------------------------------------- */
+/* ---- page-table calls -------------------------------------------------------------------------
+ */
 
 /* Copies `count` page ids of a buffer's items (format `fmt`, `itemsize` bytes each: 4- or 8-byte
  * integers) into out. 1: a value negative or past 2^32 - 1 (the caller answers -600); -1: an
@@ -925,7 +926,11 @@ static int ids_from_items(const void *buf, const char *fmt, Py_ssize_t itemsize,
                           uint32_t *out)
 {
     char f = fmt == NULL ? 'B' : fmt[0];
-    if (f == '@' || f == '=' || f == '<')
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (f == '<')
+        f = fmt[1]; /* little-endian: native here */
+#endif
+    if (f == '@' || f == '=')
         f = fmt[1];
     bool sign = f == 'i' || f == 'l' || f == 'q' || f == 'n';
     bool usign = f == 'I' || f == 'L' || f == 'Q' || f == 'N';
@@ -957,6 +962,8 @@ static int ids_from_items(const void *buf, const char *fmt, Py_ssize_t itemsize,
     return 0;
 }
 
+static int page_ids_of_items(PyObject *o, Py_ssize_t n, uint32_t **ids_p, size_t *npages);
+
 /* Page ids of n keys: a C-contiguous buffer (numpy array, array.array, memoryview) of shape
  * (n, pages) or (n * pages,), or a sequence of n per-key buffers or lists of int. *ids_p
  * (PyMem) and npages[0..n). 0 ok, 1 a bad value (-600), -1 a Python error. */
@@ -969,8 +976,8 @@ static int page_ids_from(PyObject *o, Py_ssize_t n, uint32_t **ids_p, size_t *np
             return -1;
         size_t count = v.itemsize > 0 ? (size_t)(v.len / v.itemsize) : 0;
         int r = 0;
-        if (v.ndim == 2 ? v.shape[0] != n : count % (size_t)n != 0 || count == 0)
-            r = 1; /* not n keys' worth: -600 */
+        if (v.ndim == 2 ? v.shape[0] != n : v.ndim != 1 || count % (size_t)n != 0 || count == 0)
+            r = 1; /* not n keys' worth (or not 1-D or 2-D): -600 */
         uint32_t *ids = r == 0 ? PyMem_Malloc(count * sizeof(*ids) + 1) : NULL;
         if (r == 0 && ids == NULL) {
             PyErr_NoMemory();
@@ -993,7 +1000,19 @@ static int page_ids_from(PyObject *o, Py_ssize_t n, uint32_t **ids_p, size_t *np
                                          "or a list of per-key arrays or lists of int");
         return -1;
     }
-    if (PySequence_Fast_GET_SIZE(o) != n)
+    /* A snapshot: the items' own code (__len__, __iter__, buffers) may change the caller's list
+     * while we read it. */
+    PyObject *snap = PySequence_Tuple(o);
+    if (snap == NULL)
+        return -1;
+    int rc = page_ids_of_items(snap, n, ids_p, npages);
+    Py_DECREF(snap);
+    return rc;
+}
+
+static int page_ids_of_items(PyObject *o, Py_ssize_t n, uint32_t **ids_p, size_t *npages)
+{
+    if (PyTuple_GET_SIZE(o) != n)
         return 1;
     PyObject **items = PySequence_Fast_ITEMS(o);
     size_t total = 0;
@@ -1043,9 +1062,11 @@ static int page_ids_from(PyObject *o, Py_ssize_t n, uint32_t **ids_p, size_t *np
                 r = 1;
             }
             Py_XDECREF(seq);
-            PyMem_Free(tmp);
-            if (tmp == NULL && r == 0)
+            if (tmp == NULL) {
+                PyErr_NoMemory();
                 r = -1;
+            }
+            PyMem_Free(tmp);
         }
         if (r != 0) {
             PyMem_Free(ids);
@@ -1057,7 +1078,8 @@ static int page_ids_from(PyObject *o, Py_ssize_t n, uint32_t **ids_p, size_t *np
     return 0;
 }
 
-/* Regions: a sequence of (base, page_bytes, stride, npages) tuples of int. */
+/* Regions: a sequence of (base, page_bytes, stride, npages) tuples of int. 0 ok, 1 a value out
+ * of range (-600), -1 a Python error. */
 static int regions_from(PyObject *o, kvs_page_region_t **rg_p, size_t *n_p)
 {
     *rg_p = NULL;
@@ -1074,16 +1096,25 @@ static int regions_from(PyObject *o, kvs_page_region_t **rg_p, size_t *n_p)
     }
     PyObject **items = PySequence_Fast_ITEMS(o);
     for (Py_ssize_t i = 0; i < n; i++) {
-        unsigned long long base, page, stride, np;
-        if (!PyTuple_Check(items[i]) ||
-            !PyArg_ParseTuple(items[i], "KKKK", &base, &page, &stride, &np)) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError, "each region is (base, page_bytes, stride, "
-                                                 "npages), four ints");
+        unsigned long long v[4] = {0};
+        bool bad = !PyTuple_Check(items[i]) || PyTuple_GET_SIZE(items[i]) != 4;
+        for (int j = 0; !bad && j < 4; j++) {
+            PyObject *x = PyTuple_GET_ITEM(items[i], j);
+            bad = !PyLong_Check(x);
+            v[j] = bad ? 0 : PyLong_AsUnsignedLongLong(x);
+            if (!bad && PyErr_Occurred()) { /* negative or past 2^64: a bad value, -600 */
+                PyErr_Clear();
+                PyMem_Free(rg);
+                return 1;
+            }
+        }
+        if (bad) {
+            PyErr_SetString(PyExc_TypeError,
+                            "each region is (base, page_bytes, stride, npages), four ints");
             PyMem_Free(rg);
             return -1;
         }
-        rg[i] = (kvs_page_region_t){(void *)(uintptr_t)base, (size_t)page, (size_t)stride, np};
+        rg[i] = (kvs_page_region_t){(void *)(uintptr_t)v[0], (size_t)v[1], (size_t)v[2], v[3]};
     }
     *rg_p = rg;
     *n_p = (size_t)n;
@@ -1117,17 +1148,18 @@ static PyObject *pages_call(store_t *self, PyObject *keys_o, PyObject *regions_o
     }
     int order = order_s != NULL && strcmp(order_s, "page") == 0     ? KVS_PAGE_MAJOR
                 : order_s != NULL && strcmp(order_s, "region") == 0 ? KVS_REGION_MAJOR
-                                                                     : -1;
+                                                                    : -1;
     if (order < 0) {
         PyErr_SetString(PyExc_ValueError, "order must be 'page' or 'region'");
         goto done;
     }
-    if (regions_from(regions_o, &rg, &nr) != 0)
+    int gr = regions_from(regions_o, &rg, &nr);
+    if (gr < 0)
         goto done;
     int ir = n > 0 ? page_ids_from(ids_o, n, &ids, npages) : 1;
     if (ir < 0)
         goto done;
-    if (ir > 0 || cr != 0) {
+    if (ir > 0 || gr > 0 || cr != 0) {
         out = same_code_list(n, KVS_INVALID_PARAMS);
         goto done;
     }
@@ -1137,9 +1169,8 @@ static PyObject *pages_call(store_t *self, PyObject *keys_o, PyObject *regions_o
         goto done;
     }
     int r;
-    Py_BEGIN_ALLOW_THREADS if (put) r =
-        kvs_client_batch_put_from_pages(c, (size_t)n, keys, rg, nr, (kvs_page_order_t)order, ids,
-                                        npages, &h.rc, ires);
+    Py_BEGIN_ALLOW_THREADS if (put) r = kvs_client_batch_put_from_pages(
+        c, (size_t)n, keys, rg, nr, (kvs_page_order_t)order, ids, npages, &h.rc, ires);
     else r = kvs_client_batch_get_into_pages(c, (size_t)n, keys, rg, nr, (kvs_page_order_t)order,
                                              ids, npages, same_node, res);
     Py_END_ALLOW_THREADS store_leave(self);

@@ -139,6 +139,26 @@ class PagesTest(unittest.TestCase):
                          [-600, -600])
         self.assertEqual(self.store.batch_get_into_pages(
             keys, self.regions, array.array("I", [0, 1, 2, 3, 4, 5, 6, PAGES])), [-600, -600])
+        # Ids past 2^32 never wrap onto a valid page, in lists or 8-byte buffers.
+        self.assertEqual(self.store.batch_get_into_pages(keys, self.regions,
+                                                         [[0, 1, 2, 2 ** 32 + 3], [3, 4, 5, 6]]),
+                         [-600, -600])
+        self.assertEqual(self.store.batch_get_into_pages(
+            keys, self.regions, array.array("q", [0, 1, 2, 2 ** 32 + 3, 3, 4, 5, 6])),
+            [-600, -600])
+        self.assertEqual(self.store.batch_get_into_pages(
+            keys, self.regions, array.array("i", [0, 1, 2, -5, 3, 4, 5, 6])), [-600, -600])
+        # The smallest region's npages bounds the ids; a region whose pages run past the
+        # registered pool is refused whole, even when the ids named stay inside.
+        short = [self.regions[0], (self.regions[1][0], V_PAGE, V_STRIDE, 8)]
+        self.assertEqual(self.store.batch_get_into_pages(keys, short,
+                                                         [[0, 1, 2, 9], [3, 4, 5, 6]]),
+                         [-600, -600])
+        over = [(self.regions[0][0], K_PAGE, K_STRIDE, PAGES * 4)]
+        self.assertEqual(self.store.batch_get_into_pages(keys, over, [[0, 1], [2, 3]]),
+                         [-600, -600])
+        self.assertEqual(self.store.batch_get_into_pages(keys, [(-1, 1, 1, 1)], [[0], [0]]),
+                         [-600, -600])
         # Not n keys' worth of ids; a region with a stride below its page.
         self.assertEqual(self.store.batch_get_into_pages(keys, self.regions, [[0, 1, 2, 3]]),
                          [-600, -600])
