@@ -388,11 +388,16 @@ static void test_owner_refusals(void)
      * clients' sweep of the socket directory), not a refusal; a short request is one. */
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     CHECK_STATUS(kvs__shm_socket_path(dir, kvs__data_server_port(d), path, sizeof(path)), KVS_OK);
-    for (int round = 0; round < 2; round++) {
+    for (int round = 0; round < 3; round++) {
         int u = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         struct sockaddr_un ua = {.sun_family = AF_UNIX};
         memcpy(ua.sun_path, path, strlen(path) + 1);
         CHECK(u >= 0 && connect(u, (struct sockaddr *)&ua, sizeof(ua)) == 0);
+        if (round == 2) { /* closed with the greeting unread: the owner sees a reset */
+            usleep(20000);
+            close(u);
+            continue;
+        }
         if (round == 1)
             CHECK(write(u, "short", 5) == 5);
         shutdown(u, SHUT_WR);
@@ -403,7 +408,7 @@ static void test_owner_refusals(void)
     deadline = kvs__now_ns() + 5 * KVS_NS_PER_S;
     while (kvs__data_server_refused(d) < 2 && kvs__now_ns() < deadline)
         usleep(1000);
-    usleep(20000); /* a wrong count would have landed by now */
+    usleep(50000); /* a wrong count would have landed by now */
     CHECK_EQ_U64(kvs__data_server_refused(d), 2);
     kvs__text_t t = {0};
     CHECK_STATUS(kvs__data_server_metrics_render(d, &t), KVS_OK);

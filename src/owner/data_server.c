@@ -826,8 +826,9 @@ static void shm_answer(kvs__data_server_t *s, int c)
         send(c, greet, sizeof(greet), MSG_NOSIGNAL) != (ssize_t)sizeof(greet))
         return;
     ssize_t got = recv(c, req, sizeof(req), MSG_WAITALL);
-    if (got == 0)
-        return; /* gone without a word: a liveness probe (a sweep of the socket directory) */
+    if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+        return; /* gone without a word (closed, or reset as it closed with our greeting unread):
+                 * a liveness probe, such as an owner's sweep of the socket directory */
     if (got != (ssize_t)sizeof(req) || /* short, or silent until the time-out */
         kvs__shm_req_decode(req, sizeof(req), KVS_PROTO_VERSION_MIN, NULL, &sr) != KVS_OK ||
         sr.magic != KVS_SHM_MAGIC || sr.nonce.len != KVS_AUTH_NONCE_LEN) {
