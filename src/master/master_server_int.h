@@ -31,18 +31,18 @@ typedef struct {
      * ("HOST:PORT[,...]"; NULL: this master serves alone). Only the leader serves; standbys
      * answer NOT_LEADER with the leader's address. */
     const char *etcd;
-    const char *etcd_prefix; /* NULL: KVS_ETCD_DEFAULT_PREFIX */
-    const char *advertise;   /* "HOST:PORT" the leader record gives clients (default
-                              * bind_host:port; required when bound to a wildcard) */
-    uint64_t etcd_ttl_s;     /* the leader's lease TTL (default 2) */
-    uint64_t etcd_poll_ms;   /* how often a standby reads the leader key (default 50) */
-    uint64_t recovery_ms;    /* after taking office, clients wait this long for owners to
-                              * re-register (default 300) */
-    uint64_t index_wait_ms;  /* a PUT_END reply waits this long at most for the owners to
-                              * index its objects (default 1000) */
+    const char *etcd_prefix;     /* NULL: KVS_ETCD_DEFAULT_PREFIX */
+    const char *advertise;       /* "HOST:PORT" the leader record gives clients (default
+                                  * bind_host:port; required when bound to a wildcard) */
+    uint64_t etcd_ttl_s;         /* the leader's lease TTL (default 2) */
+    uint64_t etcd_poll_ms;       /* how often a standby reads the leader key (default 50) */
+    uint64_t recovery_ms;        /* after taking office, clients wait this long for owners to
+                                  * re-register (default 300) */
+    uint64_t index_wait_ms;      /* a PUT_END reply waits this long at most for the owners to
+                                  * index its objects (default 1000) */
     uint64_t metrics_timeout_ms; /* a scrape waits this long for the loop (default 2000) */
-    kvs__auth_t auth;        /* peers must prove this secret at HELLO (AUTH), if on */
-    bool tls;                /* TLS on every connection (needs auth) */
+    kvs__auth_t auth;            /* peers must prove this secret at HELLO (AUTH), if on */
+    bool tls;                    /* TLS on every connection (needs auth) */
     kvs__master_config_t master;
 } kvs__master_server_config_t;
 

@@ -1165,22 +1165,28 @@ const char *kvs__data_server_name(const kvs__data_server_t *s)
     return s->name;
 }
 
-uint64_t kvs__data_server_refused(const kvs__data_server_t *s)
-{
-    const dstats_t *t = &s->st;
-    return atomic_load(&t->refused_protocol) + atomic_load(&t->refused_auth) +
-           atomic_load(&t->refused_tls) + atomic_load(&t->refused_not_served) +
-           atomic_load(&t->refused_write) + atomic_load(&t->refused_range) +
-           atomic_load(&t->refused_limit) + atomic_load(&t->refused_no_resource) +
-           atomic_load(&t->refused_internal);
-}
-
 static const kvs__metric_desc_t owner_metrics[] = {
 #define DESC_(kind, unit, name, family, labels, help)                                              \
     {KVS_METRIC_##kind, KVS_UNIT_##unit, #name, #family, labels, help},
     KVS_OWNER_METRICS(DESC_)
 #undef DESC_
 };
+
+uint64_t kvs__data_server_refused(const kvs__data_server_t *s)
+{
+    /* Every member of the table's refusals family, however many reasons it lists. */
+    static const size_t offsets[] = {
+#define OFF_(kind, unit, name, family, labels, help) offsetof(dstats_t, name),
+        KVS_OWNER_METRICS(OFF_)
+#undef OFF_
+    };
+    uint64_t sum = 0;
+    for (size_t i = 0; i < KVS_ARRAY_SIZE(owner_metrics); i++)
+        if (strcmp(owner_metrics[i].family, "refusals") == 0)
+            sum += atomic_load(
+                (const atomic_uint_fast64_t *)(const void *)((const char *)&s->st + offsets[i]));
+    return sum;
+}
 
 const kvs__metric_desc_t *kvs__data_server_metrics_table(size_t *n_p)
 {

@@ -114,8 +114,8 @@ uint64_t kvs__data_server_refused(const kvs__data_server_t *srv);
     X(COUNTER, NONE, refused_not_served, refusals, "reason=\"not_served\"", "")                    \
     X(COUNTER, NONE, refused_write, refusals, "reason=\"write_refused\"", "")                      \
     X(COUNTER, NONE, refused_range, refusals, "reason=\"bad_range\"", "")                          \
-    X(COUNTER, NONE, refused_limit, refusals, "reason=\"too_many_connections\"", "")            \
-    X(COUNTER, NONE, refused_no_resource, refusals, "reason=\"no_resource\"", "")                 \
+    X(COUNTER, NONE, refused_limit, refusals, "reason=\"too_many_connections\"", "")               \
+    X(COUNTER, NONE, refused_no_resource, refusals, "reason=\"no_resource\"", "")                  \
     X(COUNTER, NONE, refused_internal, refusals, "reason=\"internal\"", "")
 
 /* The table as descriptors (*n_p entries; tests check it). */
