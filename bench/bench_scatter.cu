@@ -16,6 +16,7 @@
 extern "C" {
 #include "common/common_int.h"
 #include "gpu/scatter.h"
+#include "gpu/scatter_pages.h"
 #include "tools/cli_int.h"
 }
 
@@ -47,12 +48,28 @@ struct frag_t {
 };
 
 // The kernel also runs on a bounded grid (8, 16, 32 blocks), as it would beside model compute.
-enum method_t { M_KERNEL, M_BATCH, M_PER_FRAG, M_CUB, M_CONTIG, M_K8, M_K16, M_K32, M_COUNT };
+// The page-table form (M_PAGES) runs on sets of equal pages whose places are page ids: the
+// kernel reads 4-byte ids from a plan the host builds and uploads within the call.
+enum method_t {
+    M_KERNEL,
+    M_BATCH,
+    M_PER_FRAG,
+    M_CUB,
+    M_CONTIG,
+    M_K8,
+    M_K16,
+    M_K32,
+    M_PAGES,
+    M_COUNT
+};
 const char *const kMethodNames[M_COUNT] = {
-    "kvstash",    "cudaMemcpyBatchAsync", "cudaMemcpyAsync/frag", "cub::Batched",
-    "contiguous", "kvstash/8 blocks",     "kvstash/16 blocks",    "kvstash/32 blocks"};
-const char *const kMethodKeys[M_COUNT] = {"kvstash",    "batch",   "per-frag", "cub",
-                                          "contiguous", "bounded", "bounded",  "bounded"};
+    "kvstash",          "cudaMemcpyBatchAsync", "cudaMemcpyAsync/frag",
+    "cub::Batched",     "contiguous",           "kvstash/8 blocks",
+    "kvstash/16 blocks", "kvstash/32 blocks",   "kvstash/page table"};
+const char *const kMethodKeys[M_COUNT] = {"kvstash", "batch",   "per-frag", "cub",  "contiguous",
+                                          "bounded", "bounded", "bounded",  "pages"};
+// Bytes per key in the page-table form (a key is a unit of the plan, as a stored object is).
+constexpr uint64_t kPageKeyBytes = 1u << 20;
 const uint32_t kBounded[3] = {8, 16, 32};
 
 // Methods that enqueue a handful of operations can wait behind a gate (see the top).
@@ -95,6 +112,13 @@ struct set_t {
     uint64_t bytes;
     std::vector<frag_t> checks; // the fragments, then the contiguous copy, in pieces to verify
     size_t contig_checks;       // where the contiguous copy's pieces start
+    // Page-table form: equal fragments at multiples of their length (no gaps), as page ids,
+    // in keys of kPageKeyBytes.
+    bool paged;
+    uint64_t page_bytes;
+    std::vector<uint32_t> ids;
+    std::vector<kvs__pt_pages_t> keys;
+    std::vector<uint64_t> key_off;
 };
 
 // Splits [dst, dst + len) <- src_off.. into pieces a verify block each (64 KiB at most).
@@ -130,7 +154,7 @@ bool parse_placement(const std::string &a, placement_t *p)
 set_t make_set(const std::string &name, uint64_t total, const placement_t &pl, char *pool,
                std::mt19937_64 &rng)
 {
-    set_t s{name, {}, {}, 0, {}, 0};
+    set_t s{name, {}, {}, 0, {}, 0, false, 0, {}, {}, {}};
     std::vector<uint64_t> lens;
     static const uint64_t mixed[] = {4096, 8192, 16384, 65536, 262144, 1u << 20};
     bool odd = name == "odd", mix = name == "mixed";
@@ -176,6 +200,18 @@ set_t make_set(const std::string &name, uint64_t total, const placement_t &pl, c
         add_checks(s.checks, f.dst, f.src_off, f.len);
     s.contig_checks = s.checks.size();
     add_checks(s.checks, pool, 0, sum);
+    s.paged = fixed != 0 && fixed <= UINT32_MAX && !odd && !mix;
+    if (s.paged) {
+        s.page_bytes = fixed;
+        for (size_t i = 0; i < lens.size(); i++)
+            s.ids.push_back((uint32_t)(pos[i] / fixed));
+        uint64_t per_key = std::max<uint64_t>(1, kPageKeyBytes / fixed);
+        for (size_t i = 0; i < s.ids.size(); i += per_key) {
+            uint64_t np = std::min<uint64_t>(per_key, s.ids.size() - i);
+            s.keys.push_back(kvs__pt_pages_t{&s.ids[i], np});
+            s.key_off.push_back(i * fixed);
+        }
+    }
     return s;
 }
 
@@ -194,6 +230,10 @@ struct ctx_t {
     void *cub_tmp;
     size_t cub_tmp_len;
     size_t cub_cap;
+    // page-table plans: built in pinned memory, uploaded within the call
+    char *h_plan, *d_plan;
+    size_t plan_cap;
+    uint64_t plan_ns; // host time building the last plan
     // verification
     frag_t *d_frags;
     unsigned long long *d_bad;
@@ -268,6 +308,33 @@ void run_method(ctx_t &c, method_t m, const set_t &s, std::vector<void *> &dsts,
     case M_CONTIG:
         BENCH_CUDA(cudaMemcpyAsync(c.pool, c.src, s.bytes, cudaMemcpyDeviceToDevice, c.stream));
         break;
+    case M_PAGES: {
+        uint64_t t0 = kvs__now_ns();
+        kvs_page_region_t rg = {c.pool, s.page_bytes, s.page_bytes, c.pool_len / s.page_bytes};
+        kvs__page_layout_t L = {&rg, 1, KVS_PAGE_MAJOR};
+        uint32_t nslices = 0;
+        uint64_t row = 0;
+        uint32_t nk = (uint32_t)s.keys.size();
+        size_t bytes = 0;
+        if (kvs__pt_slices(&L, &nslices, &row) != KVS_OK ||
+            (bytes = kvs__pt_plan_bytes(&L, nslices, s.keys.data(), sizeof(kvs__pt_pages_t), nk)) >
+                c.plan_cap) {
+            std::fprintf(stderr, "bench scatter: the page plan does not fit\n");
+            std::exit(1);
+        }
+        kvs__pt_plan_t plan;
+        kvs__pt_plan_build(&L, nslices, row, s.keys.data(), sizeof(kvs__pt_pages_t), nk,
+                           s.key_off.data(), c.h_plan, (uintptr_t)c.d_plan, &plan);
+        c.plan_ns = kvs__now_ns() - t0;
+        BENCH_CUDA(cudaMemcpyAsync(c.d_plan, c.h_plan, bytes, cudaMemcpyHostToDevice, c.stream));
+        uint64_t units = (uint64_t)s.ids.size() * nslices;
+        int rc = kvs__scatter_pages_launch(c.scatter, c.src, &plan, 0, nk, 0, units, c.stream);
+        if (rc != KVS_OK) {
+            std::fprintf(stderr, "bench scatter: page launch: %s\n", kvs_status_str(rc));
+            std::exit(1);
+        }
+        break;
+    }
     default:
         break;
     }
@@ -303,7 +370,8 @@ void usage(FILE *f)
            "  --placement  where fragments land in the destination pool: shuffled (default),\n"
            "               ordered, or window:SIZE (shuffled within SIZE-byte stretches)\n"
            "  --methods    kvstash, batch, per-frag, cub, contiguous, bounded (8/16/32-block\n"
-           "               kvstash grids); default all\n"
+           "               kvstash grids), pages (page-table form: sets of equal pages, plan\n"
+           "               built and uploaded within the call); default all\n"
            "  --reps       timed calls per method (default 20; methods whose calls take over\n"
            "               200 ms get 5)\n"
            "  --warmup     untimed calls per method first (default 3, at least 1)\n");
@@ -458,6 +526,9 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
         size_t max_checks = max_frags + 2 * (total / 65536 + 1);
         BENCH_CUDA(cudaMalloc(&c.d_frags, max_checks * sizeof(frag_t)));
         BENCH_CUDA(cudaMalloc(&c.d_bad, sizeof(*c.d_bad)));
+        c.plan_cap = total / 64 + (total / kPageKeyBytes + 2) * sizeof(kvs__pt_key_t) + (1u << 20);
+        BENCH_CUDA(cudaMallocHost(&c.h_plan, c.plan_cap));
+        BENCH_CUDA(cudaMalloc(&c.d_plan, c.plan_cap));
         c.cub_tmp_len = 0;
         BENCH_CUDA(cub::DeviceMemcpy::Batched(NULL, c.cub_tmp_len, c.d_srcs, c.d_dsts, c.d_sizes,
                                               (int64_t)max_frags, c.stream));
@@ -494,7 +565,8 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
             for (unsigned r = 0; r < warmup + reps; r++) {
                 for (int k = 0; k < M_COUNT; k++) {
                     method_t m = (method_t)((k + r) % M_COUNT);
-                    if (!use[m] || (r >= warmup && r - warmup >= nreps[m]))
+                    if (!use[m] || (r >= warmup && r - warmup >= nreps[m]) ||
+                        (m == M_PAGES && !s.paged))
                         continue;
                     // Wall time: submitted at once, host preparation included.
                     BENCH_CUDA(cudaMemsetAsync(c.pool, 0, c.pool_len, c.stream));
@@ -507,8 +579,10 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
                     BENCH_CUDA(cudaStreamSynchronize(c.stream));
                     uint64_t t1 = kvs__now_ns();
                     kvs__scatter_stats_t st = {0, 0, 0};
-                    if (m == M_KERNEL)
+                    if (m == M_KERNEL || m == M_PAGES)
                         kvs__scatter_stats(c.scatter, &st);
+                    if (m == M_PAGES)
+                        st.prepare_ns = c.plan_ns; // the plan, built on the host, is its prepare
                     float gms = 0;
                     BENCH_CUDA(cudaEventElapsedTime(&gms, e0, e1));
                     ok[m] = ok[m] && verify(c, m, s);
@@ -542,13 +616,13 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
                 }
             }
             for (int m = 0; m < M_COUNT; m++) {
-                if (!use[m])
+                if (!use[m] || wall[m].empty())
                     continue;
                 double w = median(wall[m]), g = median(gpu[m]), q = median(enq[m]);
                 double wg = (double)s.bytes / (w * 1e6), gg = (double)s.bytes / (g * 1e6);
                 double pu = median(prep[m]), su = median(subm[m]);
                 char split[48] = "";
-                if (m == M_KERNEL)
+                if (m == M_KERNEL || m == M_PAGES)
                     std::snprintf(split, sizeof(split), " (%.0f + %.0f)", pu, su);
                 failures += !ok[m];
                 std::printf("%-8s %-13s %9zu  %-22s %9.3f %8.3f%s %9.1f %9.1f %10.3f%s  %s%s\n",
@@ -582,6 +656,8 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
         cudaFreeHost(c.h_sizes);
         cudaFree(c.d_frags);
         cudaFree(c.d_bad);
+        cudaFreeHost(c.h_plan);
+        cudaFree(c.d_plan);
         cudaFree(c.cub_tmp);
         cudaStreamDestroy(c.stream);
     }

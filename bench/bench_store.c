@@ -49,10 +49,14 @@
 #define MAX_SAMPLES 64
 #define MAX_LIST    8
 #define LIMIT_REPS  5
-#define NMODES      4
+#define NMODES      5
 
-enum { M_DIRECT, M_GROUPED, M_STAGED, M_GSTAGED };
-static const char *const mode_name[NMODES] = {"direct", "grouped", "staged", "grouped staged"};
+/* Modes from M_STAGED on use the staged client. Page-table staged reads the same pages through
+ * kvs_client_batch_get_into_pages (one region, the pool, and page ids): only layouts whose
+ * objects are whole pages (size a multiple of --fragment-size) have it. */
+enum { M_DIRECT, M_GROUPED, M_STAGED, M_GSTAGED, M_PSTAGED };
+static const char *const mode_name[NMODES] = {"direct", "grouped", "staged", "grouped staged",
+                                              "page-table staged"};
 
 typedef struct {
     uint64_t keys, size;
@@ -630,6 +634,10 @@ typedef struct {
     const kvs_buf_t **bufs;
     size_t *nbufs;
     int64_t *res;
+    bool paged;        /* objects are whole pages: the page-table mode runs */
+    uint32_t *ids;     /* page ids of every key's pages, key after key */
+    size_t *key_pages; /* per key */
+    kvs_page_region_t region;
     void *expected;    /* GPU: device copy of data */
     void *check_frags; /* GPU: device descriptors of every fragment */
 } reader_t;
@@ -644,6 +652,8 @@ static void reader_free(reader_t *rd)
     free(rd->bufs);
     free(rd->nbufs);
     free(rd->res);
+    free(rd->ids);
+    free(rd->key_pages);
     free(rd->data);
     if (rd->pool != NULL)
         mem_free(&rd->m, rd->pool);
@@ -678,9 +688,13 @@ static int reader_init(reader_t *rd, const opts_t *o, layout_t l, unsigned r, ui
     rd->nbufs = calloc(rd->keys, sizeof(*rd->nbufs));
     rd->res = calloc(rd->keys, sizeof(*rd->res));
     uint64_t *perm = malloc(rd->npages * sizeof(*perm));
+    rd->paged = rd->size % o->frag == 0 && rd->npages <= UINT32_MAX;
+    rd->ids = calloc(rd->npages, sizeof(*rd->ids));
+    rd->key_pages = calloc(rd->keys, sizeof(*rd->key_pages));
+    rd->region = (kvs_page_region_t){rd->pool, o->frag, o->frag, rd->npages};
     if (rd->data == NULL || rd->pool == NULL || rd->names == NULL || rd->kp == NULL ||
         rd->frags == NULL || rd->bufs == NULL || rd->nbufs == NULL || rd->res == NULL ||
-        perm == NULL) {
+        perm == NULL || rd->ids == NULL || rd->key_pages == NULL) {
         free(perm);
         return -1;
     }
@@ -699,7 +713,9 @@ static int reader_init(reader_t *rd, const opts_t *o, layout_t l, unsigned r, ui
             uint64_t len = KVS_MIN(o->frag, rd->size - j * o->frag);
             rd->frags[k * rd->per + j] =
                 (kvs_buf_t){rd->pool + perm[k * rd->per + j] * o->frag, len};
+            rd->ids[k * rd->per + j] = (uint32_t)perm[k * rd->per + j];
         }
+        rd->key_pages[k] = rd->per;
         rd->bufs[k] = &rd->frags[k * rd->per];
         rd->nbufs[k] = rd->per;
     }
@@ -810,8 +826,11 @@ static int read_once(reader_t *rd, kvs_client_t *c, int mode, bool sync, uint64_
     }
     bool grouped = mode == M_GROUPED || mode == M_GSTAGED;
     uint64_t t0 = kvs__now_ns();
-    int rc = kvs_client_batch_get_into_multi_buffers(c, rd->keys, rd->kp, rd->bufs, rd->nbufs,
-                                                     grouped, rd->res);
+    int rc = mode == M_PSTAGED ? kvs_client_batch_get_into_pages(c, rd->keys, rd->kp, &rd->region,
+                                                                 1, KVS_PAGE_MAJOR, rd->ids,
+                                                                 rd->key_pages, false, rd->res)
+                               : kvs_client_batch_get_into_multi_buffers(
+                                     c, rd->keys, rd->kp, rd->bufs, rd->nbufs, grouped, rd->res);
     uint64_t t1 = kvs__now_ns();
     kvs_client_get_stats(c, &b);
     for (uint64_t k = 0; rc == KVS_OK && k < rd->keys; k++)
@@ -885,6 +904,8 @@ static int reader_child(unsigned r, void *arg)
     double ms = 0;
     uint64_t plan = 0;
     for (int m = 0; m < NMODES; m++) { /* warm-up: registrations, mappings, staging buffer */
+        if (m == M_PSTAGED && !rd.paged)
+            continue;
         if (read_once(&rd, m >= M_STAGED ? sc : c, m, true, o->timeout_s, &ms, &plan, why,
                       sizeof(why)) != 0) {
             ret = child_fail(r, "warm-up: %s", why);
@@ -894,7 +915,7 @@ static int reader_child(unsigned r, void *arg)
     for (uint64_t s = 0; s < o->samples; s++) {
         for (int q = 0; q < NMODES; q++) {
             int m = (int)((q + s) % NMODES);
-            if (m < M_STAGED && s >= o->direct_samples)
+            if ((m < M_STAGED && s >= o->direct_samples) || (m == M_PSTAGED && !rd.paged))
                 continue;
             if (read_once(&rd, m >= M_STAGED ? sc : c, m, true, o->timeout_s, &ms, &plan, why,
                           sizeof(why)) != 0) {
@@ -1108,6 +1129,8 @@ static void report(const opts_t *o, const config_t *cfs, unsigned ncf, FILE *md,
         for (int m = 0; m < NMODES; m++) {
             const row_t *w = &rows[m];
             char speed[32] = "", vs1[32] = "", rd[32];
+            if (cf->samples[m] == 0)
+                continue; /* a mode this layout has not (page-table: objects not whole pages) */
             if (m >= M_STAGED)
                 snprintf(speed, sizeof(speed), "%.2fx", best_direct / w->ms);
             if (one != NULL && cf->readers > 1)
@@ -1420,11 +1443,11 @@ int kvs__bench_store_main(int argc, char **argv)
             kvs__progress_log(
                 &prog,
                 "[%3u/%u %5.0f s] %s %s %u reader(s) round %u: direct %.1f, grouped %.1f, "
-                "staged %.1f, grouped staged %.1f ms (reader 0)\n",
+                "staged %.1f, grouped staged %.1f, page-table staged %.1f ms (reader 0)\n",
                 done, ncf * (unsigned)o.rounds, (double)(kvs__now_ns() - t_start) / 1e9, cf->topo,
                 layout_str(l, lb, sizeof(lb)), cf->readers, rnd + 1, cf->round_ms[0][M_DIRECT][rnd],
                 cf->round_ms[0][M_GROUPED][rnd], cf->round_ms[0][M_STAGED][rnd],
-                cf->round_ms[0][M_GSTAGED][rnd]);
+                cf->round_ms[0][M_GSTAGED][rnd], cf->round_ms[0][M_PSTAGED][rnd]);
             kvs__progress_set(&prog, done);
         }
     }

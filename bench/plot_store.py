@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-MODES = ["direct", "grouped", "staged", "grouped staged"]
+MODES = ["direct", "grouped", "staged", "grouped staged", "page-table staged"]
 
 
 def main(src, dst):
@@ -28,7 +28,7 @@ def main(src, dst):
             v = [float(r["median_ms"]) for r in rows
                  if (r["topology"], r["layout"], r["readers"]) == c and r["mode"] == mode]
             ys.append(v[0] if v else 0.0)
-        ax.bar([i + (m - 1.5) * width for i in range(len(configs))], ys, width, label=mode)
+        ax.bar([i + (m - (len(MODES) - 1) / 2) * width for i in range(len(configs))], ys, width, label=mode)
     limits = [next(float(r["limit_ms"]) for r in rows
                    if (r["topology"], r["layout"], r["readers"]) == c) for c in configs]
     ax.scatter(range(len(configs)), limits, marker="_", s=900, color="black", zorder=3,

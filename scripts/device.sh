@@ -26,6 +26,10 @@
 #   ops            the GPU build without libmicrohttpd (the machine has none): --metrics-port and
 #                  client metrics are refused with a message; `pip install --no-build-isolation`
 #                  into a venv picks the CUDA build, and a round trip runs from outside the tree
+#   pages          the page-table form (issue 30): the page kernel's test and memcheck, `bench
+#                  scatter` of equal pages (descriptors, page table, contiguous), `bench store`
+#                  with page-table staged reads, and bench/pages_torch.py (Python page-table
+#                  read against batch_get_into + index_copy_) over shm and tcp
 # $SCATTER_ARGS adds options to `kvstash bench scatter`.
 # Every suite runs even when an earlier one failed; the exit status says whether all passed.
 set -uo pipefail
@@ -125,6 +129,22 @@ for suite in "$@"; do
         PYTHONPATH=$PWD/build-gpu/python KVS_SERVER_PATH=$PWD/build-gpu/kvstash-server \
             step mooncake_test bash -c \
             'cd tests/python && python3 -m unittest -v test_mooncake_api test_engines'
+        ;;
+    pages)
+        step pages_kernel_test build-gpu/tests/test_gpu_scatter test_page_table_kernel
+        KVS_TEST_NOFORK=1 step pages_kernel_memcheck timeout 300 compute-sanitizer --tool memcheck \
+            --error-exitcode 3 build-gpu/tests/test_gpu_scatter test_page_table_kernel
+        step pages_staging_test build-gpu/tests/test_gpu_staging
+        step pages_scatter_bench build-gpu/kvstash bench scatter --bytes 256MiB \
+            --sets 4KiB,8KiB,16KiB,64KiB --methods kvstash,pages,contiguous \
+            --csv "$out/pages_scatter.csv"
+        step pages_store_bench build-gpu/kvstash bench store --readers 1 --threads 0 \
+            --rounds "${PAGES_ROUNDS:-3}" --csv "$out/pages_store.csv" \
+            --table "$out/pages_store.md" --plot "$out/pages_store.png"
+        for proto in shm tcp; do
+            PYTHONPATH=$PWD/build-gpu/python step "pages_torch_$proto" python3 bench/pages_torch.py \
+                --server build-gpu/kvstash-server --protocol "$proto" --markdown "$out/pages_torch.md"
+        done
         ;;
     store)
         # shellcheck disable=SC2086 # STORE_ARGS is a list of options

@@ -7,6 +7,7 @@
 #include "gpu_probe.h"
 #include "common/common_int.h"
 #include "gpu/scatter.h"
+#include "gpu/scatter_pages.h"
 
 #include <cuda_runtime_api.h>
 
@@ -483,6 +484,107 @@ static void test_bad_arguments(void)
     kvs__scatter_destroy(NULL);
 }
 
+/* The page-table kernel against the host backend's copy of the same plan (the mapping both run
+ * is shared, so this checks the kernel's chunking, shuffles and copies): K/V halves interleaved
+ * at one stride, an odd 80 KiB + 5 region (two slices), an odd base; keys of 1..9 pages at odd
+ * source offsets; both orders, launches of sub-ranges of keys, full and bounded grids. Every byte
+ * of the device pool equals the host pool, guard bytes included. */
+static void test_page_table_kernel(void)
+{
+    enum { P = 64, NK = 12 };
+    const size_t big = (80u << 10) + 5;
+    size_t pool_len = P * 8192 + P * (96u << 10) + 64;
+    uint8_t *h_pool = malloc(pool_len), *h_ref = malloc(pool_len), *h_dev = malloc(pool_len);
+    CHECK(h_pool && h_ref && h_dev);
+    char *d_pool = NULL, *d_src = NULL, *d_plan = NULL;
+    CHECK_CUDA(cudaMalloc((void **)&d_pool, pool_len));
+    for (int order = KVS_PAGE_MAJOR; order <= KVS_REGION_MAJOR; order++) {
+        for (uint32_t blocks = 0; blocks <= 8; blocks += 8) {
+            kvs__scatter_t *s = make(blocks);
+            memset(h_ref, GUARD_BYTE, pool_len);
+            CHECK_CUDA(cudaMemset(d_pool, GUARD_BYTE, pool_len));
+            kvs_page_region_t rg[3] = {{d_pool, 3000, 8192, P},
+                                       {d_pool + 4096, 3000, 8192, P},
+                                       {d_pool + P * 8192 + 3, big, 96u << 10, P - 1}};
+            kvs_page_region_t hrg[3];
+            for (int r = 0; r < 3; r++)
+                hrg[r] = (kvs_page_region_t){h_ref + ((char *)rg[r].base - d_pool),
+                                             rg[r].page_bytes, rg[r].stride, rg[r].npages};
+            kvs__page_layout_t L = {rg, 3, (kvs_page_order_t)order};
+            kvs__page_layout_t HL = {hrg, 3, (kvs_page_order_t)order};
+            uint32_t nslices;
+            uint64_t row;
+            CHECK_STATUS(kvs__pt_slices(&L, &nslices, &row), KVS_OK);
+            CHECK_EQ_U64(nslices, 4);
+            /* Distinct page ids for every key, shuffled. */
+            uint32_t perm[P - 1], used = 0;
+            for (uint32_t i = 0; i < P - 1; i++)
+                perm[i] = i;
+            for (uint32_t i = P - 1; i > 1; i--) {
+                uint32_t j = (uint32_t)(kvs_test_rand() % i), t = perm[i - 1];
+                perm[i - 1] = perm[j];
+                perm[j] = t;
+            }
+            kvs__pt_pages_t keys[NK];
+            uint64_t off[NK], pos = 0;
+            for (int k = 0; k < NK; k++) {
+                uint64_t np = 1 + kvs_test_rand() % 5;
+                keys[k] = (kvs__pt_pages_t){perm + used, np};
+                used += (uint32_t)np;
+                off[k] = pos + kvs_test_rand() % 7; /* odd source offsets */
+                pos = off[k] + np * row;
+            }
+            CHECK(used <= P - 1);
+            uint8_t *h_src = malloc(pos);
+            CHECK(h_src != NULL);
+            for (uint64_t b = 0; b < pos; b++)
+                h_src[b] = (uint8_t)(kvs_test_rand() >> 24);
+            CHECK_CUDA(cudaMalloc((void **)&d_src, pos));
+            CHECK_CUDA(cudaMemcpy(d_src, h_src, pos, cudaMemcpyHostToDevice));
+            size_t bytes = kvs__pt_plan_bytes(&L, nslices, keys, sizeof(*keys), NK);
+            void *blob = malloc(bytes), *hblob = malloc(bytes);
+            CHECK(blob && hblob);
+            CHECK_CUDA(cudaMalloc((void **)&d_plan, bytes));
+            kvs__pt_plan_t plan, hplan;
+            kvs__pt_plan_build(&L, nslices, row, keys, sizeof(*keys), NK, off, blob,
+                               (uintptr_t)d_plan, &plan);
+            kvs__pt_plan_build(&HL, nslices, row, keys, sizeof(*keys), NK, off, hblob,
+                               (uintptr_t)hblob, &hplan);
+            CHECK_CUDA(cudaMemcpy(d_plan, blob, bytes, cudaMemcpyHostToDevice));
+            /* Keys [0, 5) and [6, 12) (key 5 skipped, as a failed receive would be). */
+            const uint32_t runs[2][2] = {{0, 5}, {6, NK}};
+            for (int r = 0; r < 2; r++) {
+                uint32_t a = runs[r][0], b = runs[r][1];
+                CHECK_STATUS(kvs__scatter_pages_launch(s, d_src, &plan, a, b,
+                                                       hplan.keys[a].unit_start,
+                                                       hplan.keys[b].unit_start, NULL),
+                             KVS_OK);
+                kvs__pt_copy_host(h_src, &hplan, a, b);
+            }
+            CHECK_CUDA(cudaDeviceSynchronize());
+            CHECK_CUDA(cudaMemcpy(h_dev, d_pool, pool_len, cudaMemcpyDeviceToHost));
+            CHECK_EQ_MEM(h_dev, h_ref, pool_len);
+            /* Bad arguments are refused: an empty or reversed key range, no plan. */
+            CHECK_STATUS(kvs__scatter_pages_launch(s, d_src, &plan, 3, 3, 0, 1, NULL),
+                         KVS_INVALID_PARAMS);
+            CHECK_STATUS(kvs__scatter_pages_launch(s, d_src, &plan, 0, NK + 1, 0, 1, NULL),
+                         KVS_INVALID_PARAMS);
+            CHECK_STATUS(kvs__scatter_pages_launch(s, d_src, NULL, 0, 1, 0, 1, NULL),
+                         KVS_INVALID_PARAMS);
+            CHECK_CUDA(cudaFree(d_plan));
+            CHECK_CUDA(cudaFree(d_src));
+            free(blob);
+            free(hblob);
+            free(h_src);
+            kvs__scatter_destroy(s);
+        }
+    }
+    CHECK_CUDA(cudaFree(d_pool));
+    free(h_pool);
+    free(h_ref);
+    free(h_dev);
+}
+
 int main(int argc, char **argv)
 {
     if (!have_gpu()) {
@@ -500,6 +602,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_bounded_blocks),
         KVS_TEST_CASE(test_skipped_source_ranges),
         KVS_TEST_CASE(test_bad_arguments),
+        KVS_TEST_CASE(test_page_table_kernel),
     };
     return kvs_test_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }

@@ -108,8 +108,10 @@ static void test_client_stats_abi(void)
     CHECK_EQ_U64(offsetof(kvs_client_stats_t, put_latency), 33 * 8);
     CHECK_EQ_U64(offsetof(kvs_client_stats_t, get_latency), 33 * 8 + 280);
     CHECK_EQ_U64(offsetof(kvs_client_stats_t, fallback_not_exact), 33 * 8 + 2 * 280);
+    /* Fields after 0.1.0 only ever append: the first release's additions keep their offsets. */
+    CHECK_EQ_U64(offsetof(kvs_client_stats_t, staging_held_bytes), 1720);
     CHECK_EQ_U64(kvs__client_metric_offsets[kvs__client_nmetrics - 1],
-                 offsetof(kvs_client_stats_t, staging_held_bytes));
+                 offsetof(kvs_client_stats_t, plan_overlapped_ns));
 }
 
 static void test_exposition(void)

@@ -933,6 +933,143 @@ static void test_staging_page_table_reads(void)
     server_stop(&st.srv);
 }
 
+/* Checks that pages named by ids hold key k's bytes and every other byte of `pool` is GUARD,
+ * except the pages of `skip` (never written: GUARD too). */
+static void pt_check_pool(const kvs_page_region_t *rg, size_t nr, kvs_page_order_t order,
+                          const uint32_t *ids, size_t nkeys, size_t np, const char *const *keys,
+                          int skip, const uint8_t *pool, size_t pool_len)
+{
+    size_t row = 0;
+    for (size_t r = 0; r < nr; r++)
+        row += rg[r].page_bytes;
+    uint8_t *want = malloc(np * row), *got = malloc(np * row), *mine = calloc(pool_len, 1);
+    CHECK(want != NULL && got != NULL && mine != NULL);
+    for (size_t k = 0; k < nkeys; k++) {
+        for (size_t r = 0; r < nr; r++)
+            for (size_t j = 0; j < np; j++)
+                memset(mine + ((const uint8_t *)rg[r].base - pool) + ids[k * np + j] * rg[r].stride,
+                       (int)k == skip ? 0 : 1, rg[r].page_bytes);
+        if ((int)k == skip)
+            continue;
+        pt_gather(rg, nr, order, ids + k * np, np, got);
+        pt_expect(want, keys[k], np * row);
+        CHECK_EQ_MEM(got, want, np * row);
+    }
+    for (size_t b = 0; b < pool_len; b++)
+        if (!mine[b])
+            CHECK_EQ_INT(pool[b], GUARD);
+    free(want);
+    free(got);
+    free(mine);
+}
+
+/* The page scatter's plan (no fragment list on the staged path): K and V halves of one tensor
+ * interleaved at one stride stage (they share no byte); pages over 64 KiB are cut into slices;
+ * keys spread over two fills; a key whose receive fails is skipped within its fill's launches,
+ * its pages untouched; regions that do share bytes, and a page named twice among sparse ids (the
+ * sorted check), fall back. Stats name the staging device, the last call's fills and the plan
+ * time overlapped with the first fill. */
+static void test_staging_page_table_plan(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    kvs_client_t *c = staged_client(&st, 5000, NULL);
+    enum { P = 16, NP = 3, NK = 4 };
+    const size_t big = (80u << 10) + 5, kv = 3000;
+    size_t pool_len = P * 8192 + P * (96u << 10);
+    uint8_t *pool = malloc(pool_len);
+    CHECK(pool != NULL);
+    CHECK_STATUS(kvs_client_register_buffer(c, pool, pool_len), KVS_OK);
+    kvs_page_region_t rg[3] = {
+        {pool, kv, 8192, P}, {pool + 4096, kv, 8192, P}, {pool + P * 8192, big, 96u << 10, P}};
+    const size_t size = NP * (2 * kv + big);
+    const char *keys[NK] = {"pp-0", "pp-1", "pp-2", "pp-3"};
+    for (int k = 0; k < NK; k++)
+        put_key(c, keys[k], size);
+    size_t npages[NK] = {NP, NP, NP, NP};
+    for (int order = KVS_PAGE_MAJOR; order <= KVS_REGION_MAJOR; order++) {
+        for (int fail = -1; fail <= 1; fail += 2) {
+            uint32_t ids[NK * NP];
+            for (uint32_t i = 0; i < NK * NP; i++)
+                ids[i] = (i * 5 + (uint32_t)order * 3 + (uint32_t)(fail + 1)) % P;
+            kvs__staging_hooks_t h = {.fail_receive_key = fail};
+            kvs__staging_set_hooks(kvs__client_staging(c), &h);
+            memset(pool, GUARD, pool_len);
+            kvs_client_stats_t before = stats(c);
+            int64_t res[NK];
+            CHECK_STATUS(kvs_client_batch_get_into_pages(
+                             c, NK, keys, rg, 3, (kvs_page_order_t)order, ids, npages, false, res),
+                         KVS_OK);
+            for (int k = 0; k < NK; k++) {
+                if (k == fail)
+                    CHECK_STATUS(res[k], KVS_TRANSFER_FAIL);
+                else
+                    CHECK_EQ_INT(res[k], (int64_t)size);
+            }
+            pt_check_pool(rg, 3, (kvs_page_order_t)order, ids, NK, NP, keys, fail, pool, pool_len);
+            kvs_client_stats_t after = stats(c);
+            CHECK_EQ_U64(after.get_staged_calls - before.get_staged_calls, 1);
+            CHECK_EQ_U64(after.get_page_table_calls - before.get_page_table_calls, 1);
+            CHECK_EQ_U64(after.fallback_overlap - before.fallback_overlap, 0);
+            CHECK_EQ_U64(after.get_submissions - before.get_submissions, 0);
+            CHECK_EQ_U64(after.fills - before.fills, 2); /* 4 x 258 KiB in a 1 MiB buffer */
+            CHECK_EQ_U64(after.staging_last_fills, 2);
+            /* A failed key in the middle of a fill splits its launch in two. */
+            CHECK_EQ_U64(after.scatter_launches - before.scatter_launches, fail < 0 ? 2 : 3);
+            CHECK_EQ_U64(after.staging_device, 0);
+            CHECK(after.plan_overlapped_ns > before.plan_overlapped_ns);
+        }
+    }
+    kvs__staging_hooks_t none = {.fail_receive_key = -1};
+    kvs__staging_set_hooks(kvs__client_staging(c), &none);
+    /* V starting 1 KiB into K's 3000-byte pages: the regions share bytes, not staged. */
+    kvs_page_region_t bad[3] = {rg[0], {pool + 1024, kv, 8192, P}, rg[2]};
+    uint32_t ids[NP] = {1, 2, 3};
+    int64_t r1 = 0;
+    kvs_client_stats_t before = stats(c);
+    CHECK_STATUS(kvs_client_batch_get_into_pages(c, 1, keys, bad, 3, KVS_PAGE_MAJOR, ids, npages,
+                                                 false, &r1),
+                 KVS_OK);
+    CHECK_EQ_INT(r1, (int64_t)size);
+    kvs_client_stats_t after = stats(c);
+    CHECK_EQ_U64(after.fallback_overlap - before.fallback_overlap, 1);
+    CHECK_EQ_U64(after.get_direct_calls - before.get_direct_calls, 1);
+    CHECK_STATUS(kvs_client_unregister_buffer(c, pool), KVS_OK);
+    free(pool);
+    /* Sparse ids in a pool of 2^21 16-byte pages: the repeat check sorts them. */
+    enum { SP = 1 << 21 };
+    uint8_t *sp = malloc((size_t)SP * 16);
+    CHECK(sp != NULL);
+    CHECK_STATUS(kvs_client_register_buffer(c, sp, (size_t)SP * 16), KVS_OK);
+    kvs_page_region_t srg = {sp, 16, 16, SP};
+    put_key(c, "sparse", 64);
+    const char *sk[1] = {"sparse"};
+    size_t four[1] = {4};
+    uint32_t sids[4] = {2000000, 7, 1500001, SP - 1};
+    memset(sp, GUARD, (size_t)SP * 16);
+    before = stats(c);
+    CHECK_STATUS(
+        kvs_client_batch_get_into_pages(c, 1, sk, &srg, 1, KVS_PAGE_MAJOR, sids, four, false, &r1),
+        KVS_OK);
+    CHECK_EQ_INT(r1, 64);
+    uint8_t want[64];
+    pt_expect(want, "sparse", 64);
+    for (int j = 0; j < 4; j++)
+        CHECK_EQ_MEM(sp + (size_t)sids[j] * 16, want + j * 16, 16);
+    after = stats(c);
+    CHECK_EQ_U64(after.get_staged_calls - before.get_staged_calls, 1);
+    sids[2] = 7; /* the same page twice */
+    CHECK_STATUS(
+        kvs_client_batch_get_into_pages(c, 1, sk, &srg, 1, KVS_PAGE_MAJOR, sids, four, false, &r1),
+        KVS_OK);
+    CHECK_EQ_INT(r1, 64);
+    CHECK_EQ_U64(stats(c).fallback_overlap - after.fallback_overlap, 1);
+    CHECK_STATUS(kvs_client_unregister_buffer(c, sp), KVS_OK);
+    free(sp);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
@@ -951,6 +1088,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_staging_late_completion_lands_nowhere),
         KVS_TEST_CASE(test_staging_unregister_and_close_wait_for_reads),
         KVS_TEST_CASE(test_staging_page_table_reads),
+        KVS_TEST_CASE(test_staging_page_table_plan),
     };
     return kvs_test_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }

@@ -481,7 +481,17 @@ double kvs_histogram_quantile_us(const kvs_histogram_t *h, double q);
     X(HIST, NS, get_grouped_latency, read_latency, "mode=\"grouped\"", "")                         \
     X(HIST, NS, get_staged_latency, read_latency, "mode=\"staged\"", "")                           \
     /* GPU (or host-backend) memory the staging buffer holds now, 0 before first use           */  \
-    X(GAUGE, BYTES, staging_held_bytes, staging_held, "", "Memory the staging buffer holds")
+    X(GAUGE, BYTES, staging_held_bytes, staging_held, "", "Memory the staging buffer holds")       \
+    /* The device the staging buffer is on (CUDA ordinal; 0 for the host backend), meaningful  */  \
+    /* once staging_held_bytes is not 0; buffer fills of the last staged call                  */  \
+    X(GAUGE, NONE, staging_device, staging_device, "", "Device of the staging buffer")             \
+    X(GAUGE, NONE, staging_last_fills, staging_last_call_fills, "",                                \
+      "Buffer fills of the last staged read call")                                                 \
+    /* Read calls in page-table form (kvs_client_batch_get_into_pages), and the host time their */ \
+    /* staged reads spent building page plans while the first fill was in flight               */  \
+    X(COUNTER, NONE, get_page_table_calls, page_table_reads, "", "Read calls in page-table form")  \
+    X(COUNTER, NS, plan_overlapped_ns, plan_overlapped, "",                                        \
+      "Host planning of staged page-table reads overlapped with the first fill")
 
 #define KVS_STATS_TYPE_COUNTER uint64_t
 #define KVS_STATS_TYPE_GAUGE   uint64_t

@@ -1175,6 +1175,9 @@ static void stats_snapshot(kvs_client_t *c, kvs_client_stats_t *s)
         KVS_STAGING_FALLBACKS(FALLBACK_)
 #undef FALLBACK_
         s->staging_held_bytes = atomic_load(&ss->held_bytes);
+        s->staging_device = atomic_load(&ss->device);
+        s->staging_last_fills = atomic_load(&ss->last_fills);
+        s->plan_overlapped_ns = atomic_load(&ss->plan_overlapped_ns);
     }
 }
 

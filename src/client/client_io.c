@@ -27,6 +27,12 @@ typedef struct {
     bool allow_larger; /* fragments may hold more than the object (filled in order) */
     bool upsert;       /* puts: replace an existing object (KVS_PUT_FLAG_UPSERT) */
     bool staged;       /* reads: a round took the staged path (the call counts as staged) */
+    /* Page-table reads (client_pages.c): key i's pages are ids[ids_first[i] ..] in `layout`;
+     * iov stays NULL unless the call reads direct (call_fragments builds it then). */
+    const kvs__page_layout_t *layout;
+    const uint32_t *ids;
+    const size_t *npages;
+    uint64_t *ids_first;
 } call_t;
 
 /* How a call reaches one segment, decided once per call and segment. Each route holds a
@@ -69,6 +75,7 @@ static void call_free(kvs_client_t *c, call_t *k)
     kvs__free(k->total);
     kvs__free(k->res);
     kvs__free(k->domain);
+    kvs__free(k->ids_first);
 }
 
 /* Refuses key i of a call with INVALID_PARAMS, saying why. */
@@ -765,11 +772,22 @@ static int read_staged(kvs_client_t *c, call_t *k, const read_slot_t *slots, uin
         return kvs__fail(KVS_NO_MEMORY, "read: out of memory");
     for (uint32_t s = 0; s < ns; s++) {
         size_t i = slots[s].key;
-        sk[s] = (kvs__staged_key_t){
-            slots[s].t,           slots[s].ep, slots[s].segment_id, slots[s].offset, slots[s].size,
-            &k->iov[k->first[i]], k->cnt[i],   k->domain[i],        lease_until[i],  KVS_OK};
+        sk[s] = (kvs__staged_key_t){.t = slots[s].t,
+                                    .ep = slots[s].ep,
+                                    .segment_id = slots[s].segment_id,
+                                    .offset = slots[s].offset,
+                                    .size = slots[s].size,
+                                    .domain = k->domain[i],
+                                    .lease_until_ns = lease_until[i],
+                                    .status = KVS_OK};
+        if (k->layout != NULL) {
+            sk[s].pages = (kvs__pt_pages_t){k->ids + k->ids_first[i], k->npages[i]};
+        } else {
+            sk[s].iov = &k->iov[k->first[i]];
+            sk[s].iovcnt = k->cnt[i];
+        }
     }
-    int rc = kvs__staging_read(c->staging, sk, ns, deadline);
+    int rc = kvs__staging_read(c->staging, sk, ns, k->layout, deadline);
     if (rc == KVS_OK) {
         for (uint32_t s = 0; s < ns; s++)
             st[s] = sk[s].status;
@@ -828,6 +846,8 @@ static bool read_retryable(int st)
     return st != KVS_OK && st != KVS_LEASE_EXPIRED && st != KVS_INVALID_PARAMS &&
            st != KVS_NO_MEMORY;
 }
+
+static int call_fragments(call_t *k);
 
 /* `exact`: fragments must add up to the object; otherwise they may be larger and are cut.
  * Reads go in rounds: each key on its next replica, all in flight together; keys whose replica
@@ -932,6 +952,8 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
          * their fragments). */
         if (k->src_off == NULL && (!exact || k->total[i] > d->size)) {
             larger |= exact; /* an exact-mode call with more room than the object */
+            if (k->iov == NULL && (rc = call_fragments(k)) != KVS_OK)
+                goto out;
             uint64_t left = d->size;
             uint32_t used = 0;
             struct iovec *iov = &k->iov[k->first[i]];
@@ -1009,6 +1031,8 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
             for (uint32_t s = 0; s < ns; s++)
                 tried[2 * slots[s].entry] = tried[2 * slots[s].entry + 1];
         } else if (src == KVS_UNSUPPORTED) { /* fell back before anything was submitted */
+            if (k->iov == NULL && (rc = call_fragments(k)) != KVS_OK)
+                goto out;
             read_direct(c, k, slots, ns, grouped, reqs, batches, batch_t, st, round_deadline);
         } else {
             staged = k->staged = true;
@@ -1049,8 +1073,73 @@ out:
     return rc;
 }
 
-/* Runs a read call and accounts for it. */
-/* deadline: the call's (0: transfer_timeout_ms from now). */
+/* Counts a finished read call in the client's stats. */
+static void get_account(kvs_client_t *c, const call_t *k, bool grouped, int rc, uint64_t t0,
+                        uint64_t plan_ns, uint64_t nfrag)
+{
+    uint64_t bytes = 0, failed = 0, expired = 0, timed_out = 0, xfer = 0;
+    for (size_t i = 0; rc == KVS_OK && i < k->n; i++) {
+        if (k->res[i] == 0) {
+            bytes += k->total[i];
+            continue;
+        }
+        failed++;
+        expired += k->res[i] == KVS_LEASE_EXPIRED;
+        timed_out += k->res[i] == KVS_TIMED_OUT;
+        xfer += k->res[i] == KVS_TRANSFER_FAIL;
+    }
+    kvs__client_stats_t *st = &c->st;
+    atomic_fetch_add(&st->plan_ns_total, plan_ns);
+    atomic_fetch_add(&st->planned_fragments, nfrag);
+    atomic_fetch_add(&st->get_calls, 1);
+    atomic_fetch_add(&st->get_grouped_calls, grouped);
+    atomic_fetch_add(&st->get_keys, k->n);
+    atomic_fetch_add(&st->get_bytes, bytes);
+    atomic_fetch_add(&st->get_page_table_calls, k->layout != NULL);
+    /* Each call counts in one mode: staged if any round staged, else grouped or direct. */
+    atomic_uint_fast64_t *calls = &st->get_direct_calls, *mode_bytes = &st->get_direct_bytes;
+    kvs__hist_t *mode_latency = &st->get_direct_latency;
+    if (k->staged) {
+        calls = &st->get_staged_calls;
+        mode_bytes = &st->get_staged_bytes;
+        mode_latency = &st->get_staged_latency;
+    } else if (grouped) {
+        calls = &st->get_grouped_unstaged_calls;
+        mode_bytes = &st->get_grouped_bytes;
+        mode_latency = &st->get_grouped_latency;
+    }
+    atomic_fetch_add(calls, 1);
+    atomic_fetch_add(mode_bytes, bytes);
+    atomic_fetch_add(&st->get_failed_keys, rc == KVS_OK ? failed : k->n);
+    atomic_fetch_add(&st->get_lease_expired, expired);
+    atomic_fetch_add(&st->get_timed_out, timed_out);
+    atomic_fetch_add(&st->get_transfer_fail, xfer);
+    uint64_t took = kvs__now_ns() - t0;
+    kvs__hist_add(&st->get_latency, took);
+    kvs__hist_add(mode_latency, took);
+}
+
+/* Runs an initialised read call (it is freed here), writes the results and accounts for it.
+ * deadline: the call's (0: transfer_timeout_ms from t0). */
+static int get_exec(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64_t t0,
+                    uint64_t deadline, int64_t results[])
+{
+    uint64_t init_ns = kvs__now_ns() - t0, plan_ns = 0, nfrag = 0;
+    for (size_t i = 0; i < k->n; i++)
+        nfrag += k->layout != NULL ? (uint64_t)k->npages[i] * k->layout->nregions : k->cnt[i];
+    k->deadline = deadline ? deadline : t0 + c->transfer_timeout_ms * KVS_NS_PER_MS;
+    kvs__client_enter(c);
+    kvs__client_sweep(c, k->deadline);
+    int rc = get_call(c, k, exact, grouped, &plan_ns);
+    for (size_t i = 0; rc == KVS_OK && i < k->n; i++)
+        results[i] = k->res[i] == 0 ? (int64_t)k->total[i] : k->res[i];
+    get_account(c, k, grouped, rc, t0, init_ns + plan_ns, nfrag);
+    call_free(c, k);
+    kvs__client_leave(c);
+    return rc;
+}
+
+/* Runs a read call of fragment lists. */
 static int get_run(kvs_client_t *c, const char *op, size_t n, const char *const keys[],
                    const kvs_buf_t *const bufs[], const size_t nbufs[], bool registered, bool exact,
                    bool grouped, uint64_t deadline, const uint64_t *src_off, bool allow_larger,
@@ -1063,60 +1152,120 @@ static int get_run(kvs_client_t *c, const char *op, size_t n, const char *const 
     int rc = call_init(c, op, n, keys, bufs, nbufs, registered, &k);
     if (rc != KVS_OK)
         return rc;
-    uint64_t init_ns = kvs__now_ns() - t0, plan_ns = 0, nfrag = 0;
-    for (size_t i = 0; i < n; i++)
-        nfrag += nbufs[i];
-    k.deadline = deadline ? deadline : t0 + c->transfer_timeout_ms * KVS_NS_PER_MS;
     k.src_off = src_off;
     k.allow_larger = allow_larger;
-    kvs__client_enter(c);
-    kvs__client_sweep(c, k.deadline);
-    rc = get_call(c, &k, exact, grouped, &plan_ns);
-    uint64_t bytes = 0, failed = 0, expired = 0, timed_out = 0, xfer = 0;
-    if (rc == KVS_OK) {
-        for (size_t i = 0; i < n; i++) {
-            results[i] = k.res[i] == 0 ? (int64_t)k.total[i] : k.res[i];
-            if (k.res[i] == 0) {
-                bytes += k.total[i];
-                continue;
-            }
-            failed++;
-            expired += k.res[i] == KVS_LEASE_EXPIRED;
-            timed_out += k.res[i] == KVS_TIMED_OUT;
-            xfer += k.res[i] == KVS_TRANSFER_FAIL;
-        }
+    return get_exec(c, &k, exact, grouped, t0, deadline, results);
+}
+
+/* ---- page-table reads ------------------------------------------------------------------------ */
+
+/* The fragments of a page-table call, for a direct read (staged reads need none). */
+static int call_fragments(call_t *k)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < k->n; i++)
+        total += (size_t)k->npages[i] * k->layout->nregions;
+    k->iov = kvs__malloc(KVS_MAX(total, 1) * sizeof(*k->iov));
+    if (k->iov == NULL)
+        return kvs__fail(KVS_NO_MEMORY, "read: out of memory for %zu fragments", total);
+    for (size_t i = 0; i < k->n; i++)
+        kvs__pages_fragments(k->layout, k->ids + k->ids_first[i], k->npages[i],
+                             &k->iov[k->first[i]]);
+    return KVS_OK;
+}
+
+/* Pins the call's regions (each whole in one registered buffer, all in one memory domain) and
+ * returns that domain. */
+static int pages_pin(kvs_client_t *c, const char *op, call_t *k, int *domain_p)
+{
+    const kvs__page_layout_t *L = k->layout;
+    int rc = KVS_OK, domain = KVS_DOMAIN_MIXED;
+    pthread_rwlock_rdlock(&c->reg_lock);
+    for (uint32_t r = 0; r < L->nregions && rc == KVS_OK; r++) {
+        const kvs_page_region_t *g = &L->regions[r];
+        size_t span = (size_t)(g->npages - 1) * g->stride + g->page_bytes;
+        int dom = KVS_DOMAIN_MIXED;
+        if (!kvs__reg_pin_locked(c, g->base, span, &k->pins, &dom))
+            rc = kvs__fail(KVS_INVALID_PARAMS,
+                           "%s: region %u (%zu bytes at %p) is not whole in one registered buffer",
+                           op, r, span, g->base);
+        else if (r > 0 && dom != domain)
+            rc = kvs__fail(KVS_INVALID_PARAMS,
+                           "%s: the regions mix host and GPU memory (or two GPUs)", op);
+        else if (dom >= 0 && !KVS_GPU_BUILT)
+            rc = kvs__fail(KVS_INVALID_PARAMS,
+                           "%s: the regions are in GPU memory, which needs a CUDA build of kvstash",
+                           op);
+        domain = dom;
     }
-    kvs__client_stats_t *st = &c->st;
-    atomic_fetch_add(&st->plan_ns_total, init_ns + plan_ns);
-    atomic_fetch_add(&st->planned_fragments, nfrag);
-    atomic_fetch_add(&st->get_calls, 1);
-    atomic_fetch_add(&st->get_grouped_calls, grouped);
-    atomic_fetch_add(&st->get_keys, n);
-    atomic_fetch_add(&st->get_bytes, bytes);
-    /* Each call counts in one mode: staged if any round staged, else grouped or direct. */
-    atomic_uint_fast64_t *calls = &st->get_direct_calls, *mode_bytes = &st->get_direct_bytes;
-    kvs__hist_t *mode_latency = &st->get_direct_latency;
-    if (k.staged) {
-        calls = &st->get_staged_calls;
-        mode_bytes = &st->get_staged_bytes;
-        mode_latency = &st->get_staged_latency;
-    } else if (grouped) {
-        calls = &st->get_grouped_unstaged_calls;
-        mode_bytes = &st->get_grouped_bytes;
-        mode_latency = &st->get_grouped_latency;
-    }
-    atomic_fetch_add(calls, 1);
-    atomic_fetch_add(mode_bytes, bytes);
-    atomic_fetch_add(&st->get_failed_keys, rc == KVS_OK ? failed : n);
-    atomic_fetch_add(&st->get_lease_expired, expired);
-    atomic_fetch_add(&st->get_timed_out, timed_out);
-    atomic_fetch_add(&st->get_transfer_fail, xfer);
-    uint64_t took = kvs__now_ns() - t0;
-    kvs__hist_add(&st->get_latency, took);
-    kvs__hist_add(mode_latency, took);
-    call_free(c, &k);
-    kvs__client_leave(c);
+    pthread_rwlock_unlock(&c->reg_lock);
+    *domain_p = domain;
     return rc;
+}
+
+/* A page-table call's keys: sizes from the page counts, no fragment list (unless it cannot be
+ * staged at all, when it is built at once). The layout and ids were checked by the caller. */
+static int call_init_pages(kvs_client_t *c, const char *op, size_t n, const char *const keys[],
+                           const kvs__page_layout_t *L, const uint32_t *ids, const size_t npages[],
+                           call_t *k)
+{
+    memset(k, 0, sizeof(*k));
+    k->n = n;
+    k->keys = keys;
+    k->layout = L;
+    k->ids = ids;
+    k->npages = npages;
+    k->first = kvs__malloc(n * sizeof(*k->first));
+    k->cnt = kvs__malloc(n * sizeof(*k->cnt));
+    k->total = kvs__malloc(n * sizeof(*k->total));
+    k->res = kvs__calloc(n, sizeof(*k->res));
+    k->domain = kvs__malloc(n * sizeof(*k->domain));
+    k->ids_first = kvs__malloc(n * sizeof(*k->ids_first));
+    if (k->first == NULL || k->cnt == NULL || k->total == NULL || k->res == NULL ||
+        k->domain == NULL || k->ids_first == NULL) {
+        call_free(c, k);
+        return kvs__fail(KVS_NO_MEMORY, "%s: out of memory", op);
+    }
+    int domain;
+    int rc = pages_pin(c, op, k, &domain);
+    uint32_t nslices;
+    uint64_t row = 0, f = 0, id = 0;
+    bool sliced = kvs__pt_slices(L, &nslices, &row) == KVS_OK;
+    if (!sliced)
+        for (uint32_t r = 0; r < L->nregions; r++)
+            row += L->regions[r].page_bytes;
+    for (size_t i = 0; i < n && rc == KVS_OK; i++) {
+        k->first[i] = f;
+        k->cnt[i] = (uint32_t)(npages[i] * L->nregions);
+        k->ids_first[i] = id;
+        k->total[i] = npages[i] * row;
+        k->domain[i] = domain;
+        if (keys[i] == NULL || kvs__key_check(keys[i], strlen(keys[i])) != KVS_OK)
+            k->res[i] =
+                kvs__fail(KVS_INVALID_PARAMS, "%s: key %zu is NULL, empty or longer than %u bytes",
+                          op, i, KVS_MAX_KEY_LEN);
+        f += k->cnt[i];
+        id += npages[i];
+    }
+    /* Without staging (or a layout the page scatter cannot take) the call reads direct. */
+    if (rc == KVS_OK && (c->staging == NULL || !sliced))
+        rc = call_fragments(k);
+    if (rc != KVS_OK)
+        call_free(c, k);
+    return rc;
+}
+
+int kvs__get_pages(kvs_client_t *c, const char *op, size_t n, const char *const keys[],
+                   const kvs__page_layout_t *layout, const uint32_t *ids, const size_t npages[],
+                   bool same_node, int64_t results[])
+{
+    uint64_t t0 = kvs__now_ns();
+    call_t k;
+    int rc = call_init_pages(c, op, n, keys, layout, ids, npages, &k);
+    if (rc != KVS_OK)
+        return rc;
+    k.allow_larger = true; /* as kvs_client_batch_get_into_multi_buffers */
+    return get_exec(c, &k, true, same_node, t0, 0, results);
 }
 
 static int64_t get_single(kvs_client_t *c, const char *op, const char *key, void *buf, size_t size,

@@ -1,6 +1,8 @@
 /* Page-table reads and writes (client.h): regions named once, page ids per key. They are
- * expanded into the fragments of the multi-buffer calls, so every rule of those (planning,
- * staging, grouping, results) applies unchanged. */
+ * checked here; reads then run through the read pipeline in page-table form (client_io.c: staged
+ * reads hand the page ids to the scatter, direct ones expand them into fragments), writes through
+ * the multi-buffer put with the fragments expanded. Every rule of the multi-buffer calls
+ * (staging, grouping, results) applies unchanged. */
 #define _GNU_SOURCE
 #include "client_int.h"
 
@@ -9,27 +11,12 @@
 /* Fragments of one call at most (16 bytes each while the call runs). */
 #define MAX_FRAGMENTS (1ull << 26)
 
-/* The fragments of a call: one kvs_buf_t per page and region, key after key. */
-typedef struct {
-    kvs_buf_t *frags;
-    const kvs_buf_t **bufs;
-    size_t *nbufs;
-} pages_t;
-
-static void pages_free(pages_t *p)
-{
-    kvs__free(p->frags);
-    kvs__free(p->bufs);
-    kvs__free(p->nbufs);
-}
-
-/* Checks the arguments and builds the fragments. KVS_INVALID_PARAMS (with the reason) before
- * any I/O. */
-static int pages_build(const char *op, size_t n, const kvs_page_region_t regions[], size_t nregions,
+/* Checks a page-table call's arguments. KVS_INVALID_PARAMS (with the reason) before any I/O.
+ * *pages_p: the call's page ids in all. */
+static int pages_check(const char *op, size_t n, const kvs_page_region_t regions[], size_t nregions,
                        kvs_page_order_t order, const uint32_t page_ids[], const size_t npages[],
-                       pages_t *p)
+                       uint64_t *pages_p)
 {
-    memset(p, 0, sizeof(*p));
     if (n == 0 || n > KVS_MAX_BATCH || regions == NULL || nregions == 0 || nregions > 4096 ||
         npages == NULL || (order != KVS_PAGE_MAJOR && order != KVS_REGION_MAJOR))
         return kvs__fail(KVS_INVALID_PARAMS,
@@ -69,31 +56,22 @@ static int pages_build(const char *op, size_t n, const kvs_page_region_t regions
                              "%s: key %llu names page %u, but a region has only %llu pages", op,
                              (unsigned long long)key, page_ids[j], (unsigned long long)min_pages);
         }
-    p->frags = kvs__malloc(total * nregions * sizeof(*p->frags));
-    p->bufs = kvs__malloc(n * sizeof(*p->bufs));
-    p->nbufs = kvs__malloc(n * sizeof(*p->nbufs));
-    if (p->frags == NULL || p->bufs == NULL || p->nbufs == NULL) {
-        pages_free(p);
-        return kvs__fail(KVS_NO_MEMORY, "%s: out of memory for %llu fragments", op,
-                         (unsigned long long)(total * nregions));
-    }
-    kvs_buf_t *f = p->frags;
-    const uint32_t *ids = page_ids;
-    for (size_t i = 0; i < n; i++) {
-        p->bufs[i] = f;
-        p->nbufs[i] = npages[i] * nregions;
-        size_t outer = order == KVS_PAGE_MAJOR ? npages[i] : nregions;
-        size_t inner = order == KVS_PAGE_MAJOR ? nregions : npages[i];
-        for (size_t a = 0; a < outer; a++) {
-            for (size_t b = 0; b < inner; b++) {
-                size_t pg = order == KVS_PAGE_MAJOR ? a : b, r = order == KVS_PAGE_MAJOR ? b : a;
-                const kvs_page_region_t *g = &regions[r];
-                *f++ = (kvs_buf_t){(char *)g->base + (size_t)ids[pg] * g->stride, g->page_bytes};
-            }
-        }
-        ids += npages[i];
-    }
+    *pages_p = total;
     return KVS_OK;
+}
+
+void kvs__pages_fragments(const kvs__page_layout_t *L, const uint32_t *ids, size_t npages,
+                          struct iovec *out)
+{
+    bool pm = L->order == KVS_PAGE_MAJOR;
+    size_t outer = pm ? npages : L->nregions, inner = pm ? L->nregions : npages;
+    for (size_t a = 0; a < outer; a++) {
+        for (size_t b = 0; b < inner; b++) {
+            const kvs_page_region_t *g = &L->regions[pm ? b : a];
+            *out++ = (struct iovec){(char *)g->base + (size_t)ids[pm ? a : b] * g->stride,
+                                    g->page_bytes};
+        }
+    }
 }
 
 /* Every region whole in one registered buffer (its npages pages, not only those named), so that
@@ -119,22 +97,15 @@ int kvs_client_batch_get_into_pages(kvs_client_t *c, size_t n, const char *const
                                     const size_t npages[], bool prefer_alloc_in_same_node,
                                     int64_t results[])
 {
+    const char *op = "batch_get_into_pages";
     if (c == NULL || keys == NULL || results == NULL)
-        return kvs__fail(KVS_INVALID_PARAMS,
-                         "batch_get_into_pages: a client, keys and results are required");
-    pages_t p;
-    int rc = pages_build("batch_get_into_pages", n, regions, nregions, order, page_ids, npages, &p);
+        return kvs__fail(KVS_INVALID_PARAMS, "%s: a client, keys and results are required", op);
+    uint64_t pages;
+    int rc = pages_check(op, n, regions, nregions, order, page_ids, npages, &pages);
     if (rc != KVS_OK)
         return rc;
-    rc = regions_registered(c, "batch_get_into_pages", regions, nregions);
-    if (rc != KVS_OK) {
-        pages_free(&p);
-        return rc;
-    }
-    rc = kvs_client_batch_get_into_multi_buffers(c, n, keys, p.bufs, p.nbufs,
-                                                 prefer_alloc_in_same_node, results);
-    pages_free(&p);
-    return rc;
+    kvs__page_layout_t L = {regions, (uint32_t)nregions, order};
+    return kvs__get_pages(c, op, n, keys, &L, page_ids, npages, prefer_alloc_in_same_node, results);
 }
 
 int kvs_client_batch_put_from_pages(kvs_client_t *c, size_t n, const char *const keys[],
@@ -143,19 +114,37 @@ int kvs_client_batch_put_from_pages(kvs_client_t *c, size_t n, const char *const
                                     const size_t npages[], const kvs_replicate_config_t *rc,
                                     int results[])
 {
+    const char *op = "batch_put_from_pages";
     if (c == NULL || keys == NULL || results == NULL)
-        return kvs__fail(KVS_INVALID_PARAMS,
-                         "batch_put_from_pages: a client, keys and results are required");
-    pages_t p;
-    int r = pages_build("batch_put_from_pages", n, regions, nregions, order, page_ids, npages, &p);
+        return kvs__fail(KVS_INVALID_PARAMS, "%s: a client, keys and results are required", op);
+    uint64_t pages;
+    int r = pages_check(op, n, regions, nregions, order, page_ids, npages, &pages);
+    if (r == KVS_OK)
+        r = regions_registered(c, op, regions, nregions);
     if (r != KVS_OK)
         return r;
-    r = regions_registered(c, "batch_put_from_pages", regions, nregions);
-    if (r != KVS_OK) {
-        pages_free(&p);
-        return r;
+    kvs__page_layout_t L = {regions, (uint32_t)nregions, order};
+    size_t nf = (size_t)pages * nregions;
+    struct iovec *iov = kvs__malloc(nf * sizeof(*iov));
+    kvs_buf_t *frags = kvs__malloc(nf * sizeof(*frags));
+    const kvs_buf_t **bufs = kvs__malloc(n * sizeof(*bufs));
+    size_t *nbufs = kvs__malloc(n * sizeof(*nbufs));
+    if (iov == NULL || frags == NULL || bufs == NULL || nbufs == NULL) {
+        r = kvs__fail(KVS_NO_MEMORY, "%s: out of memory for %zu fragments", op, nf);
+    } else {
+        const uint32_t *ids = page_ids;
+        for (size_t i = 0, f = 0; i < n; ids += npages[i++]) {
+            kvs__pages_fragments(&L, ids, npages[i], iov + f);
+            bufs[i] = frags + f;
+            nbufs[i] = npages[i] * nregions;
+            for (size_t j = 0; j < nbufs[i]; j++, f++)
+                frags[f] = (kvs_buf_t){iov[f].iov_base, iov[f].iov_len};
+        }
+        r = kvs_client_batch_put_from_multi(c, n, keys, bufs, nbufs, rc, results);
     }
-    r = kvs_client_batch_put_from_multi(c, n, keys, p.bufs, p.nbufs, rc, results);
-    pages_free(&p);
+    kvs__free(iov);
+    kvs__free(frags);
+    kvs__free(bufs);
+    kvs__free(nbufs);
     return r;
 }

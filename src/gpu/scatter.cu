@@ -17,6 +17,7 @@
 // host to publish, so its wait is bounded in device time and the host can abort it through a
 // second mapped word; it reports how it ended in a mapped status ring (progress_t).
 #include "scatter.h"
+#include "scatter_pages.h"
 #include "scatter_units.h"
 
 extern "C" {
@@ -396,6 +397,39 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM)
     }
 }
 
+// The page-table form (scatter_pages.h): no host-written units at all. Each warp takes chunks of
+// 2^shift consecutive units of keys [a, b) of the plan (in device memory); lane l maps unit l of
+// the chunk (its key by binary search in the key table, then its page id, region and slice), and
+// the warp copies the chunk's units one after another, each unit's description shuffled from the
+// lane that mapped it. Neighbouring lanes read neighbouring page ids, so a chunk's ids are one
+// or two cache lines.
+__global__ void __launch_bounds__(kThreads, kBlocksPerSM)
+    scatter_pages(const char *src, const kvs__pt_plan_t p, unsigned a, unsigned b,
+                  unsigned long long u0, unsigned long long u1, unsigned shift)
+{
+    const unsigned lane = threadIdx.x & 31;
+    const unsigned long long warps = (unsigned long long)gridDim.x * kWarps;
+    const unsigned long long chunks = ((u1 - u0 - 1) >> shift) + 1;
+#pragma unroll 1
+    for (unsigned long long c = blockIdx.x * kWarps + threadIdx.x / 32; c < chunks; c += warps) {
+        unsigned long long first = u0 + (c << shift), u = first + lane;
+        uint64_t dst = 0, off = 0;
+        uint32_t len = 1;
+        if (lane < (1u << shift) && u < u1) {
+            const kvs__pt_key_t *k = &p.keys[kvs__pt_key_of(&p, a, b, u)];
+            kvs__pt_unit(&p, k, u - k->unit_start, &dst, &off, &len);
+        }
+        unsigned n = (unsigned)min((unsigned long long)(1u << shift), u1 - first);
+#pragma unroll 1
+        for (unsigned j = 0; j < n; j++) {
+            unit_t x;
+            x.dst = __shfl_sync(0xffffffffu, dst, (int)j);
+            x.off_len = __shfl_sync(0xffffffffu, off | ((uint64_t)(len - 1) << 48), (int)j);
+            warp_copy_unit(x, src, lane);
+        }
+    }
+}
+
 } // namespace
 
 // A pinned descriptor buffer the kernel reads through its mapping, the words through which the
@@ -728,6 +762,31 @@ extern "C" int kvs__scatter_launch_opts(kvs__scatter_t *s, const void *src,
     else
         s->stats = kvs__scatter_stats_t{0, 0, 0};
     return rc;
+}
+
+extern "C" int kvs__scatter_pages_launch(kvs__scatter_t *s, const void *src,
+                                         const kvs__pt_plan_t *plan, uint32_t a, uint32_t b,
+                                         uint64_t first_unit, uint64_t end_unit, void *stream_)
+{
+    if (s == NULL || src == NULL || plan == NULL || a >= b || b > plan->nkeys ||
+        end_unit <= first_unit || plan->nslices == 0)
+        return KVS_INVALID_PARAMS;
+    uint64_t t0 = kvs__now_ns();
+    s->stats = kvs__scatter_stats_t{0, 0, 0};
+    int prev;
+    int rc = enter_device(s, &prev);
+    if (rc != KVS_OK)
+        return rc;
+    uint64_t units = end_unit - first_unit;
+    unsigned shift = chunk_shift(s, units);
+    uint64_t t = kvs__now_ns();
+    scatter_pages<<<blocks_for(s, ((units - 1) >> shift) + 1), kThreads, 0,
+                    static_cast<cudaStream_t>(stream_)>>>(static_cast<const char *>(src), *plan, a,
+                                                          b, first_unit, end_unit, shift);
+    cudaError_t e = cudaGetLastError();
+    s->stats = kvs__scatter_stats_t{t - t0, kvs__now_ns() - t, units};
+    leave_device(s, prev);
+    return e == cudaSuccess ? KVS_OK : cuda_fail(e, "page scatter launch");
 }
 
 extern "C" int kvs__scatter_abort(kvs__scatter_t *s, const kvs__scatter_ticket_t *t)

@@ -114,6 +114,18 @@ int kvs__scatter_abort(kvs__scatter_t *s, const kvs__scatter_ticket_t *t);
  * kernels of the context; an older one reads UNKNOWN, as do NULL arguments. Thread-safe. */
 kvs__scatter_end_t kvs__scatter_result(const kvs__scatter_t *s, const kvs__scatter_ticket_t *t);
 
+struct kvs__pt_plan; /* scatter_pages.h */
+
+/* Enqueues one kernel on `stream` that copies units [first_unit, end_unit) of the page-table plan
+ * `plan` (scatter_pages.h), which lie in its keys [a, b), from `src`: the plan's tables are in
+ * device memory of the context's device, written and checked by the host before (their values
+ * are trusted: every destination they name must be the caller's). The kernel waits for nothing
+ * on the host, so it needs no abort: it ends once its copies do. INVALID_PARAMS for bad
+ * arguments, TRANSFER_FAIL when CUDA refuses. Not thread-safe (one caller per context). */
+int kvs__scatter_pages_launch(kvs__scatter_t *s, const void *src, const struct kvs__pt_plan *plan,
+                              uint32_t a, uint32_t b, uint64_t first_unit, uint64_t end_unit,
+                              void *stream);
+
 /* Copies the host timings of the context's last launch to *out (no-op on NULL). */
 void kvs__scatter_stats(const kvs__scatter_t *s, kvs__scatter_stats_t *out);
 

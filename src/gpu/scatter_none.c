@@ -66,3 +66,18 @@ kvs__scatter_end_t kvs__scatter_result(const kvs__scatter_t *s, const kvs__scatt
     KVS_UNUSED(t);
     return KVS_SCATTER_UNKNOWN;
 }
+
+int kvs__scatter_pages_launch(kvs__scatter_t *s, const void *src, const struct kvs__pt_plan *plan,
+                              uint32_t a, uint32_t b, uint64_t first_unit, uint64_t end_unit,
+                              void *stream)
+{
+    KVS_UNUSED(s);
+    KVS_UNUSED(src);
+    KVS_UNUSED(plan);
+    KVS_UNUSED(a);
+    KVS_UNUSED(b);
+    KVS_UNUSED(first_unit);
+    KVS_UNUSED(end_unit);
+    KVS_UNUSED(stream);
+    return KVS_UNSUPPORTED;
+}

@@ -187,19 +187,10 @@ static int event_wait_until(cudaEvent_t ev, uint64_t deadline_ns, int device)
     }
 }
 
-static int cuda_scatter(int domain, const void *src, const kvs__scatter_frag_t *frags, uint32_t n,
-                        uint64_t deadline_ns, bool stall, void **done_p)
+/* Records the lane's completion event after what it enqueued; on failure the lane's work is
+ * stopped (a streamed kernel aborted) and waited for, and the lane goes back. */
+static int lane_started(lane_t *l, int domain, int rc, void **done_p)
 {
-    if (done_p == NULL || cuda_domain_of(domain) < 0 || src == NULL || (frags == NULL && n > 0))
-        return KVS_INVALID_PARAMS;
-    *done_p = NULL;
-    pthread_once(&devices_once, devices_init);
-    lane_t *l = NULL;
-    int rc = lane_take(domain, &l);
-    if (rc != KVS_OK)
-        return rc;
-    kvs__scatter_opts_t opts = {.deadline_ns = deadline_ns, .test_hold = stall};
-    rc = kvs__scatter_launch_opts(l->ctx, src, frags, n, l->stream, &opts, &l->ticket);
     int prev = 0;
     cudaGetDevice(&prev);
     if (rc == KVS_OK) {
@@ -226,6 +217,71 @@ static int cuda_scatter(int domain, const void *src, const kvs__scatter_frag_t *
     cudaSetDevice(prev);
     *done_p = l;
     return KVS_OK;
+}
+
+static int cuda_scatter(int domain, const void *src, const kvs__scatter_frag_t *frags, uint32_t n,
+                        uint64_t deadline_ns, bool stall, void **done_p)
+{
+    if (done_p == NULL || cuda_domain_of(domain) < 0 || src == NULL || (frags == NULL && n > 0))
+        return KVS_INVALID_PARAMS;
+    *done_p = NULL;
+    pthread_once(&devices_once, devices_init);
+    lane_t *l = NULL;
+    int rc = lane_take(domain, &l);
+    if (rc != KVS_OK)
+        return rc;
+    kvs__scatter_opts_t opts = {.deadline_ns = deadline_ns, .test_hold = stall};
+    rc = kvs__scatter_launch_opts(l->ctx, src, frags, n, l->stream, &opts, &l->ticket);
+    return lane_started(l, domain, rc, done_p);
+}
+
+/* The plan goes up on a lane's stream, which then waits for it: the plan is small (4 bytes a
+ * page) and this runs while the first fill's transfers are in flight. */
+static int cuda_upload(int domain, void *dev, const void *host, size_t bytes)
+{
+    if (cuda_domain_of(domain) < 0 || dev == NULL || (host == NULL && bytes > 0))
+        return KVS_INVALID_PARAMS;
+    pthread_once(&devices_once, devices_init);
+    lane_t *l = NULL;
+    int rc = lane_take(domain, &l);
+    if (rc != KVS_OK)
+        return rc;
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaError_t e = cudaSetDevice(domain);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, l->stream);
+    cudaError_t es = cudaStreamSynchronize(l->stream);
+    if (e == cudaSuccess)
+        e = es;
+    cudaSetDevice(prev);
+    lane_give(l);
+    if (e != cudaSuccess) {
+        kvs_warn("staging: page plan upload to GPU %d: %s", domain, cudaGetErrorString(e));
+        cudaGetLastError();
+        return KVS_TRANSFER_FAIL;
+    }
+    return KVS_OK;
+}
+
+/* The page kernel reads the uploaded plan: no units written by the host, nothing to abort (it
+ * waits for nothing on the host). `stall` has no meaning for it. */
+static int cuda_scatter_pages(int domain, const void *src, const kvs__pt_plan_t *plan, uint32_t a,
+                              uint32_t b, uint64_t first_unit, uint64_t end_unit, bool stall,
+                              void **done_p)
+{
+    KVS_UNUSED(stall);
+    if (done_p == NULL || cuda_domain_of(domain) < 0 || src == NULL || plan == NULL)
+        return KVS_INVALID_PARAMS;
+    *done_p = NULL;
+    pthread_once(&devices_once, devices_init);
+    lane_t *l = NULL;
+    int rc = lane_take(domain, &l);
+    if (rc != KVS_OK)
+        return rc;
+    l->ticket = (kvs__scatter_ticket_t){0, {0, 0}, {0, 0}};
+    rc = kvs__scatter_pages_launch(l->ctx, src, plan, a, b, first_unit, end_unit, l->stream);
+    return lane_started(l, domain, rc, done_p);
 }
 
 static int cuda_scatter_wait(int domain, void *done, uint64_t deadline_ns)
@@ -269,6 +325,8 @@ const kvs__staging_backend_t kvs__staging_backend_cuda = {
     .free = cuda_free,
     .scatter = cuda_scatter,
     .scatter_wait = cuda_scatter_wait,
+    .upload = cuda_upload,
+    .scatter_pages = cuda_scatter_pages,
 };
 
 #endif

@@ -73,6 +73,33 @@ static int host_scatter_wait(int domain, void *done, uint64_t deadline_ns)
     return KVS_TIMED_OUT;
 }
 
+static int host_upload(int domain, void *dev, const void *host, size_t bytes)
+{
+    KVS_UNUSED(domain);
+    if (dev == NULL || (host == NULL && bytes > 0))
+        return KVS_INVALID_PARAMS;
+    memcpy(dev, host, bytes);
+    return KVS_OK;
+}
+
+static int host_scatter_pages(int domain, const void *src, const kvs__pt_plan_t *plan, uint32_t a,
+                              uint32_t b, uint64_t first_unit, uint64_t end_unit, bool stall,
+                              void **done_p)
+{
+    KVS_UNUSED(domain);
+    KVS_UNUSED(first_unit);
+    KVS_UNUSED(end_unit);
+    if (done_p == NULL || src == NULL || plan == NULL || a >= b || b > plan->nkeys)
+        return KVS_INVALID_PARAMS;
+    *done_p = NULL;
+    if (stall) {
+        *done_p = &stalled;
+        return KVS_OK;
+    }
+    kvs__pt_copy_host(src, plan, a, b);
+    return KVS_OK;
+}
+
 const kvs__staging_backend_t kvs__staging_backend_host = {
     .name = "host",
     .device_memory = false,
@@ -81,4 +108,6 @@ const kvs__staging_backend_t kvs__staging_backend_host = {
     .free = host_free,
     .scatter = host_scatter,
     .scatter_wait = host_scatter_wait,
+    .upload = host_upload,
+    .scatter_pages = host_scatter_pages,
 };

@@ -44,6 +44,32 @@ static int none_scatter_wait(int domain, void *done, uint64_t deadline_ns)
     return KVS_UNSUPPORTED;
 }
 
+static int none_upload(int domain, void *dev, const void *host, size_t bytes)
+{
+    KVS_UNUSED(domain);
+    KVS_UNUSED(dev);
+    KVS_UNUSED(host);
+    KVS_UNUSED(bytes);
+    return KVS_UNSUPPORTED;
+}
+
+static int none_scatter_pages(int domain, const void *src, const kvs__pt_plan_t *plan, uint32_t a,
+                              uint32_t b, uint64_t first_unit, uint64_t end_unit, bool stall,
+                              void **done_p)
+{
+    if (done_p != NULL)
+        *done_p = NULL;
+    KVS_UNUSED(domain);
+    KVS_UNUSED(src);
+    KVS_UNUSED(plan);
+    KVS_UNUSED(a);
+    KVS_UNUSED(b);
+    KVS_UNUSED(first_unit);
+    KVS_UNUSED(end_unit);
+    KVS_UNUSED(stall);
+    return KVS_UNSUPPORTED;
+}
+
 const kvs__staging_backend_t kvs__staging_backend_none = {
     .name = "none",
     .device_memory = false,
@@ -52,4 +78,6 @@ const kvs__staging_backend_t kvs__staging_backend_none = {
     .free = none_free,
     .scatter = none_scatter,
     .scatter_wait = none_scatter_wait,
+    .upload = none_upload,
+    .scatter_pages = none_scatter_pages,
 };

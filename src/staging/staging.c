@@ -23,6 +23,8 @@ enum {
     SCR_SUB,
     SCR_BUFV,
     SCR_FRAGS,
+    SCR_BACK,
+    SCR_PLAN,
     SCR_COUNT_
 };
 
@@ -43,6 +45,8 @@ struct kvs__staging {
     kvs__staging_hooks_t hooks;
     kvs__staging_stats_t st;
     scratch_t scr[SCR_COUNT_]; /* owned by the call that holds the buffer */
+    void *plan_dev;            /* page-table plans, in the buffer's domain (grown as needed) */
+    size_t plan_cap;
 };
 
 static const char *const fallback_names[] = {
@@ -118,6 +122,8 @@ void kvs__staging_destroy(kvs__staging_t *st)
         return;
     if (st->buf != NULL)
         st->be->free(st->buf_domain, st->buf);
+    if (st->plan_dev != NULL)
+        st->be->free(st->buf_domain, st->plan_dev);
     for (int i = 0; i < SCR_COUNT_; i++)
         kvs__free(st->scr[i].p);
     pthread_mutex_destroy(&st->lock);
@@ -348,6 +354,32 @@ static int fall_back(kvs__staging_t *st, kvs__fallback_t why)
     return KVS_UNSUPPORTED;
 }
 
+/* Page-table keys: the same rule from ids and region geometry. Ids are usually a pool's dense
+ * block numbers: a bitmap of one bit per id up to the largest; sparse ones are sorted. */
+static bool pages_overlap(kvs__staging_t *st, const kvs__page_layout_t *L,
+                          const kvs__staged_key_t *keys, uint32_t n, bool *oom_p)
+{
+    uint64_t max_id = 0, pages = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        for (uint64_t j = 0; j < keys[i].pages.npages; j++)
+            max_id = KVS_MAX(max_id, (uint64_t)keys[i].pages.ids[j]);
+        pages += keys[i].pages.npages;
+    }
+    if (kvs__pt_regions_overlap(L, max_id + 1))
+        return true;
+    if (max_id + 1 <= KVS_MAX((uint64_t)OVERLAP_BITS_MIN, pages * OVERLAP_BITS_PER_FRAG)) {
+        uint64_t *bm = scratch(st, SCR_BITS, (size_t)(max_id / 64 + 1) * sizeof(*bm));
+        if (bm != NULL)
+            return kvs__pt_ids_repeat(keys, n, bm, max_id + 1);
+    } else {
+        uint32_t *tmp = scratch(st, SCR_SPANS, (size_t)pages * sizeof(*tmp));
+        if (tmp != NULL)
+            return kvs__pt_ids_repeat_sorted(keys, n, tmp);
+    }
+    *oom_p = true;
+    return false;
+}
+
 /* ---- fills ----------------------------------------------------------------------------------- */
 
 /* A fill's scatter while it may still run: the part of the buffer it reads is not reused until
@@ -357,6 +389,39 @@ typedef struct {
     void *done; /* the backend's token */
     uint32_t a, b, keys;
 } pending_t;
+
+/* Transports one fill's keys may use (one submission each, all in flight together). */
+#define FILL_MAX_TRANSPORTS 8u
+
+/* A fill's transfers: its requests grouped by transport, sub[start[k] .. start[k + 1]) on t[k]
+ * (back[] maps them to the fill's keys). */
+typedef struct {
+    uint32_t nt;
+    kvs_transport_t *t[FILL_MAX_TRANSPORTS];
+    kvs_batch_t *batch[FILL_MAX_TRANSPORTS];
+    uint32_t start[FILL_MAX_TRANSPORTS + 1];
+    kvs_xfer_req_t *sub;
+    uint32_t *back;
+    int rc; /* the whole fill's failure (no memory, too many transports), else OK */
+} fill_io_t;
+
+/* One call's plan, shared by its fills. */
+typedef struct {
+    kvs__staged_key_t *keys;
+    uint32_t n;
+    const kvs__page_layout_t *layout; /* page-table form, else NULL */
+    uint32_t nslices;
+    uint64_t row;
+    kvs__pt_plan_t plan;            /* in the domain's memory, once uploaded */
+    const kvs__pt_key_t *host_keys; /* the plan's key table in host memory */
+    bool plan_ready;                /* uploaded; false until the first fill is in flight */
+    uint64_t *off;                  /* key i's offset in its fill */
+    uint32_t *fill_end;
+    uint32_t nfills;
+    bool halves;
+    uint64_t half;
+    uint64_t deadline_ns;
+} call_plan_t;
 
 /* Waits for a fill's scatter until the call's deadline, where the backend aborts it: either way
  * nothing writes the keys' destinations once this returns. A failed or aborted one fails the keys
@@ -378,114 +443,337 @@ static void fill_finish(kvs__staging_t *st, kvs__staged_key_t *keys, pending_t *
     }
 }
 
-/* Receives keys [a, b) at offsets off[] from `base` in the buffer and starts the scatter of the
- * ones that arrived in time (*p, finished by fill_finish). */
-static void run_fill(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t a, uint32_t b,
-                     const uint64_t *off, uint64_t base, uint64_t deadline_ns, kvs_xfer_req_t *reqs,
-                     struct iovec *bufv, kvs__scatter_frag_t *frags, pending_t *p)
+/* Index of transport t in io->t[], adding it; -1 past FILL_MAX_TRANSPORTS. */
+static int fill_transport(fill_io_t *io, kvs_transport_t *t)
 {
-    char *buf = (char *)st->buf + base;
+    for (uint32_t k = 0; k < io->nt; k++)
+        if (io->t[k] == t)
+            return (int)k;
+    if (io->nt == FILL_MAX_TRANSPORTS)
+        return -1;
+    io->t[io->nt] = t;
+    return (int)io->nt++;
+}
+
+/* Groups the fill's requests by transport (stable, so each submission keeps call order). */
+static int fill_group(fill_io_t *io, const kvs__staged_key_t *keys, uint32_t a, uint32_t b,
+                      const kvs_xfer_req_t *reqs, uint8_t *tk)
+{
+    uint32_t count[FILL_MAX_TRANSPORTS] = {0};
+    for (uint32_t i = a; i < b; i++) {
+        int k = fill_transport(io, keys[i].t);
+        if (k < 0)
+            return kvs__fail(KVS_UNSUPPORTED, "staging: a fill reads over more than %u transports",
+                             FILL_MAX_TRANSPORTS);
+        tk[i - a] = (uint8_t)k;
+        count[k]++;
+    }
+    io->start[0] = 0;
+    for (uint32_t k = 0; k < io->nt; k++)
+        io->start[k + 1] = io->start[k] + count[k];
+    uint32_t pos[FILL_MAX_TRANSPORTS];
+    memcpy(pos, io->start, sizeof(pos));
+    for (uint32_t i = a; i < b; i++) {
+        uint32_t q = pos[tk[i - a]]++;
+        io->sub[q] = reqs[i - a];
+        io->back[q] = i - a;
+    }
+    return KVS_OK;
+}
+
+/* Builds and submits fill [a, b)'s reads into the buffer at `base` (one batch per transport). */
+static void fill_submit(kvs__staging_t *st, const call_plan_t *cp, uint32_t a, uint32_t b,
+                        uint64_t base, fill_io_t *io)
+{
+    *io = (fill_io_t){.rc = KVS_OK};
     uint32_t nr = b - a;
-    for (uint32_t i = a; i < b; i++) {
-        bufv[i - a] = (struct iovec){buf + off[i], (size_t)keys[i].size};
-        reqs[i - a] = (kvs_xfer_req_t){KVS_XFER_READ,
-                                       keys[i].ep,
-                                       keys[i].segment_id,
-                                       keys[i].offset,
-                                       keys[i].size,
-                                       &bufv[i - a],
-                                       1,
-                                       KVS_OK,
-                                       st->be->device_memory ? (uint32_t)st->buf_domain + 1 : 0,
-                                       0,
-                                       0,
-                                       0,
-                                       0,
-                                       0};
-    }
-    if (kvs__now_ns() >= deadline_ns) {
-        for (uint32_t i = a; i < b; i++)
-            keys[i].status = KVS_TIMED_OUT;
+    kvs_xfer_req_t *reqs = scratch(st, SCR_REQS, nr * sizeof(*reqs));
+    struct iovec *bufv = scratch(st, SCR_BUFV, nr * sizeof(*bufv));
+    io->sub = scratch(st, SCR_SUB, nr * sizeof(*io->sub));
+    io->back = scratch(st, SCR_BACK, nr * (sizeof(*io->back) + 1));
+    if (reqs == NULL || bufv == NULL || io->sub == NULL || io->back == NULL) {
+        io->rc = KVS_NO_MEMORY;
         return;
     }
-    /* One submission per fill and transport (keys may be read over tcp and shm), both in
-     * flight together; each wait drains its batch (cancels at the deadline) before returning. */
-    kvs_transport_t *ts[2] = {keys[a].t, NULL};
-    for (uint32_t i = a; i < b && ts[1] == NULL; i++)
-        if (keys[i].t != ts[0])
-            ts[1] = keys[i].t;
-    kvs_batch_t *batch[2] = {NULL, NULL};
-    kvs_xfer_req_t *sub[2] = {NULL, NULL};
-    kvs_xfer_req_t *subs = scratch(st, SCR_SUB, 2 * (size_t)nr * sizeof(*subs));
-    int src = KVS_OK;
-    for (int k = 0; k < 2 && ts[k] != NULL && src == KVS_OK; k++) {
-        sub[k] = subs != NULL ? subs + (size_t)k * nr : NULL;
-        uint32_t m = 0;
-        for (uint32_t i = a; sub[k] != NULL && i < b; i++)
-            if (keys[i].t == ts[k])
-                sub[k][m++] = reqs[i - a];
-        if (sub[k] == NULL ||
-            ts[k]->ops->submit(ts[k], sub[k], m, deadline_ns, &batch[k]) != KVS_OK) {
-            batch[k] = NULL;
-            src = KVS_NO_MEMORY;
-        }
-    }
-    for (int k = 0; k < 2; k++) {
-        if (batch[k] != NULL)
-            ts[k]->ops->wait(ts[k], batch[k], deadline_ns);
-        uint32_t m = 0;
-        for (uint32_t i = a; sub[k] != NULL && i < b; i++)
-            if (keys[i].t == ts[k])
-                reqs[i - a].status = batch[k] != NULL ? sub[k][m++].status : KVS_NO_MEMORY;
-    }
-    atomic_fetch_add(&st->st.fills, 1);
-    uint64_t now = kvs__now_ns();
-    uint32_t nf = 0, scatter_keys = 0;
-    uint64_t pos = 0;
+    char *buf = (char *)st->buf + base;
     for (uint32_t i = a; i < b; i++) {
-        int s = src != KVS_OK ? src : reqs[i - a].status;
-        if ((int64_t)i == st->hooks.fail_receive_key)
-            s = KVS_TRANSFER_FAIL;
-        if (s == KVS_OK && now > keys[i].lease_until_ns)
-            s = KVS_LEASE_EXPIRED; /* the owner may have reused the space: never scatter */
-        else if (s != KVS_OK && s != KVS_TIMED_OUT)
-            s = KVS_TRANSFER_FAIL;
-        keys[i].status = s;
-        if (off[i] > pos)
-            frags[nf++] = (kvs__scatter_frag_t){NULL, off[i] - pos}; /* padding */
-        if (s == KVS_OK) {
-            for (uint32_t j = 0; j < keys[i].iovcnt; j++)
-                frags[nf++] =
-                    (kvs__scatter_frag_t){keys[i].iov[j].iov_base, keys[i].iov[j].iov_len};
-            scatter_keys++;
-        } else {
-            frags[nf++] = (kvs__scatter_frag_t){NULL, keys[i].size};
-        }
-        pos = off[i] + keys[i].size;
+        const kvs__staged_key_t *k = &cp->keys[i];
+        bufv[i - a] = (struct iovec){buf + cp->off[i], (size_t)k->size};
+        reqs[i - a] =
+            (kvs_xfer_req_t){.op = KVS_XFER_READ,
+                             .ep = k->ep,
+                             .segment_id = k->segment_id,
+                             .offset = k->offset,
+                             .length = k->size,
+                             .iov = &bufv[i - a],
+                             .iovcnt = 1,
+                             .status = KVS_OK,
+                             .gpu = st->be->device_memory ? (uint32_t)st->buf_domain + 1 : 0};
     }
-    if (scatter_keys == 0)
+    if (kvs__now_ns() >= cp->deadline_ns) {
+        io->rc = KVS_TIMED_OUT;
         return;
-    void *done = NULL;
-    int rc = st->hooks.fail_scatter ? KVS_TRANSFER_FAIL
-                                    : st->be->scatter(st->buf_domain, buf, frags, nf, deadline_ns,
-                                                      st->hooks.stall_scatter, &done);
-    atomic_fetch_add(&st->st.scatter_launches, 1);
-    *p = (pending_t){true, done, a, b, scatter_keys};
-    if (rc != KVS_OK) {
-        p->launched = false;
-        kvs_warn("staging: scatter failed (%s); %u key(s) fail", kvs_status_str(rc), scatter_keys);
-        for (uint32_t i = a; i < b; i++) {
-            if (keys[i].status == KVS_OK)
-                keys[i].status = KVS_TRANSFER_FAIL;
+    }
+    io->rc = fill_group(io, cp->keys, a, b, reqs, (uint8_t *)(io->back + nr));
+    for (uint32_t k = 0; k < io->nt && io->rc == KVS_OK; k++) {
+        uint32_t m = io->start[k + 1] - io->start[k];
+        if (io->t[k]->ops->submit(io->t[k], io->sub + io->start[k], m, cp->deadline_ns,
+                                  &io->batch[k]) != KVS_OK) {
+            io->batch[k] = NULL;
+            for (uint32_t q = io->start[k]; q < io->start[k + 1]; q++)
+                io->sub[q].status = KVS_NO_MEMORY;
         }
     }
 }
 
-int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n, uint64_t deadline_ns)
+/* Waits for the fill's transfers (each wait cancels at the deadline) and sets its keys' status:
+ * a key received after its lease ran out is never scattered. Returns the keys to scatter. */
+static uint32_t fill_wait(kvs__staging_t *st, call_plan_t *cp, uint32_t a, uint32_t b,
+                          fill_io_t *io)
+{
+    for (uint32_t k = 0; k < io->nt; k++)
+        if (io->batch[k] != NULL)
+            io->t[k]->ops->wait(io->t[k], io->batch[k], cp->deadline_ns);
+    for (uint32_t i = a; i < b; i++)
+        cp->keys[i].status = io->rc != KVS_OK ? io->rc : KVS_NO_MEMORY;
+    uint32_t submitted = io->rc == KVS_OK ? io->start[io->nt] : 0;
+    for (uint32_t q = 0; q < submitted; q++)
+        cp->keys[a + io->back[q]].status = io->sub[q].status;
+    atomic_fetch_add(&st->st.fills, 1);
+    uint64_t now = kvs__now_ns();
+    uint32_t ok = 0;
+    for (uint32_t i = a; i < b; i++) {
+        int s = cp->keys[i].status;
+        if ((int64_t)i == st->hooks.fail_receive_key)
+            s = KVS_TRANSFER_FAIL;
+        if (s == KVS_OK && now > cp->keys[i].lease_until_ns)
+            s = KVS_LEASE_EXPIRED; /* the owner may have reused the space: never scatter */
+        else if (s != KVS_OK && s != KVS_TIMED_OUT)
+            s = KVS_TRANSFER_FAIL;
+        cp->keys[i].status = s;
+        ok += s == KVS_OK;
+    }
+    return ok;
+}
+
+/* A failed scatter start fails the keys it carried that were still OK. */
+static void scatter_failed(kvs__staged_key_t *keys, uint32_t a, uint32_t b, uint32_t nkeys, int rc)
+{
+    kvs_warn("staging: scatter failed (%s); %u key(s) fail", kvs_status_str(rc), nkeys);
+    for (uint32_t i = a; i < b; i++)
+        if (keys[i].status == KVS_OK)
+            keys[i].status = KVS_TRANSFER_FAIL;
+}
+
+/* Fragment form: one launch over every fragment of the fill, failed keys' bytes skipped. */
+static void scatter_frags(kvs__staging_t *st, call_plan_t *cp, uint32_t a, uint32_t b,
+                          const char *buf, uint32_t nok, pending_t *p)
+{
+    kvs__scatter_frag_t *frags = scratch(st, SCR_FRAGS, 0); /* sized by the planner */
+    uint32_t nf = 0;
+    uint64_t pos = 0;
+    for (uint32_t i = a; i < b; i++) {
+        const kvs__staged_key_t *k = &cp->keys[i];
+        if (cp->off[i] > pos)
+            frags[nf++] = (kvs__scatter_frag_t){NULL, cp->off[i] - pos}; /* padding */
+        if (k->status == KVS_OK) {
+            for (uint32_t j = 0; j < k->iovcnt; j++)
+                frags[nf++] = (kvs__scatter_frag_t){k->iov[j].iov_base, k->iov[j].iov_len};
+        } else {
+            frags[nf++] = (kvs__scatter_frag_t){NULL, k->size};
+        }
+        pos = cp->off[i] + k->size;
+    }
+    void *done = NULL;
+    int rc = st->hooks.fail_scatter
+                 ? KVS_TRANSFER_FAIL
+                 : st->be->scatter(st->buf_domain, buf, frags, nf, cp->deadline_ns,
+                                   st->hooks.stall_scatter, &done);
+    atomic_fetch_add(&st->st.scatter_launches, 1);
+    *p = (pending_t){rc == KVS_OK, done, a, b, nok};
+    if (rc != KVS_OK)
+        scatter_failed(cp->keys, a, b, nok, rc);
+}
+
+/* Page-table form: one launch per run of received keys (one per fill unless a key failed); all
+ * but the last run are waited for here. */
+static void scatter_pages(kvs__staging_t *st, call_plan_t *cp, uint32_t a, uint32_t b,
+                          const char *buf, pending_t *p)
+{
+    for (uint32_t i = a; i < b;) {
+        if (cp->keys[i].status != KVS_OK) {
+            i++;
+            continue;
+        }
+        uint32_t e = i + 1;
+        while (e < b && cp->keys[e].status == KVS_OK)
+            e++;
+        fill_finish(st, cp->keys, p, cp->deadline_ns); /* the run before, if any */
+        void *done = NULL;
+        int rc = st->hooks.fail_scatter ? KVS_TRANSFER_FAIL
+                                        : st->be->scatter_pages(st->buf_domain, buf, &cp->plan, i,
+                                                                e, cp->host_keys[i].unit_start,
+                                                                cp->host_keys[e].unit_start,
+                                                                st->hooks.stall_scatter, &done);
+        atomic_fetch_add(&st->st.scatter_launches, 1);
+        *p = (pending_t){rc == KVS_OK, done, i, e, e - i};
+        if (rc != KVS_OK)
+            scatter_failed(cp->keys, i, e, e - i, rc);
+        i = e;
+    }
+}
+
+/* Builds the call's page plan and uploads it into the domain's memory (grown as needed); run while
+ * the first fill's transfers are in flight. A failure fails the page form's keys (TRANSFER_FAIL,
+ * NO_MEMORY) before anything is scattered. */
+static int plan_upload(kvs__staging_t *st, call_plan_t *cp)
+{
+    uint64_t t0 = kvs__now_ns();
+    size_t bytes =
+        kvs__pt_plan_bytes(cp->layout, cp->nslices, &cp->keys[0].pages, sizeof(*cp->keys), cp->n);
+    void *blob = scratch(st, SCR_PLAN, bytes);
+    if (blob == NULL)
+        return KVS_NO_MEMORY;
+    if (bytes > st->plan_cap) {
+        if (st->plan_dev != NULL)
+            st->be->free(st->buf_domain, st->plan_dev);
+        st->plan_cap = 0;
+        size_t cap = KVS_MAX(bytes, (size_t)1 << 20);
+        int rc = st->be->alloc(st->buf_domain, cap, &st->plan_dev);
+        if (rc != KVS_OK) {
+            st->plan_dev = NULL;
+            return rc;
+        }
+        st->plan_cap = cap;
+    }
+    kvs__pt_plan_build(cp->layout, cp->nslices, cp->row, &cp->keys[0].pages, sizeof(*cp->keys),
+                       cp->n, cp->off, blob, (uintptr_t)st->plan_dev, &cp->plan);
+    cp->host_keys = (const kvs__pt_key_t *)((const char *)blob +
+                                            ((uintptr_t)cp->plan.keys - (uintptr_t)st->plan_dev));
+    int rc = st->be->upload(st->buf_domain, st->plan_dev, blob, bytes);
+    cp->plan_ready = rc == KVS_OK;
+    atomic_fetch_add(&st->st.plan_overlapped_ns, kvs__now_ns() - t0);
+    return rc;
+}
+
+/* Receives keys [a, b) into the buffer at `base` and starts the scatter of the ones that arrived
+ * in time (*p, finished by fill_finish). The first fill of a page-table call builds the plan
+ * while its transfers run. */
+static void run_fill(kvs__staging_t *st, call_plan_t *cp, uint32_t a, uint32_t b, uint64_t base,
+                     pending_t *p)
+{
+    fill_io_t io;
+    fill_submit(st, cp, a, b, base, &io);
+    if (io.rc == KVS_TIMED_OUT) { /* past the deadline: nothing was submitted */
+        for (uint32_t i = a; i < b; i++)
+            cp->keys[i].status = KVS_TIMED_OUT;
+        return;
+    }
+    int plan_rc = cp->layout == NULL || cp->plan_ready ? KVS_OK : plan_upload(st, cp);
+    uint32_t nok = fill_wait(st, cp, a, b, &io);
+    if (plan_rc != KVS_OK) {
+        scatter_failed(cp->keys, a, b, nok, plan_rc);
+        return;
+    }
+    if (nok == 0)
+        return;
+    const char *buf = (const char *)st->buf + base;
+    if (cp->layout != NULL)
+        scatter_pages(st, cp, a, b, buf, p);
+    else
+        scatter_frags(st, cp, a, b, buf, nok, p);
+}
+
+/* Places the keys in fills: greedy, in call order, a key that does not fit closing its fill.
+ * Half fills (opt-in, MC_STORE_GPU_STAGING_HALF_FILLS=1): when every key fits half the buffer and
+ * is read by a transport whose submissions cost no ramp-up (shm), fills take half each, in turn,
+ * so a fill's receive overlaps the previous fill's scatter (DESIGN §1 allows reusing parts of the
+ * buffer so). Otherwise, and by default, fills take the whole buffer one after another. On the
+ * H200 (docs/store_bench.md) half fills moved 96 x 12 MiB over shm from 1.19x to 1.17x of the H2D
+ * limit but 1536 x 384 KiB from 1.29x to 1.41x (twice the fills, each with its own synchronised
+ * copy batch); over tcp every fill ends in a drain where connections idle, and halving fills
+ * doubled those (0.83x -> 0.88x of raw tcp), so tcp never takes them. */
+static void plan_fills(const kvs__staging_t *st, call_plan_t *cp)
+{
+    cp->half = st->cfg.buffer_bytes / 2 / KVS_STAGING_ALIGN * KVS_STAGING_ALIGN;
+    cp->halves = st->cfg.half_fills && cp->half > 0;
+    for (uint32_t i = 0; i < cp->n && cp->halves; i++)
+        cp->halves = cp->keys[i].size <= cp->half &&
+                     (cp->keys[i].t->ops->caps & KVS_TRANSPORT_CAP_CHEAP_SUBMIT);
+    uint64_t cap = cp->halves ? cp->half : st->cfg.buffer_bytes, cur = 0;
+    cp->nfills = 0;
+    for (uint32_t i = 0; i < cp->n; i++) {
+        uint64_t at = KVS_ALIGN_UP(cur, KVS_STAGING_ALIGN);
+        if (i > 0 && at + cp->keys[i].size > cap) {
+            cp->fill_end[cp->nfills++] = i;
+            at = 0;
+        }
+        cp->off[i] = at;
+        cur = at + cp->keys[i].size;
+    }
+    cp->fill_end[cp->nfills++] = cp->n;
+}
+
+/* The buffer, allocated on the first staged call in the call's domain. -1 when it is there, else
+ * the fallback reason. */
+static int buffer_ready(kvs__staging_t *st, int domain)
+{
+    if (st->disabled)
+        return KVS_FALLBACK_alloc_failed;
+    if (st->buf != NULL)
+        return domain == st->buf_domain ? -1 : KVS_FALLBACK_other_gpu;
+    int rc = st->hooks.fail_alloc ? KVS_NO_MEMORY
+                                  : st->be->alloc(domain, st->cfg.buffer_bytes, &st->buf);
+    if (rc != KVS_OK) {
+        st->buf = NULL;
+        st->disabled = true;
+        kvs_warn("staging: cannot allocate the %llu-byte %s staging buffer (%s); staging is off "
+                 "for this client",
+                 (unsigned long long)st->cfg.buffer_bytes, st->be->name, kvs_status_str(rc));
+        return KVS_FALLBACK_alloc_failed;
+    }
+    st->buf_domain = domain;
+    atomic_store(&st->st.held_bytes, st->cfg.buffer_bytes);
+    atomic_store(&st->st.device, (uint64_t)domain);
+    return -1;
+}
+
+/* Everything a call decides before its first submission, with the buffer held: the overlap
+ * rule, the buffer, the working arrays and the fills. -1 when the call stages, else the fallback
+ * reason. */
+static int plan_call(kvs__staging_t *st, call_plan_t *cp, int domain)
+{
+    bool oom = false;
+    bool overlap = cp->layout != NULL ? pages_overlap(st, cp->layout, cp->keys, cp->n, &oom)
+                                      : fragments_overlap(st, cp->keys, cp->n, &oom);
+    if (overlap)
+        return KVS_FALLBACK_overlap;
+    if (oom)
+        return KVS_FALLBACK_alloc_failed;
+    int why = buffer_ready(st, domain);
+    if (why >= 0)
+        return why;
+    size_t maxf = 0;
+    for (uint32_t i = 0; i < cp->n && cp->layout == NULL; i++)
+        maxf += cp->keys[i].iovcnt + 1;
+    cp->off = scratch(st, SCR_OFF, cp->n * sizeof(*cp->off));
+    cp->fill_end = scratch(st, SCR_FILL_END, cp->n * sizeof(*cp->fill_end));
+    if (cp->off == NULL || cp->fill_end == NULL ||
+        scratch(st, SCR_FRAGS, KVS_MAX(maxf, 1) * sizeof(kvs__scatter_frag_t)) == NULL)
+        return KVS_FALLBACK_alloc_failed;
+    plan_fills(st, cp);
+    return -1;
+}
+
+int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n,
+                      const kvs__page_layout_t *layout, uint64_t deadline_ns)
 {
     if (st == NULL || n == 0)
         return KVS_UNSUPPORTED;
     uint64_t t_enter = kvs__now_ns();
+    call_plan_t cp = {.keys = keys, .n = n, .layout = layout, .deadline_ns = deadline_ns};
+    if (layout != NULL && kvs__pt_slices(layout, &cp.nslices, &cp.row) != KVS_OK)
+        return kvs__fail(KVS_INVALID_PARAMS, "staging: a page layout the page scatter cannot take");
     int domain = -1;
     int why = check_keys(st, keys, n, &domain);
     if (why >= 0)
@@ -495,89 +783,26 @@ int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n, u
         return fall_back(st, KVS_FALLBACK_busy);
     /* From here the call owns the buffer and the scratch arrays. */
     uint64_t t_held = kvs__now_ns();
-    int ret = KVS_UNSUPPORTED;
-    bool oom = false;
-    if (fragments_overlap(st, keys, n, &oom)) {
-        fall_back(st, KVS_FALLBACK_overlap);
-        goto release;
+    why = plan_call(st, &cp, domain);
+    if (why >= 0) {
+        fall_back(st, (kvs__fallback_t)why);
+        buffer_release(st);
+        return KVS_UNSUPPORTED;
     }
-    if (oom || st->disabled) {
-        fall_back(st, KVS_FALLBACK_alloc_failed);
-        goto release;
-    }
-    if (st->buf == NULL) {
-        int rc = st->hooks.fail_alloc ? KVS_NO_MEMORY
-                                      : st->be->alloc(domain, st->cfg.buffer_bytes, &st->buf);
-        if (rc != KVS_OK) {
-            st->buf = NULL;
-            st->disabled = true;
-            kvs_warn("staging: cannot allocate the %llu-byte %s staging buffer (%s); staging is "
-                     "off for this client",
-                     (unsigned long long)st->cfg.buffer_bytes, st->be->name, kvs_status_str(rc));
-            fall_back(st, KVS_FALLBACK_alloc_failed);
-            goto release;
-        }
-        st->buf_domain = domain;
-        atomic_store(&st->st.held_bytes, st->cfg.buffer_bytes);
-    } else if (domain != st->buf_domain) {
-        fall_back(st, KVS_FALLBACK_other_gpu);
-        goto release;
-    }
-    /* Plan every fill before the first submission. */
-    size_t maxf = 0;
-    for (uint32_t i = 0; i < n; i++)
-        maxf += keys[i].iovcnt + 1;
-    uint64_t *off = scratch(st, SCR_OFF, n * sizeof(*off));
-    uint32_t *fill_end = scratch(st, SCR_FILL_END, n * sizeof(*fill_end));
-    kvs_xfer_req_t *reqs = scratch(st, SCR_REQS, n * sizeof(*reqs));
-    struct iovec *bufv = scratch(st, SCR_BUFV, n * sizeof(*bufv));
-    kvs__scatter_frag_t *frags = scratch(st, SCR_FRAGS, maxf * sizeof(*frags));
-    if (off == NULL || fill_end == NULL || reqs == NULL || bufv == NULL || frags == NULL) {
-        fall_back(st, KVS_FALLBACK_alloc_failed);
-        goto release;
-    }
-    /* Half fills (opt-in, MC_STORE_GPU_STAGING_HALF_FILLS=1): when every key fits half the
-     * buffer and is read by a transport whose submissions cost no ramp-up (shm), fills take
-     * half each, in turn, so a fill's receive overlaps the previous fill's scatter (DESIGN §1
-     * allows reusing parts of the buffer so). Otherwise, and by default, fills take the whole
-     * buffer one after another. On the H200 (docs/store_bench.md) half fills moved 96 x 12 MiB
-     * over shm from 1.19x to 1.17x of the H2D limit but 1536 x 384 KiB from 1.29x to 1.41x
-     * (twice the fills, each with its own synchronised copy batch); over tcp every fill ends in
-     * a drain where connections idle, and halving fills doubled those (0.83x -> 0.88x of raw
-     * tcp), so tcp never takes them. */
-    uint64_t half = st->cfg.buffer_bytes / 2 / KVS_STAGING_ALIGN * KVS_STAGING_ALIGN;
-    bool halves = st->cfg.half_fills && half > 0;
-    for (uint32_t i = 0; i < n && halves; i++)
-        halves = keys[i].size <= half && (keys[i].t->ops->caps & KVS_TRANSPORT_CAP_CHEAP_SUBMIT);
-    uint64_t cap = halves ? half : st->cfg.buffer_bytes;
-    uint32_t nfills = 0;
-    uint64_t cur = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint64_t at = KVS_ALIGN_UP(cur, KVS_STAGING_ALIGN);
-        if (i > 0 && at + keys[i].size > cap) {
-            fill_end[nfills++] = i; /* a key that does not fit closes the fill */
-            at = 0;
-        }
-        off[i] = at;
-        cur = at + keys[i].size;
-    }
-    fill_end[nfills++] = n;
     atomic_fetch_add(&st->st.staged_reads, 1);
     atomic_fetch_add(&st->st.staged_keys, n);
-    kvs_debug("staging: %u key(s) in %u fill(s)", n, nfills);
+    atomic_store(&st->st.last_fills, cp.nfills);
+    kvs_debug("staging: %u key(s) in %u fill(s)", n, cp.nfills);
     /* Planning time, the busy wait excluded. */
     atomic_fetch_add(&st->st.plan_ns, (t_wait - t_enter) + (kvs__now_ns() - t_held));
     pending_t pend[2] = {{0}};
-    for (uint32_t f = 0, a = 0; f < nfills; a = fill_end[f++]) {
-        pending_t *p = &pend[halves ? f % 2 : 0];
+    for (uint32_t f = 0, a = 0; f < cp.nfills; a = cp.fill_end[f++]) {
+        pending_t *p = &pend[cp.halves ? f % 2 : 0];
         fill_finish(st, keys, p, deadline_ns); /* the scatter that last read this part */
-        run_fill(st, keys, a, fill_end[f], off, halves ? (f % 2) * half : 0, deadline_ns, reqs,
-                 bufv, frags, p);
+        run_fill(st, &cp, a, cp.fill_end[f], cp.halves ? (f % 2) * cp.half : 0, p);
     }
     fill_finish(st, keys, &pend[0], deadline_ns);
     fill_finish(st, keys, &pend[1], deadline_ns);
-    ret = KVS_OK;
-release:
     buffer_release(st);
-    return ret;
+    return KVS_OK;
 }

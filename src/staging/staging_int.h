@@ -8,6 +8,7 @@
 #define KVS_STAGING_INT_H
 
 #include "../gpu/scatter.h"
+#include "../gpu/scatter_pages.h"
 #include "../transport/transport_int.h"
 
 #include <stdatomic.h>
@@ -51,7 +52,10 @@ typedef struct {
     atomic_uint_fast64_t staged_reads, staged_keys, fills, scatter_launches;
     atomic_uint_fast64_t plan_ns; /* eligibility and fill planning, before the first fill */
     atomic_uint_fast64_t fallback[KVS_FALLBACK_COUNT_];
-    atomic_uint_fast64_t held_bytes; /* the buffer's size once allocated */
+    atomic_uint_fast64_t held_bytes;         /* the buffer's size once allocated */
+    atomic_uint_fast64_t device;             /* the buffer's domain (CUDA: device ordinal) */
+    atomic_uint_fast64_t last_fills;         /* fills of the last staged call */
+    atomic_uint_fast64_t plan_overlapped_ns; /* page plans built while the first fill ran */
 } kvs__staging_stats_t;
 
 /* A memory backend. Domains: the backend's id for a registered buffer's memory (host backend:
@@ -73,6 +77,14 @@ typedef struct {
      * stop, so nothing writes the destinations once this returns; releases the token. OK when
      * every byte was copied, TIMED_OUT when the deadline stopped it, else TRANSFER_FAIL. */
     int (*scatter_wait)(int domain, void *done, uint64_t deadline_ns);
+    /* Page-table form. Copies `bytes` of a plan blob from host memory into `dev`, memory of the
+     * domain that alloc returned, and waits for the copy (host backend: memcpy). */
+    int (*upload)(int domain, void *dev, const void *host, size_t bytes);
+    /* Starts copying keys [a, b) of `plan` (its tables in the domain's memory, as uploaded) from
+     * src; tokens and failures as scatter. */
+    int (*scatter_pages)(int domain, const void *src, const kvs__pt_plan_t *plan, uint32_t a,
+                         uint32_t b, uint64_t first_unit, uint64_t end_unit, bool stall,
+                         void **done_p);
 } kvs__staging_backend_t;
 
 extern const kvs__staging_backend_t kvs__staging_backend_host;
@@ -83,11 +95,12 @@ extern const kvs__staging_backend_t kvs__staging_backend_cuda;
 
 /* One key of a staged read, in call order: where to read it and where it goes. */
 typedef struct {
-    kvs_transport_t *t; /* how this key is read (tcp or shm) */
+    kvs_transport_t *t; /* how this key is read */
     kvs_endpoint_t *ep;
     uint64_t segment_id, offset, size;
-    const struct iovec *iov; /* destination fragments, adding up to size */
+    const struct iovec *iov; /* destination fragments, adding up to size (fragment form) */
     uint32_t iovcnt;
+    kvs__pt_pages_t pages;   /* page-table form: the key's page ids in the call's layout */
     int domain;              /* registry domain of every fragment, or KVS_DOMAIN_MIXED */
     uint64_t lease_until_ns; /* the lease from the lookup */
     int status;              /* out: OK, LEASE_EXPIRED, TIMED_OUT, TRANSFER_FAIL */
@@ -102,9 +115,18 @@ void kvs__staging_destroy(kvs__staging_t *st);
 
 /* Runs keys[0..n) through the staged path (one submission per fill and transport): KVS_OK
  * when it did (each key's status set), else KVS_UNSUPPORTED with nothing submitted (the call
- * falls back; the reason is counted). */
+ * falls back; the reason is counted). `layout` non-NULL: the keys are in page-table form. */
 int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n,
-                      uint64_t deadline_ns);
+                      const kvs__page_layout_t *layout, uint64_t deadline_ns);
+
+/* ---- page-table form (staging_pages.c) ------------------------------------------------------ */
+
+/* Whether two regions' pages (ids below np) may share a byte (conservative: see the code). */
+bool kvs__pt_regions_overlap(const kvs__page_layout_t *L, uint64_t np);
+/* Whether the keys name a page id twice: with a bitmap `bm` of np bits (every id below np), or by
+ * sorting a copy of the ids in `tmp` (room for all of them). */
+bool kvs__pt_ids_repeat(const kvs__staged_key_t *keys, uint32_t n, uint64_t *bm, uint64_t np);
+bool kvs__pt_ids_repeat_sorted(const kvs__staged_key_t *keys, uint32_t n, uint32_t *tmp);
 
 const kvs__staging_stats_t *kvs__staging_stats(const kvs__staging_t *st);
 const char *kvs__staging_fallback_name(kvs__fallback_t f);
