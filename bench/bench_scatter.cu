@@ -60,14 +60,17 @@ enum method_t {
     M_K16,
     M_K32,
     M_PAGES,
+    M_PAGES_P,
     M_COUNT
 };
 const char *const kMethodNames[M_COUNT] = {
     "kvstash",          "cudaMemcpyBatchAsync", "cudaMemcpyAsync/frag",
     "cub::Batched",     "contiguous",           "kvstash/8 blocks",
-    "kvstash/16 blocks", "kvstash/32 blocks",   "kvstash/page table"};
+    "kvstash/16 blocks", "kvstash/32 blocks",   "kvstash/page table",
+    "page table/persist"};
 const char *const kMethodKeys[M_COUNT] = {"kvstash", "batch",   "per-frag", "cub",  "contiguous",
-                                          "bounded", "bounded", "bounded",  "pages"};
+                                          "bounded", "bounded", "bounded",  "pages",
+                                          "pages-persistent"};
 // Bytes per key in the page-table form (a key is a unit of the plan, as a stored object is).
 constexpr uint64_t kPageKeyBytes = 1u << 20;
 const uint32_t kBounded[3] = {8, 16, 32};
@@ -219,6 +222,7 @@ struct ctx_t {
     cudaStream_t stream;
     kvs__scatter_t *scatter;
     kvs__scatter_t *bounded[3]; // max_blocks 8, 16, 32
+    kvs__scatter_t *persist;    // the page kernel's persistent warps on the full grid
     char *src;
     char *pool;
     uint64_t pool_len;
@@ -308,10 +312,11 @@ void run_method(ctx_t &c, method_t m, const set_t &s, std::vector<void *> &dsts,
     case M_CONTIG:
         BENCH_CUDA(cudaMemcpyAsync(c.pool, c.src, s.bytes, cudaMemcpyDeviceToDevice, c.stream));
         break;
-    case M_PAGES: {
+    case M_PAGES:
+    case M_PAGES_P: {
         uint64_t t0 = kvs__now_ns();
         kvs_page_region_t rg = {c.pool, s.page_bytes, s.page_bytes, c.pool_len / s.page_bytes};
-        kvs__page_layout_t L = {&rg, 1, KVS_PAGE_MAJOR};
+        kvs__page_layout_t L = {&rg, 1, KVS_PAGE_MAJOR, 0};
         uint32_t nslices = 0;
         uint64_t row = 0;
         uint32_t nk = (uint32_t)s.keys.size();
@@ -328,7 +333,8 @@ void run_method(ctx_t &c, method_t m, const set_t &s, std::vector<void *> &dsts,
         c.plan_ns = kvs__now_ns() - t0;
         BENCH_CUDA(cudaMemcpyAsync(c.d_plan, c.h_plan, bytes, cudaMemcpyHostToDevice, c.stream));
         uint64_t units = (uint64_t)s.ids.size() * nslices;
-        int rc = kvs__scatter_pages_launch(c.scatter, c.src, &plan, 0, nk, 0, units, c.stream);
+        int rc = kvs__scatter_pages_launch(m == M_PAGES ? c.scatter : c.persist, c.src, &plan, 0,
+                                           nk, 0, units, c.stream);
         if (rc != KVS_OK) {
             std::fprintf(stderr, "bench scatter: page launch: %s\n", kvs_status_str(rc));
             std::exit(1);
@@ -371,7 +377,8 @@ void usage(FILE *f)
            "               ordered, or window:SIZE (shuffled within SIZE-byte stretches)\n"
            "  --methods    kvstash, batch, per-frag, cub, contiguous, bounded (8/16/32-block\n"
            "               kvstash grids), pages (page-table form: sets of equal pages, plan\n"
-           "               built and uploaded within the call); default all\n"
+           "               built and uploaded within the call), pages-persistent (the same\n"
+           "               with persistent warps); default all\n"
            "  --reps       timed calls per method (default 20; methods whose calls take over\n"
            "               200 ms get 5)\n"
            "  --warmup     untimed calls per method first (default 3, at least 1)\n");
@@ -495,13 +502,18 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
     for (uint64_t total : totals) {
         ctx_t c{};
         BENCH_CUDA(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
-        kvs__scatter_config_t sc = {device, 0};
+        kvs__scatter_config_t sc = {device, 0, false};
         if (kvs__scatter_create(&sc, &c.scatter) != KVS_OK) {
             std::fprintf(stderr, "bench scatter: no scatter context\n");
             return 1;
         }
+        kvs__scatter_config_t pc = {device, 0, true};
+        if (kvs__scatter_create(&pc, &c.persist) != KVS_OK) {
+            std::fprintf(stderr, "bench scatter: no scatter context\n");
+            return 1;
+        }
         for (int b = 0; b < 3; b++) {
-            kvs__scatter_config_t bc = {device, kBounded[b]};
+            kvs__scatter_config_t bc = {device, kBounded[b], false};
             if (kvs__scatter_create(&bc, &c.bounded[b]) != KVS_OK) {
                 std::fprintf(stderr, "bench scatter: no scatter context\n");
                 return 1;
@@ -566,7 +578,7 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
                 for (int k = 0; k < M_COUNT; k++) {
                     method_t m = (method_t)((k + r) % M_COUNT);
                     if (!use[m] || (r >= warmup && r - warmup >= nreps[m]) ||
-                        (m == M_PAGES && !s.paged))
+                        ((m == M_PAGES || m == M_PAGES_P) && !s.paged))
                         continue;
                     // Wall time: submitted at once, host preparation included.
                     BENCH_CUDA(cudaMemsetAsync(c.pool, 0, c.pool_len, c.stream));
@@ -581,7 +593,9 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
                     kvs__scatter_stats_t st = {0, 0, 0};
                     if (m == M_KERNEL || m == M_PAGES)
                         kvs__scatter_stats(c.scatter, &st);
-                    if (m == M_PAGES)
+                    if (m == M_PAGES_P)
+                        kvs__scatter_stats(c.persist, &st);
+                    if (m == M_PAGES || m == M_PAGES_P)
                         st.prepare_ns = c.plan_ns; // the plan, built on the host, is its prepare
                     float gms = 0;
                     BENCH_CUDA(cudaEventElapsedTime(&gms, e0, e1));
@@ -622,7 +636,7 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
                 double wg = (double)s.bytes / (w * 1e6), gg = (double)s.bytes / (g * 1e6);
                 double pu = median(prep[m]), su = median(subm[m]);
                 char split[48] = "";
-                if (m == M_KERNEL || m == M_PAGES)
+                if (m == M_KERNEL || m == M_PAGES || m == M_PAGES_P)
                     std::snprintf(split, sizeof(split), " (%.0f + %.0f)", pu, su);
                 failures += !ok[m];
                 std::printf("%-8s %-13s %9zu  %-22s %9.3f %8.3f%s %9.1f %9.1f %10.3f%s  %s%s\n",
@@ -646,6 +660,7 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
         kvs__scatter_destroy(c.scatter);
         for (int b = 0; b < 3; b++)
             kvs__scatter_destroy(c.bounded[b]);
+        kvs__scatter_destroy(c.persist);
         cudaFree(c.src);
         cudaFree(c.pool);
         cudaFree(c.d_srcs);

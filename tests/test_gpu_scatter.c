@@ -510,8 +510,8 @@ static void test_page_table_kernel(void)
             for (int r = 0; r < 3; r++)
                 hrg[r] = (kvs_page_region_t){h_ref + ((char *)rg[r].base - d_pool),
                                              rg[r].page_bytes, rg[r].stride, rg[r].npages};
-            kvs__page_layout_t L = {rg, 3, (kvs_page_order_t)order};
-            kvs__page_layout_t HL = {hrg, 3, (kvs_page_order_t)order};
+            kvs__page_layout_t L = {rg, 3, (kvs_page_order_t)order, P - 1};
+            kvs__page_layout_t HL = {hrg, 3, (kvs_page_order_t)order, P - 1};
             uint32_t nslices;
             uint64_t row;
             CHECK_STATUS(kvs__pt_slices(&L, &nslices, &row), KVS_OK);

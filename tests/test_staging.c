@@ -1070,6 +1070,46 @@ static void test_staging_page_table_plan(void)
     server_stop(&st.srv);
 }
 
+/* Keys that lie one after another in the segment and in the buffer are one transfer of their
+ * fill; keys read in another order are not merged. Bytes are exact either way. */
+static void test_staging_adjacent_keys_are_one_transfer(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    kvs_client_t *c = staged_client(&st, 5000, NULL);
+    enum { N = 8 };
+    const char *keys[N] = {"adj-0", "adj-1", "adj-2", "adj-3", "adj-4", "adj-5", "adj-6", "adj-7"};
+    uint64_t sizes[N];
+    for (int i = 0; i < N; i++) {
+        sizes[i] = 64u << 10;
+        put_key(c, keys[i], sizes[i]);
+    }
+    for (int reversed = 0; reversed < 2; reversed++) {
+        const char *order[N];
+        for (int i = 0; i < N; i++)
+            order[i] = keys[reversed ? N - 1 - i : i];
+        dest_t d;
+        dest_init(c, &d, sizes, N);
+        kvs_client_stats_t before = stats(c);
+        int64_t res[N];
+        CHECK_STATUS(read_keys(c, &d, order, N, res), KVS_OK);
+        for (int i = 0; i < N; i++) {
+            CHECK_EQ_INT(res[i], (int64_t)sizes[i]);
+            CHECK(key_exact(&d, i, order[i]));
+        }
+        kvs_client_stats_t after = stats(c);
+        CHECK_EQ_U64(after.staged_reads - before.staged_reads, 1);
+        uint64_t transfers = after.staging_transfers - before.staging_transfers;
+        if (reversed)
+            CHECK_EQ_U64(transfers, N);
+        else
+            CHECK(transfers < N); /* one put after another: the allocator placed them in order */
+        dest_free(c, &d);
+    }
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
@@ -1089,6 +1129,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_staging_unregister_and_close_wait_for_reads),
         KVS_TEST_CASE(test_staging_page_table_reads),
         KVS_TEST_CASE(test_staging_page_table_plan),
+        KVS_TEST_CASE(test_staging_adjacent_keys_are_one_transfer),
     };
     return kvs_test_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }

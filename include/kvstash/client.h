@@ -491,7 +491,10 @@ double kvs_histogram_quantile_us(const kvs_histogram_t *h, double q);
     /* staged reads spent building page plans while the first fill was in flight               */  \
     X(COUNTER, NONE, get_page_table_calls, page_table_reads, "", "Read calls in page-table form")  \
     X(COUNTER, NS, plan_overlapped_ns, plan_overlapped, "",                                        \
-      "Host planning of staged page-table reads overlapped with the first fill")
+      "Host planning of staged page-table reads overlapped with the first fill")                   \
+    /* Transfers of staged fills: keys next to each other in a segment and in the buffer are  */   \
+    /* one transfer                                                                             */ \
+    X(COUNTER, NONE, staging_transfers, staging_transfers, "", "Transfers of staged fills")
 
 #define KVS_STATS_TYPE_COUNTER uint64_t
 #define KVS_STATS_TYPE_GAUGE   uint64_t

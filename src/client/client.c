@@ -1178,6 +1178,7 @@ static void stats_snapshot(kvs_client_t *c, kvs_client_stats_t *s)
         s->staging_device = atomic_load(&ss->device);
         s->staging_last_fills = atomic_load(&ss->last_fills);
         s->plan_overlapped_ns = atomic_load(&ss->plan_overlapped_ns);
+        s->staging_transfers = atomic_load(&ss->transfers);
     }
 }
 

@@ -144,10 +144,11 @@ bool kvs__reg_pin_locked(kvs_client_t *c, const void *ptr, size_t len, kvs__pins
  * sweep_ms, within the calling call's deadline. */
 void kvs__client_sweep(kvs_client_t *c, uint64_t deadline_ns);
 
-/* Page-table reads (client_io.c): the call's arguments checked by client_pages.c. */
+/* Page-table reads (client_io.c): the call's arguments checked by client_pages.c, which
+ * started at t0 (planning time counts from there). */
 int kvs__get_pages(kvs_client_t *c, const char *op, size_t n, const char *const keys[],
                    const kvs__page_layout_t *layout, const uint32_t *ids, const size_t npages[],
-                   bool same_node, int64_t results[]);
+                   bool same_node, uint64_t t0, int64_t results[]);
 /* Writes one key's npages x nregions fragments, in the layout's order, to out[]. */
 void kvs__pages_fragments(const kvs__page_layout_t *L, const uint32_t *ids, size_t npages,
                           struct iovec *out);

@@ -1257,9 +1257,8 @@ static int call_init_pages(kvs_client_t *c, const char *op, size_t n, const char
 
 int kvs__get_pages(kvs_client_t *c, const char *op, size_t n, const char *const keys[],
                    const kvs__page_layout_t *layout, const uint32_t *ids, const size_t npages[],
-                   bool same_node, int64_t results[])
+                   bool same_node, uint64_t t0, int64_t results[])
 {
-    uint64_t t0 = kvs__now_ns();
     call_t k;
     int rc = call_init_pages(c, op, n, keys, layout, ids, npages, &k);
     if (rc != KVS_OK)

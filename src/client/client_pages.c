@@ -12,10 +12,10 @@
 #define MAX_FRAGMENTS (1ull << 26)
 
 /* Checks a page-table call's arguments. KVS_INVALID_PARAMS (with the reason) before any I/O.
- * *pages_p: the call's page ids in all. */
+ * *pages_p: the call's page ids in all; *max_id_p the largest. */
 static int pages_check(const char *op, size_t n, const kvs_page_region_t regions[], size_t nregions,
                        kvs_page_order_t order, const uint32_t page_ids[], const size_t npages[],
-                       uint64_t *pages_p)
+                       uint64_t *pages_p, uint64_t *max_id_p)
 {
     if (n == 0 || n > KVS_MAX_BATCH || regions == NULL || nregions == 0 || nregions > 4096 ||
         npages == NULL || (order != KVS_PAGE_MAJOR && order != KVS_REGION_MAJOR))
@@ -47,7 +47,10 @@ static int pages_check(const char *op, size_t n, const kvs_page_region_t regions
                          (unsigned long long)(total * nregions), (unsigned long long)MAX_FRAGMENTS);
     if (page_ids == NULL)
         return kvs__fail(KVS_INVALID_PARAMS, "%s: page ids are required", op);
-    for (uint64_t j = 0; j < total; j++)
+    uint32_t max_id = 0;
+    for (uint64_t j = 0; j < total; j++) /* one pass, vectorised: the largest id */
+        max_id = page_ids[j] > max_id ? page_ids[j] : max_id;
+    for (uint64_t j = 0; max_id >= min_pages && j < total; j++)
         if (page_ids[j] >= min_pages) {
             uint64_t key = 0, seen = npages[0];
             while (j >= seen)
@@ -57,6 +60,7 @@ static int pages_check(const char *op, size_t n, const kvs_page_region_t regions
                              (unsigned long long)key, page_ids[j], (unsigned long long)min_pages);
         }
     *pages_p = total;
+    *max_id_p = max_id;
     return KVS_OK;
 }
 
@@ -100,12 +104,13 @@ int kvs_client_batch_get_into_pages(kvs_client_t *c, size_t n, const char *const
     const char *op = "batch_get_into_pages";
     if (c == NULL || keys == NULL || results == NULL)
         return kvs__fail(KVS_INVALID_PARAMS, "%s: a client, keys and results are required", op);
-    uint64_t pages;
-    int rc = pages_check(op, n, regions, nregions, order, page_ids, npages, &pages);
+    uint64_t t0 = kvs__now_ns(), pages, max_id;
+    int rc = pages_check(op, n, regions, nregions, order, page_ids, npages, &pages, &max_id);
     if (rc != KVS_OK)
         return rc;
-    kvs__page_layout_t L = {regions, (uint32_t)nregions, order};
-    return kvs__get_pages(c, op, n, keys, &L, page_ids, npages, prefer_alloc_in_same_node, results);
+    kvs__page_layout_t L = {regions, (uint32_t)nregions, order, max_id};
+    return kvs__get_pages(c, op, n, keys, &L, page_ids, npages, prefer_alloc_in_same_node, t0,
+                          results);
 }
 
 int kvs_client_batch_put_from_pages(kvs_client_t *c, size_t n, const char *const keys[],
@@ -117,13 +122,13 @@ int kvs_client_batch_put_from_pages(kvs_client_t *c, size_t n, const char *const
     const char *op = "batch_put_from_pages";
     if (c == NULL || keys == NULL || results == NULL)
         return kvs__fail(KVS_INVALID_PARAMS, "%s: a client, keys and results are required", op);
-    uint64_t pages;
-    int r = pages_check(op, n, regions, nregions, order, page_ids, npages, &pages);
+    uint64_t pages, max_id;
+    int r = pages_check(op, n, regions, nregions, order, page_ids, npages, &pages, &max_id);
     if (r == KVS_OK)
         r = regions_registered(c, op, regions, nregions);
     if (r != KVS_OK)
         return r;
-    kvs__page_layout_t L = {regions, (uint32_t)nregions, order};
+    kvs__page_layout_t L = {regions, (uint32_t)nregions, order, max_id};
     size_t nf = (size_t)pages * nregions;
     struct iovec *iov = kvs__malloc(nf * sizeof(*iov));
     kvs_buf_t *frags = kvs__malloc(nf * sizeof(*frags));

@@ -430,6 +430,25 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM)
     }
 }
 
+// The same, one warp per unit and one block per kWarps units (no persistent loop), so that the
+// hardware keeps every SM full of warps as others finish: what a context with a full grid runs.
+// Every lane maps the warp's unit (the same addresses: broadcast loads), the key by binary search.
+__global__ void __launch_bounds__(kThreads, kBlocksPerSM)
+    scatter_pages_flat(const char *src, const kvs__pt_plan_t p, unsigned a, unsigned b,
+                       unsigned long long u0, unsigned long long u1)
+{
+    const unsigned lane = threadIdx.x & 31;
+    const unsigned long long warps = (unsigned long long)gridDim.x * kWarps;
+#pragma unroll 1
+    for (unsigned long long u = u0 + blockIdx.x * kWarps + threadIdx.x / 32; u < u1; u += warps) {
+        const kvs__pt_key_t *k = &p.keys[kvs__pt_key_of(&p, a, b, u)];
+        uint64_t dst, off;
+        uint32_t len;
+        kvs__pt_unit(&p, k, u - k->unit_start, &dst, &off, &len);
+        warp_copy_unit(unit_t{dst, off | ((uint64_t)(len - 1) << 48)}, src, lane);
+    }
+}
+
 } // namespace
 
 // A pinned descriptor buffer the kernel reads through its mapping, the words through which the
@@ -455,7 +474,9 @@ constexpr size_t kCtlBlockBytes = kCtlBytes + KVS_SCATTER_STATUS_RING * sizeof(u
 
 struct kvs__scatter {
     int device;
-    unsigned grid; // blocks of a full launch
+    unsigned grid;      // blocks of a launch: the full grid or the configured bound
+    unsigned full_grid; // kBlocksPerSM blocks per SM
+    bool persistent_pages; // page kernel: persistent warps even on the full grid (benchmarks)
     slot_t slot[2];
     unsigned *ctl_block;  // pinned, mapped: both slots' words, 128 bytes apart, zeroed
     unsigned *status;     // in ctl_block: the end of launch seq at [seq % RING]
@@ -546,6 +567,8 @@ extern "C" int kvs__scatter_create(const kvs__scatter_config_t *cfg, kvs__scatte
     }
     unsigned full = (unsigned)sms * kBlocksPerSM;
     s->grid = cfg->max_blocks && cfg->max_blocks < full ? cfg->max_blocks : full;
+    s->full_grid = full;
+    s->persistent_pages = cfg->persistent_pages;
     *s_p = s;
     return KVS_OK;
 }
@@ -780,9 +803,14 @@ extern "C" int kvs__scatter_pages_launch(kvs__scatter_t *s, const void *src,
     uint64_t units = end_unit - first_unit;
     unsigned shift = chunk_shift(s, units);
     uint64_t t = kvs__now_ns();
-    scatter_pages<<<blocks_for(s, ((units - 1) >> shift) + 1), kThreads, 0,
-                    static_cast<cudaStream_t>(stream_)>>>(static_cast<const char *>(src), *plan, a,
-                                                          b, first_unit, end_unit, shift);
+    cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+    const char *csrc = static_cast<const char *>(src);
+    if (s->grid == s->full_grid && !s->persistent_pages) // a warp per unit, at most 2^31 blocks
+        scatter_pages_flat<<<(unsigned)KVS_MIN((units + kWarps - 1) / kWarps, (uint64_t)INT32_MAX),
+                             kThreads, 0, stream>>>(csrc, *plan, a, b, first_unit, end_unit);
+    else // a bounded grid (beside model compute): persistent warps
+        scatter_pages<<<blocks_for(s, ((units - 1) >> shift) + 1), kThreads, 0, stream>>>(
+            csrc, *plan, a, b, first_unit, end_unit, shift);
     cudaError_t e = cudaGetLastError();
     s->stats = kvs__scatter_stats_t{t - t0, kvs__now_ns() - t, units};
     leave_device(s, prev);

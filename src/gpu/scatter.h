@@ -21,6 +21,10 @@ typedef struct {
 typedef struct {
     int device;          /* CUDA device ordinal the context launches on */
     uint32_t max_blocks; /* 0: enough blocks to fill the GPU; else at most this many */
+    /* Page kernel (kvs__scatter_pages_launch) on a full grid: false (default) launches a warp per
+     * unit and lets the hardware schedule blocks; true keeps the persistent warps a bounded grid
+     * uses (benchmarks compare the two). */
+    bool persistent_pages;
 } kvs__scatter_config_t;
 
 typedef struct kvs__scatter kvs__scatter_t;

@@ -110,6 +110,7 @@ typedef struct {
     const kvs_page_region_t *regions;
     uint32_t nregions;
     kvs_page_order_t order;
+    uint64_t max_id; /* no page id of the call is larger (found while the ids were checked) */
 } kvs__page_layout_t;
 
 /* One key's pages: its page ids in the layout. */

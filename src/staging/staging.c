@@ -24,6 +24,7 @@ enum {
     SCR_BUFV,
     SCR_FRAGS,
     SCR_BACK,
+    SCR_RUNS,
     SCR_PLAN,
     SCR_COUNT_
 };
@@ -359,12 +360,9 @@ static int fall_back(kvs__staging_t *st, kvs__fallback_t why)
 static bool pages_overlap(kvs__staging_t *st, const kvs__page_layout_t *L,
                           const kvs__staged_key_t *keys, uint32_t n, bool *oom_p)
 {
-    uint64_t max_id = 0, pages = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        for (uint64_t j = 0; j < keys[i].pages.npages; j++)
-            max_id = KVS_MAX(max_id, (uint64_t)keys[i].pages.ids[j]);
+    uint64_t max_id = L->max_id, pages = 0;
+    for (uint32_t i = 0; i < n; i++)
         pages += keys[i].pages.npages;
-    }
     if (kvs__pt_regions_overlap(L, max_id + 1))
         return true;
     if (max_id + 1 <= KVS_MAX((uint64_t)OVERLAP_BITS_MIN, pages * OVERLAP_BITS_PER_FRAG)) {
@@ -393,8 +391,8 @@ typedef struct {
 /* Transports one fill's keys may use (one submission each, all in flight together). */
 #define FILL_MAX_TRANSPORTS 8u
 
-/* A fill's transfers: its requests grouped by transport, sub[start[k] .. start[k + 1]) on t[k]
- * (back[] maps them to the fill's keys). */
+/* A fill's transfers: its requests grouped by transport, sub[start[k] .. start[k + 1]) on t[k];
+ * back[] maps them to transfers, transfer r carrying keys [run[r], run[r + 1]). */
 typedef struct {
     uint32_t nt;
     kvs_transport_t *t[FILL_MAX_TRANSPORTS];
@@ -402,6 +400,7 @@ typedef struct {
     uint32_t start[FILL_MAX_TRANSPORTS + 1];
     kvs_xfer_req_t *sub;
     uint32_t *back;
+    uint32_t *run, nruns;
     int rc; /* the whole fill's failure (no memory, too many transports), else OK */
 } fill_io_t;
 
@@ -455,17 +454,18 @@ static int fill_transport(fill_io_t *io, kvs_transport_t *t)
     return (int)io->nt++;
 }
 
-/* Groups the fill's requests by transport (stable, so each submission keeps call order). */
-static int fill_group(fill_io_t *io, const kvs__staged_key_t *keys, uint32_t a, uint32_t b,
-                      const kvs_xfer_req_t *reqs, uint8_t *tk)
+/* Groups the fill's transfers by transport (stable, so each submission keeps call order):
+ * transfer r carries keys [run[r], run[r + 1]). */
+static int fill_group(fill_io_t *io, const kvs__staged_key_t *keys, const uint32_t *run,
+                      uint32_t nr, const kvs_xfer_req_t *reqs, uint8_t *tk)
 {
     uint32_t count[FILL_MAX_TRANSPORTS] = {0};
-    for (uint32_t i = a; i < b; i++) {
-        int k = fill_transport(io, keys[i].t);
+    for (uint32_t r = 0; r < nr; r++) {
+        int k = fill_transport(io, keys[run[r]].t);
         if (k < 0)
             return kvs__fail(KVS_UNSUPPORTED, "staging: a fill reads over more than %u transports",
                              FILL_MAX_TRANSPORTS);
-        tk[i - a] = (uint8_t)k;
+        tk[r] = (uint8_t)k;
         count[k]++;
     }
     io->start[0] = 0;
@@ -473,48 +473,72 @@ static int fill_group(fill_io_t *io, const kvs__staged_key_t *keys, uint32_t a, 
         io->start[k + 1] = io->start[k] + count[k];
     uint32_t pos[FILL_MAX_TRANSPORTS];
     memcpy(pos, io->start, sizeof(pos));
-    for (uint32_t i = a; i < b; i++) {
-        uint32_t q = pos[tk[i - a]]++;
-        io->sub[q] = reqs[i - a];
-        io->back[q] = i - a;
+    for (uint32_t r = 0; r < nr; r++) {
+        uint32_t q = pos[tk[r]]++;
+        io->sub[q] = reqs[r];
+        io->back[q] = r;
     }
     return KVS_OK;
 }
 
-/* Builds and submits fill [a, b)'s reads into the buffer at `base` (one batch per transport). */
+/* Whether key i continues key i - 1's transfer of `len` bytes: the same owner and segment, the
+ * next bytes of it, and the next bytes of the buffer (objects put in one call usually lie so). */
+static bool continues(const call_plan_t *cp, uint32_t i, uint64_t len)
+{
+    const kvs__staged_key_t *k = &cp->keys[i], *p = &cp->keys[i - 1];
+    return k->t == p->t && k->ep == p->ep && k->segment_id == p->segment_id &&
+           k->offset == p->offset + p->size && cp->off[i] == cp->off[i - 1] + p->size &&
+           len + k->size > len && len + k->size <= SIZE_MAX;
+}
+
+/* Builds and submits fill [a, b)'s reads into the buffer at `base`: keys that follow each other
+ * in a segment and in the buffer are one transfer (fewer, larger copies), one batch per
+ * transport. */
 static void fill_submit(kvs__staging_t *st, const call_plan_t *cp, uint32_t a, uint32_t b,
                         uint64_t base, fill_io_t *io)
 {
     *io = (fill_io_t){.rc = KVS_OK};
-    uint32_t nr = b - a;
-    kvs_xfer_req_t *reqs = scratch(st, SCR_REQS, nr * sizeof(*reqs));
-    struct iovec *bufv = scratch(st, SCR_BUFV, nr * sizeof(*bufv));
-    io->sub = scratch(st, SCR_SUB, nr * sizeof(*io->sub));
-    io->back = scratch(st, SCR_BACK, nr * (sizeof(*io->back) + 1));
-    if (reqs == NULL || bufv == NULL || io->sub == NULL || io->back == NULL) {
+    uint32_t nk = b - a;
+    kvs_xfer_req_t *reqs = scratch(st, SCR_REQS, nk * sizeof(*reqs));
+    struct iovec *bufv = scratch(st, SCR_BUFV, nk * sizeof(*bufv));
+    io->sub = scratch(st, SCR_SUB, nk * sizeof(*io->sub));
+    io->back = scratch(st, SCR_BACK, nk * (sizeof(*io->back) + 1));
+    io->run = scratch(st, SCR_RUNS, (nk + 1) * sizeof(*io->run));
+    if (reqs == NULL || bufv == NULL || io->sub == NULL || io->back == NULL || io->run == NULL) {
         io->rc = KVS_NO_MEMORY;
         return;
     }
     char *buf = (char *)st->buf + base;
+    uint32_t nr = 0;
     for (uint32_t i = a; i < b; i++) {
         const kvs__staged_key_t *k = &cp->keys[i];
-        bufv[i - a] = (struct iovec){buf + cp->off[i], (size_t)k->size};
-        reqs[i - a] =
+        if (nr > 0 && continues(cp, i, reqs[nr - 1].length)) {
+            reqs[nr - 1].length += k->size;
+            bufv[nr - 1].iov_len += (size_t)k->size;
+            continue;
+        }
+        io->run[nr] = i;
+        bufv[nr] = (struct iovec){buf + cp->off[i], (size_t)k->size};
+        reqs[nr] =
             (kvs_xfer_req_t){.op = KVS_XFER_READ,
                              .ep = k->ep,
                              .segment_id = k->segment_id,
                              .offset = k->offset,
                              .length = k->size,
-                             .iov = &bufv[i - a],
+                             .iov = &bufv[nr],
                              .iovcnt = 1,
                              .status = KVS_OK,
                              .gpu = st->be->device_memory ? (uint32_t)st->buf_domain + 1 : 0};
+        nr++;
     }
+    io->run[nr] = b;
+    io->nruns = nr;
     if (kvs__now_ns() >= cp->deadline_ns) {
         io->rc = KVS_TIMED_OUT;
         return;
     }
-    io->rc = fill_group(io, cp->keys, a, b, reqs, (uint8_t *)(io->back + nr));
+    atomic_fetch_add(&st->st.transfers, nr);
+    io->rc = fill_group(io, cp->keys, io->run, nr, reqs, (uint8_t *)(io->back + nk));
     for (uint32_t k = 0; k < io->nt && io->rc == KVS_OK; k++) {
         uint32_t m = io->start[k + 1] - io->start[k];
         if (io->t[k]->ops->submit(io->t[k], io->sub + io->start[k], m, cp->deadline_ns,
@@ -538,7 +562,8 @@ static uint32_t fill_wait(kvs__staging_t *st, call_plan_t *cp, uint32_t a, uint3
         cp->keys[i].status = io->rc != KVS_OK ? io->rc : KVS_NO_MEMORY;
     uint32_t submitted = io->rc == KVS_OK ? io->start[io->nt] : 0;
     for (uint32_t q = 0; q < submitted; q++)
-        cp->keys[a + io->back[q]].status = io->sub[q].status;
+        for (uint32_t i = io->run[io->back[q]]; i < io->run[io->back[q] + 1]; i++)
+            cp->keys[i].status = io->sub[q].status;
     atomic_fetch_add(&st->st.fills, 1);
     uint64_t now = kvs__now_ns();
     uint32_t ok = 0;

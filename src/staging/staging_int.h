@@ -56,6 +56,7 @@ typedef struct {
     atomic_uint_fast64_t device;             /* the buffer's domain (CUDA: device ordinal) */
     atomic_uint_fast64_t last_fills;         /* fills of the last staged call */
     atomic_uint_fast64_t plan_overlapped_ns; /* page plans built while the first fill ran */
+    atomic_uint_fast64_t transfers;          /* fill transfers (adjacent keys merged) */
 } kvs__staging_stats_t;
 
 /* A memory backend. Domains: the backend's id for a registered buffer's memory (host backend:
