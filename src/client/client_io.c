@@ -849,6 +849,264 @@ static bool read_retryable(int st)
 
 static int call_fragments(call_t *k);
 
+/* ---- the read pipeline: validate (call_init*) -> lookup -> check -> route -> submit ->
+ * complete, in rounds until every key has its result ----------------------------------------- */
+
+/* One read call's working state, from the lookup to the last round. Per lookup entry j:
+ * tried[2j] replicas tried so far, tried[2j + 1] replicas in order[j * KVS_MAX_REPLICAS ..]. */
+typedef struct {
+    kvs__str_t *ks; /* usable keys, as wire strings */
+    size_t *map;    /* entry j is call key map[j] */
+    uint32_t m;
+    kvs__placement_rsp_t pr;
+    kvs__arena_t arena;
+    bool looked_up, from_session;
+    void **sess_held; /* the session entries this read uses, until it is over */
+    uint64_t *sess_until, *lease_until, t_lookup;
+    kvs_xfer_req_t *reqs;
+    read_slot_t *slots;
+    kvs_batch_t **batches;
+    kvs_transport_t **batch_t;
+    int *st;
+    uint8_t *order, *tried;
+    routes_t routes;
+    uint32_t pending;
+    bool larger; /* a key's fragments hold more than its object: the call is not staged */
+    bool staged; /* a round staged */
+} read_t;
+
+static void read_free(kvs_client_t *c, read_t *r)
+{
+    routes_free(&r->routes);
+    if (r->looked_up)
+        release_leases(c, &r->pr, r->ks, r->m);
+    kvs__sessions_done(c, r->m, r->sess_held);
+    kvs__arena_free(&r->arena);
+    kvs__free(r->lease_until);
+    kvs__free(r->sess_until);
+    kvs__free(r->batches);
+    kvs__free(r->batch_t);
+    kvs__free(r->slots);
+    kvs__free(r->reqs);
+    kvs__free(r->st);
+    kvs__free(r->order);
+    kvs__free(r->tried);
+    kvs__free(r->ks);
+    kvs__free(r->map);
+}
+
+/* The placement of every usable key: from live read sessions when they hold them all (their
+ * leases stay the sessions'), else one LOOKUP. Leases run from before it was sent. */
+static int read_lookup(kvs_client_t *c, call_t *k, read_t *r)
+{
+    r->t_lookup = kvs__now_ns();
+    r->sess_until = kvs__malloc((size_t)r->m * sizeof(*r->sess_until));
+    if (r->sess_until == NULL)
+        return kvs__fail(KVS_NO_MEMORY, "read: out of memory");
+    r->from_session = kvs__sessions_placement(c, r->m, r->ks, &r->arena, &r->pr, r->sess_until,
+                                              &r->sess_held) == KVS_OK;
+    if (r->from_session)
+        return KVS_OK;
+    kvs__arena_free(&r->arena);
+    kvs__arena_init(&r->arena);
+    int rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, r->m, r->ks, NULL, &r->arena, NULL, &r->pr,
+                                   k->deadline);
+    r->looked_up = rc == KVS_OK;
+    return rc == KVS_OK ? rc : kvs__fail(rc, "read: lookup failed: %s", kvs_status_str(rc));
+}
+
+static int read_alloc(const call_t *k, read_t *r)
+{
+    uint32_t m = r->m;
+    r->reqs = kvs__calloc(m, sizeof(*r->reqs));
+    r->slots = kvs__malloc(m * sizeof(*r->slots));
+    r->batches = kvs__calloc(m, sizeof(*r->batches));
+    r->batch_t = kvs__calloc(m, sizeof(*r->batch_t));
+    r->lease_until = kvs__malloc(k->n * sizeof(*r->lease_until));
+    r->st = kvs__malloc(m * sizeof(*r->st));
+    r->order = kvs__malloc((size_t)m * KVS_MAX_REPLICAS);
+    r->tried = kvs__calloc(m, 2);
+    if (r->reqs == NULL || r->slots == NULL || r->batches == NULL || r->batch_t == NULL ||
+        r->lease_until == NULL || r->st == NULL || r->order == NULL || r->tried == NULL)
+        return kvs__fail(KVS_NO_MEMORY, "read: out of memory");
+    return KVS_OK;
+}
+
+/* Whether key i's destination fits object d (an exact cover, room for it, or the asked range);
+ * else the key fails with the reason. */
+static bool read_fits(call_t *k, size_t i, const kvs__obj_desc_t *d, bool exact)
+{
+    bool bad = k->src_off != NULL ? k->src_off[i] > d->size || k->total[i] > d->size - k->src_off[i]
+               : exact && !k->allow_larger ? k->total[i] != d->size
+                                           : k->total[i] < d->size;
+    if (!bad)
+        return true;
+    if (k->src_off != NULL)
+        k->res[i] = kvs__fail(
+            KVS_INVALID_PARAMS, "read '%s': bytes %llu..%llu are outside the %llu-byte object",
+            k->keys[i], (unsigned long long)k->src_off[i],
+            (unsigned long long)(k->src_off[i] + k->total[i]), (unsigned long long)d->size);
+    else
+        k->res[i] =
+            kvs__fail(KVS_INVALID_PARAMS, "read '%s': the buffers hold %llu bytes, the object %llu",
+                      k->keys[i], (unsigned long long)k->total[i], (unsigned long long)d->size);
+    return false;
+}
+
+/* Cuts key i's larger destination to the object's size (exact calls already match it). */
+static int read_cut(call_t *k, size_t i, uint64_t size)
+{
+    if (k->iov == NULL) {
+        int rc = call_fragments(k);
+        if (rc != KVS_OK)
+            return rc;
+    }
+    uint64_t left = size;
+    uint32_t used = 0;
+    struct iovec *iov = &k->iov[k->first[i]];
+    while (left > 0) {
+        if (iov[used].iov_len > left)
+            iov[used].iov_len = (size_t)left;
+        left -= iov[used++].iov_len;
+    }
+    k->cnt[i] = used;
+    k->total[i] = size;
+    return KVS_OK;
+}
+
+/* Everything that can fail a key without I/O, decided before the first transfer: the lookup's
+ * answer, the destination's size, a replica to read. The rest become pending (res 1). */
+static int read_check(kvs_client_t *c, call_t *k, read_t *r, bool exact, bool grouped)
+{
+    for (uint32_t j = 0; j < r->m; j++) {
+        const kvs__obj_desc_t *d = &r->pr.objs[j];
+        size_t i = r->map[j];
+        r->tried[2 * j] = r->tried[2 * j + 1] = 0;
+        if (d->status != KVS_OK) {
+            k->res[i] = d->status;
+            continue;
+        }
+        if (!read_fits(k, i, d, exact))
+            continue;
+        r->tried[2 * j + 1] =
+            (uint8_t)replica_order(c, &r->pr, d, grouped, &r->order[j * KVS_MAX_REPLICAS]);
+        if (r->tried[2 * j + 1] == 0) {
+            k->res[i] = KVS_OBJECT_NOT_FOUND; /* every replica's owner is gone */
+            continue;
+        }
+        if (k->src_off == NULL && (!exact || k->total[i] > d->size)) {
+            r->larger |= exact; /* an exact-mode call with more room than the object */
+            int rc = read_cut(k, i, d->size);
+            if (rc != KVS_OK)
+                return rc;
+        }
+        r->lease_until[i] =
+            r->from_session ? r->sess_until[j] : r->t_lookup + d->lease_ms * KVS_NS_PER_MS;
+        k->res[i] = 1; /* pending: positive never reaches a caller */
+        r->pending++;
+    }
+    if (r->larger)
+        atomic_fetch_add(&c->st.fallback_not_exact, 1);
+    return KVS_OK;
+}
+
+/* This round's slot per pending key: its next replica that has a route; a key with none left
+ * fails. Returns the slots. */
+static uint32_t read_route(kvs_client_t *c, call_t *k, read_t *r)
+{
+    uint32_t ns = 0;
+    for (uint32_t j = 0; j < r->m; j++) {
+        size_t i = r->map[j];
+        if (k->res[i] != 1)
+            continue;
+        const kvs__obj_desc_t *d = &r->pr.objs[j];
+        int why = KVS_TRANSFER_FAIL;
+        while (why != KVS_OK && r->tried[2 * j] < r->tried[2 * j + 1]) {
+            const kvs__replica_t *rep =
+                &d->reps[r->order[j * KVS_MAX_REPLICAS + r->tried[2 * j]++]];
+            kvs_transport_t *t = NULL;
+            kvs_endpoint_t *ep = NULL;
+            why = route_for(c, &r->routes, seg_find(&r->pr, rep->segment_id), k->deadline, &t, &ep);
+            if (why == KVS_OK)
+                r->slots[ns++] =
+                    (read_slot_t){t,
+                                  ep,
+                                  i,
+                                  j,
+                                  rep->segment_id,
+                                  rep->offset + (k->src_off != NULL ? k->src_off[i] : 0),
+                                  k->src_off != NULL ? k->total[i] : d->size};
+        }
+        if (why != KVS_OK) {
+            k->res[i] = why == KVS_TIMED_OUT || why == KVS_NO_MEMORY ? why : KVS_TRANSFER_FAIL;
+            r->pending--;
+        }
+    }
+    return ns;
+}
+
+/* A round in which every key has another replica to go to gets half of what is left, so that a
+ * stopped owner (which fails by time-out only) leaves time for the next replica; otherwise the
+ * round has the call's deadline. */
+static uint64_t round_deadline(const call_t *k, const read_t *r, uint32_t ns)
+{
+    bool spare = true;
+    for (uint32_t s = 0; s < ns && spare; s++)
+        spare = r->tried[2 * r->slots[s].entry] < r->tried[2 * r->slots[s].entry + 1];
+    return spare ? route_deadline(k->deadline) : k->deadline;
+}
+
+/* Runs one round's transfers: staged when the call may stage, else direct or grouped. A retry
+ * of keys whose staged read failed goes through staging or not at all: never a direct read into
+ * destinations a failed scatter may have touched. Statuses land in r->st (slot order). */
+static int read_submit(kvs_client_t *c, call_t *k, read_t *r, uint32_t ns, bool exact, bool grouped,
+                       uint64_t deadline)
+{
+    int src = KVS_UNSUPPORTED;
+    if (exact && !r->larger && c->staging != NULL)
+        src = read_staged(c, k, r->slots, ns, r->lease_until, r->st, deadline);
+    if (src == KVS_OK) {
+        r->staged = k->staged = true;
+        return KVS_OK;
+    }
+    if (src != KVS_UNSUPPORTED)
+        return src; /* a failure of the whole call */
+    if (r->staged) {
+        for (uint32_t s = 0; s < ns; s++) {
+            r->st[s] = KVS_TRANSFER_FAIL;
+            r->tried[2 * r->slots[s].entry] = r->tried[2 * r->slots[s].entry + 1];
+        }
+        return KVS_OK;
+    }
+    if (k->iov == NULL) { /* page-table form: fragments only now, for the direct read */
+        int rc = call_fragments(k);
+        if (rc != KVS_OK)
+            return rc;
+    }
+    read_direct(c, k, r->slots, ns, grouped, r->reqs, r->batches, r->batch_t, r->st, deadline);
+    return KVS_OK;
+}
+
+/* The round's results: a lease that ran out fails the key; a retryable failure with another
+ * replica left stays pending for the next round; anything else is the key's result. */
+static void read_complete(call_t *k, read_t *r, uint32_t ns)
+{
+    uint64_t now = kvs__now_ns();
+    for (uint32_t s = 0; s < ns; s++) {
+        size_t i = r->slots[s].key, j = r->slots[s].entry;
+        int st = r->st[s];
+        if (st == KVS_OK && now > r->lease_until[i])
+            st = KVS_LEASE_EXPIRED;
+        if (read_retryable(st) && r->tried[2 * j] < r->tried[2 * j + 1] && now < k->deadline)
+            continue;
+        if (st != KVS_OK && st != KVS_TIMED_OUT && st != KVS_LEASE_EXPIRED &&
+            st != KVS_INVALID_PARAMS && st != KVS_NO_MEMORY)
+            st = KVS_TRANSFER_FAIL;
+        k->res[i] = st;
+        r->pending--;
+    }
+}
+
 /* `exact`: fragments must add up to the object; otherwise they may be larger and are cut.
  * Reads go in rounds: each key on its next replica, all in flight together; keys whose replica
  * failed (owner gone, refused, connection lost) go again on the next one, inside the call's
@@ -857,219 +1115,30 @@ static int call_fragments(call_t *k);
  * submission, the lookup RPC excluded (the staging planner counts its own share). */
 static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64_t *plan_ns_p)
 {
-    uint64_t t_enter = kvs__now_ns(), t_after = t_enter;
-    kvs__str_t *ks = NULL;
-    size_t *map = NULL;
-    uint32_t m = 0;
-    int rc = usable_keys(k, &ks, &map, &m);
-    kvs_xfer_req_t *reqs = NULL;
-    read_slot_t *slots = NULL;
-    kvs_batch_t **batches = NULL;
-    kvs_transport_t **batch_t = NULL;
-    uint64_t *lease_until = NULL, *sess_until = NULL;
-    void **sess_held = NULL; /* the session entries this read uses, until it is over */
-    int *st = NULL;
-    uint8_t *order = NULL, *tried = NULL;
-    routes_t routes = {0};
-    kvs__placement_rsp_t pr;
-    bool looked_up = false;
-    kvs__arena_t arena;
-    kvs__arena_init(&arena);
-    if (rc != KVS_OK) {
+    uint64_t t_enter = kvs__now_ns();
+    read_t r = {0};
+    kvs__arena_init(&r.arena);
+    int rc = usable_keys(k, &r.ks, &r.map, &r.m);
+    if (rc != KVS_OK)
         rc = kvs__fail(KVS_NO_MEMORY, "read: out of memory");
-        goto out;
-    }
-    if (m == 0)
-        goto out;
-    /* Leases run from before the lookup was sent: never later than the master's clock. */
-    uint64_t t_lookup = kvs__now_ns();
-    sess_until = kvs__malloc((size_t)m * sizeof(*sess_until));
-    if (sess_until == NULL) {
-        rc = kvs__fail(KVS_NO_MEMORY, "read: out of memory");
-        goto out;
-    }
-    /* Keys all in live read sessions need no lookup (and their leases stay the sessions'). */
-    bool from_session =
-        kvs__sessions_placement(c, m, ks, &arena, &pr, sess_until, &sess_held) == KVS_OK;
-    if (!from_session) {
-        kvs__arena_free(&arena);
-        kvs__arena_init(&arena);
-        rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, m, ks, NULL, &arena, NULL, &pr,
-                                   k->deadline);
-        looked_up = rc == KVS_OK;
-    }
-    t_after = kvs__now_ns();
-    if (rc != KVS_OK) {
-        rc = kvs__fail(rc, "read: lookup failed: %s", kvs_status_str(rc));
-        goto out;
-    }
-    reqs = kvs__calloc(m, sizeof(*reqs));
-    slots = kvs__malloc(m * sizeof(*slots));
-    batches = kvs__calloc(m, sizeof(*batches));
-    batch_t = kvs__calloc(m, sizeof(*batch_t));
-    lease_until = kvs__malloc(k->n * sizeof(*lease_until));
-    st = kvs__malloc(m * sizeof(*st));
-    order = kvs__malloc((size_t)m * KVS_MAX_REPLICAS);
-    tried = kvs__calloc(m, 2); /* per lookup entry: replicas tried, replicas in order */
-    if (reqs == NULL || slots == NULL || batches == NULL || batch_t == NULL ||
-        lease_until == NULL || st == NULL || order == NULL || tried == NULL) {
-        rc = kvs__fail(KVS_NO_MEMORY, "read: out of memory");
-        goto out;
-    }
-    /* Everything that can fail a key without I/O is decided before the first transfer. */
-    uint32_t pending = 0;
-    bool larger = false; /* a key's fragments hold more than its object: not staged */
-    for (uint32_t j = 0; j < m; j++) {
-        const kvs__obj_desc_t *d = &pr.objs[j];
-        size_t i = map[j];
-        tried[2 * j] = tried[2 * j + 1] = 0;
-        if (d->status != KVS_OK) {
-            k->res[i] = d->status;
-            continue;
-        }
-        if (k->src_off != NULL ? k->src_off[i] > d->size || k->total[i] > d->size - k->src_off[i]
-            : exact && !k->allow_larger ? k->total[i] != d->size
-                                        : k->total[i] < d->size) {
-            if (k->src_off != NULL)
-                k->res[i] = kvs__fail(KVS_INVALID_PARAMS,
-                                      "read '%s': bytes %llu..%llu are outside the %llu-byte "
-                                      "object",
-                                      k->keys[i], (unsigned long long)k->src_off[i],
-                                      (unsigned long long)(k->src_off[i] + k->total[i]),
-                                      (unsigned long long)d->size);
-            else
-                k->res[i] = kvs__fail(
-                    KVS_INVALID_PARAMS, "read '%s': the buffers hold %llu bytes, the object %llu",
-                    k->keys[i], (unsigned long long)k->total[i], (unsigned long long)d->size);
-            continue;
-        }
-        tried[2 * j + 1] = (uint8_t)replica_order(c, &pr, d, grouped, &order[j * KVS_MAX_REPLICAS]);
-        if (tried[2 * j + 1] == 0) {
-            k->res[i] = KVS_OBJECT_NOT_FOUND; /* every replica's owner is gone */
-            continue;
-        }
-        /* Cut larger destinations to the object (exact calls already match it: no pass over
-         * their fragments). */
-        if (k->src_off == NULL && (!exact || k->total[i] > d->size)) {
-            larger |= exact; /* an exact-mode call with more room than the object */
-            if (k->iov == NULL && (rc = call_fragments(k)) != KVS_OK)
-                goto out;
-            uint64_t left = d->size;
-            uint32_t used = 0;
-            struct iovec *iov = &k->iov[k->first[i]];
-            while (left > 0) {
-                if (iov[used].iov_len > left)
-                    iov[used].iov_len = (size_t)left;
-                left -= iov[used++].iov_len;
-            }
-            k->cnt[i] = used;
-            k->total[i] = d->size;
-        }
-        lease_until[i] = from_session ? sess_until[j] : t_lookup + d->lease_ms * KVS_NS_PER_MS;
-        k->res[i] = 1; /* pending: positive never reaches a caller */
-        pending++;
-    }
-    bool first_round = true, staged = false;
-    if (larger)
-        atomic_fetch_add(&c->st.fallback_not_exact, 1);
-    while (pending > 0) {
-        /* This round's slot per pending key: its next replica that has a route. */
-        uint32_t ns = 0;
-        for (uint32_t j = 0; j < m; j++) {
-            size_t i = map[j];
-            if (k->res[i] != 1)
-                continue;
-            const kvs__obj_desc_t *d = &pr.objs[j];
-            int why = KVS_TRANSFER_FAIL;
-            while (tried[2 * j] < tried[2 * j + 1]) {
-                const kvs__replica_t *rep = &d->reps[order[j * KVS_MAX_REPLICAS + tried[2 * j]++]];
-                kvs_transport_t *t = NULL;
-                kvs_endpoint_t *ep = NULL;
-                why = route_for(c, &routes, seg_find(&pr, rep->segment_id), k->deadline, &t, &ep);
-                if (why == KVS_OK) {
-                    slots[ns++] =
-                        k->src_off != NULL
-                            ? (read_slot_t){t,
-                                            ep,
-                                            i,
-                                            j,
-                                            rep->segment_id,
-                                            rep->offset + k->src_off[i],
-                                            k->total[i]}
-                            : (read_slot_t){t, ep, i, j, rep->segment_id, rep->offset, d->size};
-                    break;
-                }
-            }
-            if (why != KVS_OK) {
-                k->res[i] = why == KVS_TIMED_OUT || why == KVS_NO_MEMORY ? why : KVS_TRANSFER_FAIL;
-                pending--;
-            }
-        }
+    if (rc == KVS_OK && r.m > 0)
+        rc = read_lookup(c, k, &r);
+    uint64_t t_after = kvs__now_ns();
+    if (rc == KVS_OK && r.m > 0)
+        rc = read_alloc(k, &r);
+    if (rc == KVS_OK && r.m > 0)
+        rc = read_check(c, k, &r, exact, grouped);
+    for (bool first = true; rc == KVS_OK && r.pending > 0; first = false) {
+        uint32_t ns = read_route(c, k, &r);
         if (ns == 0)
             break;
-        if (first_round)
-            *plan_ns_p = (t_lookup - t_enter) + (kvs__now_ns() - t_after);
-        /* A round in which every key has another replica to go to gets half of what is left,
-         * so that a stopped owner (which fails by time-out only) leaves time for the next
-         * replica; otherwise the round has the call's deadline. */
-        bool spare = true;
-        for (uint32_t s = 0; s < ns && spare; s++)
-            spare = tried[2 * slots[s].entry] < tried[2 * slots[s].entry + 1];
-        uint64_t round_deadline = spare ? route_deadline(k->deadline) : k->deadline;
-        int src = KVS_UNSUPPORTED;
-        if (exact && !larger && c->staging != NULL)
-            src = read_staged(c, k, slots, ns, lease_until, st, round_deadline);
-        if (src != KVS_OK && src != KVS_UNSUPPORTED) {
-            rc = src; /* a failure of the whole call */
-            goto out;
-        }
-        if (src == KVS_UNSUPPORTED && staged) {
-            /* A retry of keys whose staged read failed goes through staging or not at all:
-             * never a direct read into destinations a failed scatter may have touched. */
-            for (uint32_t s = 0; s < ns; s++)
-                st[s] = KVS_TRANSFER_FAIL;
-            for (uint32_t s = 0; s < ns; s++)
-                tried[2 * slots[s].entry] = tried[2 * slots[s].entry + 1];
-        } else if (src == KVS_UNSUPPORTED) { /* fell back before anything was submitted */
-            if (k->iov == NULL && (rc = call_fragments(k)) != KVS_OK)
-                goto out;
-            read_direct(c, k, slots, ns, grouped, reqs, batches, batch_t, st, round_deadline);
-        } else {
-            staged = k->staged = true;
-        }
-        uint64_t now = kvs__now_ns();
-        for (uint32_t s = 0; s < ns; s++) {
-            size_t i = slots[s].key, j = slots[s].entry;
-            int r = st[s];
-            if (r == KVS_OK && now > lease_until[i])
-                r = KVS_LEASE_EXPIRED;
-            if (read_retryable(r) && tried[2 * j] < tried[2 * j + 1] && now < k->deadline)
-                continue; /* stays pending: the next round tries its next replica */
-            if (r != KVS_OK && r != KVS_TIMED_OUT && r != KVS_LEASE_EXPIRED &&
-                r != KVS_INVALID_PARAMS && r != KVS_NO_MEMORY)
-                r = KVS_TRANSFER_FAIL;
-            k->res[i] = r;
-            pending--;
-        }
-        first_round = false;
+        if (first)
+            *plan_ns_p = (r.t_lookup - t_enter) + (kvs__now_ns() - t_after);
+        rc = read_submit(c, k, &r, ns, exact, grouped, round_deadline(k, &r, ns));
+        if (rc == KVS_OK)
+            read_complete(k, &r, ns);
     }
-out:
-    routes_free(&routes);
-    if (looked_up)
-        release_leases(c, &pr, ks, m);
-    kvs__sessions_done(c, m, sess_held);
-    kvs__arena_free(&arena);
-    kvs__free(lease_until);
-    kvs__free(sess_until);
-    kvs__free(batches);
-    kvs__free(batch_t);
-    kvs__free(slots);
-    kvs__free(reqs);
-    kvs__free(st);
-    kvs__free(order);
-    kvs__free(tried);
-    kvs__free(ks);
-    kvs__free(map);
+    read_free(c, &r);
     return rc;
 }
 
