@@ -6,6 +6,7 @@ P-byte pages whose page ids are a random permutation.
   page-table staged   batch_get_into_pages(keys, [page_region(pool)], ids) with
                       MC_STORE_GPU_STAGING=1 (one scatter per fill, ids straight to the kernel)
   page-table direct   the same call without staging (one copy per page)
+  page-table auto     the same call with MC_STORE_GPU_STAGING=auto (the adaptive policy)
   contiguous + index  batch_get_into each object into one contiguous CUDA buffer (direct), then
                       one pool.index_copy_ of every page: the PyTorch alternative
   pinned H2D          one pinned host tensor copied to the device: the limit
@@ -38,7 +39,8 @@ def size(text):
 
 
 def open_store(master, staged, protocol):
-    os.environ["MC_STORE_GPU_STAGING"] = "1" if staged else "0"  # read at setup
+    os.environ["MC_STORE_GPU_STAGING"] = staged if isinstance(staged, str) else \
+        ("1" if staged else "0")  # read at setup
     store = kvstash.MooncakeDistributedStore()
     rc = store.setup("localhost", "", 0, 0, protocol, "", master)
     os.environ.pop("MC_STORE_GPU_STAGING", None)
@@ -82,7 +84,8 @@ def main():
         keys = [f"pages-torch-{os.getpid()}-{i}" for i in range(a.keys)]
         staged = open_store(master, True, a.protocol)
         direct = open_store(master, False, a.protocol)
-        for s in (staged, direct):
+        auto = open_store(master, "auto", a.protocol)
+        for s in (staged, direct, auto):
             for t in (pool, contig):
                 assert s.register_buffer(t.data_ptr(), t.numel()) == 0
         assert direct.register_buffer(host.data_ptr(), total) == 0
@@ -112,6 +115,7 @@ def main():
         methods = {
             "page-table staged": lambda: page_table(staged),
             "page-table direct": lambda: page_table(direct),
+            "page-table auto": lambda: page_table(auto),
             "contiguous + index_copy_": contiguous_index,
             "pinned H2D": lambda: h2d_dst.copy_(host, non_blocking=True),
         }
@@ -153,7 +157,9 @@ def main():
         if a.markdown:
             with open(a.markdown, "a") as f:
                 f.write(text + "\n")
-        for s in (staged, direct):
+        st = auto.get_stats()
+        print("auto: " + ", ".join(f"{k} {st[k]}" for k in sorted(st) if k.startswith("auto_")))
+        for s in (staged, direct, auto):
             s.close()
     finally:
         proc.terminate()

@@ -494,7 +494,21 @@ double kvs_histogram_quantile_us(const kvs_histogram_t *h, double q);
       "Host planning of staged page-table reads overlapped with the first fill")                   \
     /* Transfers of staged fills: keys next to each other in a segment and in the buffer are  */   \
     /* one transfer                                                                             */ \
-    X(COUNTER, NONE, staging_transfers, staging_transfers, "", "Transfers of staged fills")
+    X(COUNTER, NONE, staging_transfers, staging_transfers, "", "Transfers of staged fills")        \
+    /* Adaptive mode (MC_STORE_GPU_STAGING=auto): read calls by the mode it chose; calls that  */  \
+    /* could stage but did not, because the model predicts staging slower or calls of the same */  \
+    /* shape measured it slower; calls that tried a mode their shape had not measured; and     */  \
+    /* calibrations (one per client, on first use)                                             */  \
+    X(COUNTER, NONE, auto_direct_calls, auto_reads, "mode=\"direct\"",                             \
+      "Read calls by the mode the adaptive policy chose")                                          \
+    X(COUNTER, NONE, auto_grouped_calls, auto_reads, "mode=\"grouped\"", "")                       \
+    X(COUNTER, NONE, auto_staged_calls, auto_reads, "mode=\"staged\"", "")                         \
+    X(COUNTER, NONE, auto_not_staged_model, auto_not_staged, "reason=\"model_slower\"",            \
+      "Adaptive read calls not staged, by reason")                                                 \
+    X(COUNTER, NONE, auto_not_staged_measured, auto_not_staged, "reason=\"measured_slower\"", "")  \
+    X(COUNTER, NONE, auto_explored, auto_explored, "",                                             \
+      "Adaptive calls that tried an unmeasured mode")                                              \
+    X(COUNTER, NONE, auto_calibrations, auto_calibrations, "", "Adaptive mode calibrations")
 
 #define KVS_STATS_TYPE_COUNTER uint64_t
 #define KVS_STATS_TYPE_GAUGE   uint64_t

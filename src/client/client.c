@@ -1179,6 +1179,13 @@ static void stats_snapshot(kvs_client_t *c, kvs_client_stats_t *s)
         s->staging_last_fills = atomic_load(&ss->last_fills);
         s->plan_overlapped_ns = atomic_load(&ss->plan_overlapped_ns);
         s->staging_transfers = atomic_load(&ss->transfers);
+        s->auto_direct_calls = atomic_load(&ss->auto_calls[KVS_READ_DIRECT]);
+        s->auto_grouped_calls = atomic_load(&ss->auto_calls[KVS_READ_GROUPED]);
+        s->auto_staged_calls = atomic_load(&ss->auto_calls[KVS_READ_STAGED]);
+        s->auto_not_staged_model = atomic_load(&ss->auto_model_slower);
+        s->auto_not_staged_measured = atomic_load(&ss->auto_measured_slower);
+        s->auto_explored = atomic_load(&ss->auto_explored);
+        s->auto_calibrations = atomic_load(&ss->calibrations);
     }
 }
 

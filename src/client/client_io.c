@@ -33,6 +33,10 @@ typedef struct {
     const uint32_t *ids;
     const size_t *npages;
     uint64_t *ids_first;
+    /* Adaptive mode (MC_STORE_GPU_STAGING=auto): the first round's shape and the mode it took
+     * (mode_used < 0: no choice was made), for the policy to learn from once the call is over. */
+    kvs__read_shape_t shape;
+    int mode_used;
 } call_t;
 
 /* How a call reaches one segment, decided once per call and segment. Each route holds a
@@ -1056,14 +1060,55 @@ static uint64_t round_deadline(const call_t *k, const read_t *r, uint32_t ns)
     return spare ? route_deadline(k->deadline) : k->deadline;
 }
 
-/* Runs one round's transfers: staged when the call may stage, else direct or grouped. A retry
- * of keys whose staged read failed goes through staging or not at all: never a direct read into
- * destinations a failed scatter may have touched. Statuses land in r->st (slot order). */
+/* The first round's shape, for the adaptive mode. */
+static void read_shape(kvs_client_t *c, const call_t *k, const read_t *r, uint32_t ns,
+                       kvs__read_shape_t *sh)
+{
+    KVS_UNUSED(c);
+    *sh = (kvs__read_shape_t){.keys = ns, .cheap_submit = true};
+    for (uint32_t s = 0; s < ns; s++) {
+        const read_slot_t *sl = &r->slots[s];
+        sh->bytes += sl->size;
+        sh->frags += k->layout != NULL ? (uint64_t)k->npages[sl->key] * k->layout->nregions
+                                       : k->cnt[sl->key];
+        sh->cheap_submit &= (sl->t->ops->caps & KVS_TRANSPORT_CAP_CHEAP_SUBMIT) != 0;
+        bool seen = false; /* owners: distinct endpoints (the first 64 compared) */
+        for (uint32_t q = s; q-- > 0 && q + 64 > s && !seen;)
+            seen = r->slots[q].ep == sl->ep;
+        sh->owners += !seen;
+    }
+}
+
+/* The round's mode: staged when the call may stage (MC_STORE_GPU_STAGING=1), or as the
+ * adaptive policy chooses on the first round (later rounds keep that choice); else direct or
+ * grouped as the caller asked. */
+static kvs__read_mode_t read_mode(kvs_client_t *c, call_t *k, const read_t *r, uint32_t ns,
+                                  bool can_stage, bool grouped)
+{
+    kvs__read_mode_t asked = grouped ? KVS_READ_GROUPED : KVS_READ_DIRECT;
+    if (c->staging == NULL)
+        return asked;
+    if (kvs__staging_policy(c->staging) == NULL)
+        return can_stage ? KVS_READ_STAGED : asked;
+    if (k->mode_used >= 0)
+        return (kvs__read_mode_t)k->mode_used;
+    read_shape(c, k, r, ns, &k->shape);
+    kvs__read_mode_t m =
+        kvs__staging_choose(c->staging, k->domain[r->slots[0].key], &k->shape, can_stage);
+    k->mode_used = (int)m;
+    return m;
+}
+
+/* Runs one round's transfers in its mode. A staged round that falls back reads direct (the
+ * adaptive policy learns the mode taken). A retry of keys whose staged read failed goes through
+ * staging or not at all: never a direct read into destinations a failed scatter may have
+ * touched. Statuses land in r->st (slot order). */
 static int read_submit(kvs_client_t *c, call_t *k, read_t *r, uint32_t ns, bool exact, bool grouped,
                        uint64_t deadline)
 {
+    kvs__read_mode_t mode = read_mode(c, k, r, ns, exact && !r->larger, grouped);
     int src = KVS_UNSUPPORTED;
-    if (exact && !r->larger && c->staging != NULL)
+    if (mode == KVS_READ_STAGED)
         src = read_staged(c, k, r->slots, ns, r->lease_until, r->st, deadline);
     if (src == KVS_OK) {
         r->staged = k->staged = true;
@@ -1078,12 +1123,17 @@ static int read_submit(kvs_client_t *c, call_t *k, read_t *r, uint32_t ns, bool 
         }
         return KVS_OK;
     }
+    if (mode == KVS_READ_STAGED) /* fell back: the caller's unstaged mode */
+        mode = grouped ? KVS_READ_GROUPED : KVS_READ_DIRECT;
+    if (k->mode_used >= 0)
+        k->mode_used = (int)mode;
     if (k->iov == NULL) { /* page-table form: fragments only now, for the direct read */
         int rc = call_fragments(k);
         if (rc != KVS_OK)
             return rc;
     }
-    read_direct(c, k, r->slots, ns, grouped, r->reqs, r->batches, r->batch_t, r->st, deadline);
+    read_direct(c, k, r->slots, ns, mode == KVS_READ_GROUPED, r->reqs, r->batches, r->batch_t,
+                r->st, deadline);
     return KVS_OK;
 }
 
@@ -1197,9 +1247,13 @@ static int get_exec(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
     for (size_t i = 0; i < k->n; i++)
         nfrag += k->layout != NULL ? (uint64_t)k->npages[i] * k->layout->nregions : k->cnt[i];
     k->deadline = deadline ? deadline : t0 + c->transfer_timeout_ms * KVS_NS_PER_MS;
+    k->mode_used = -1;
     kvs__client_enter(c);
     kvs__client_sweep(c, k->deadline);
     int rc = get_call(c, k, exact, grouped, &plan_ns);
+    if (k->mode_used >= 0 && rc == KVS_OK) /* the adaptive policy learns from the call */
+        kvs__policy_observe(kvs__staging_policy(c->staging), &k->shape,
+                            (kvs__read_mode_t)k->mode_used, kvs__now_ns() - t0);
     for (size_t i = 0; rc == KVS_OK && i < k->n; i++)
         results[i] = k->res[i] == 0 ? (int64_t)k->total[i] : k->res[i];
     get_account(c, k, grouped, rc, t0, init_ns + plan_ns, nfrag);

@@ -7,6 +7,7 @@
  * backend_none). */
 #define _GNU_SOURCE
 #include "staging_int.h"
+#include "../gpu/gpu_copy.h"
 
 #ifdef KVS_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -317,6 +318,87 @@ static int cuda_scatter_wait(int domain, void *done, uint64_t deadline_ns)
     return rc;
 }
 
+/* Times one scatter of n fragments of `piece` bytes from the start of dev to dev + len, up to
+ * its completion event. */
+static uint64_t time_scatter(lane_t *l, char *dev, size_t len, uint32_t n, size_t piece,
+                             kvs__scatter_frag_t *frags)
+{
+    for (uint32_t i = 0; i < n; i++)
+        frags[i] = (kvs__scatter_frag_t){dev + len + (size_t)(i * 7919u % n) * 2 * piece, piece};
+    uint64_t t0 = kvs__now_ns();
+    if (kvs__scatter_launch(l->ctx, dev, frags, n, l->stream) != KVS_OK ||
+        cudaEventRecord(l->done, l->stream) != cudaSuccess ||
+        event_wait_until(l->done, 0, l->device) != KVS_OK)
+        return 0;
+    return kvs__now_ns() - t0;
+}
+
+/* The adaptive mode's model on this device: the transports' own GPU copy (kvs__gpu_copy_slice)
+ * of one 4 KiB fragment (a submission) and of 256 (per fragment), from pinned memory; and the
+ * scatter of one fragment (a fill's fixed cost) and of 1024 x 4 KiB (per byte). Each timing is
+ * the best of three. */
+static int cuda_calibrate(int domain, kvs__staging_calib_t *cal)
+{
+    enum { N = 256, NS = 1024 };
+    const size_t piece = 4096, len = NS * piece;
+    void *host = NULL;
+    char *dev = NULL;
+    kvs__gpu_stream_t *gs = NULL;
+    lane_t *l = NULL;
+    struct iovec *iov = kvs__malloc(N * sizeof(*iov));
+    kvs__scatter_frag_t *frags = kvs__malloc(NS * sizeof(*frags));
+    int prev = 0;
+    cudaGetDevice(&prev);
+    int rc = iov != NULL && frags != NULL ? kvs__gpu_alloc_pinned(len, &host) : KVS_NO_MEMORY;
+    if (rc == KVS_OK)
+        rc = cuda_alloc(domain, 3 * len, (void **)&dev);
+    if (rc == KVS_OK)
+        rc = kvs__gpu_stream_create(domain, &gs);
+    if (rc == KVS_OK)
+        rc = lane_take(domain, &l);
+    uint64_t one = UINT64_MAX, many = UINT64_MAX, s1 = UINT64_MAX, sn = UINT64_MAX;
+    for (int rep = 0; rc == KVS_OK && rep < 4; rep++) { /* the first round warms up */
+        for (uint32_t i = 0; i < N; i++)
+            iov[i] = (struct iovec){dev + (size_t)(i * 7919u % N) * 2 * piece, piece};
+        uint64_t t0 = kvs__now_ns();
+        rc = kvs__gpu_copy_slice(gs, true, host, iov, 1, 0, piece);
+        if (rc == KVS_OK)
+            rc = kvs__gpu_sync(gs);
+        uint64_t t1 = kvs__now_ns();
+        if (rc == KVS_OK)
+            rc = kvs__gpu_copy_slice(gs, true, host, iov, N, 0, N * piece);
+        if (rc == KVS_OK)
+            rc = kvs__gpu_sync(gs);
+        uint64_t t2 = kvs__now_ns();
+        uint64_t a = time_scatter(l, dev, len, 1, piece, frags);
+        uint64_t b = time_scatter(l, dev, len, NS, piece, frags);
+        if (a == 0 || b == 0)
+            rc = KVS_TRANSFER_FAIL;
+        if (rep > 0 && rc == KVS_OK) {
+            one = KVS_MIN(one, t1 - t0);
+            many = KVS_MIN(many, t2 - t1);
+            s1 = KVS_MIN(s1, a);
+            sn = KVS_MIN(sn, b);
+        }
+    }
+    if (rc == KVS_OK) {
+        cal->call_ns = (double)one;
+        cal->frag_ns = KVS_MAX((double)many - (double)one, 1.0) / N;
+        cal->fill_ns = (double)s1;
+        cal->scatter_ns_per_byte = KVS_MAX((double)sn - (double)s1, 1.0) / (double)len;
+    }
+    if (l != NULL)
+        lane_give(l);
+    kvs__gpu_stream_destroy(gs);
+    cuda_free(domain, dev);
+    kvs__gpu_free_pinned(host);
+    kvs__free(iov);
+    kvs__free(frags);
+    cudaSetDevice(prev);
+    cudaGetLastError();
+    return rc;
+}
+
 const kvs__staging_backend_t kvs__staging_backend_cuda = {
     .name = "cuda",
     .device_memory = true,
@@ -327,6 +409,7 @@ const kvs__staging_backend_t kvs__staging_backend_cuda = {
     .scatter_wait = cuda_scatter_wait,
     .upload = cuda_upload,
     .scatter_pages = cuda_scatter_pages,
+    .calibrate = cuda_calibrate,
 };
 
 #endif

@@ -100,6 +100,34 @@ static int host_scatter_pages(int domain, const void *src, const kvs__pt_plan_t 
     return KVS_OK;
 }
 
+/* The host backend's model: memcpy of 4 MiB (the scatter's rate) and of 256 pieces of 4 KiB
+ * (the per-fragment cost); submissions and fills keep the defaults (nothing host-side to time). */
+static int host_calibrate(int domain, kvs__staging_calib_t *cal)
+{
+    KVS_UNUSED(domain);
+    const size_t len = 4u << 20, piece = 4096, n = 256;
+    char *src = malloc(len), *dst = malloc(4 * len);
+    if (src == NULL || dst == NULL) {
+        free(src);
+        free(dst);
+        return KVS_NO_MEMORY;
+    }
+    memset(src, 1, len);
+    memset(dst, 0, 4 * len);
+    uint64_t t0 = kvs__now_ns();
+    memcpy(dst, src, len);
+    uint64_t t1 = kvs__now_ns();
+    for (size_t i = 0; i < n; i++)
+        memcpy(dst + (i * 7919 % n) * 4 * piece, src + i * piece, piece);
+    uint64_t t2 = kvs__now_ns();
+    double per_byte = (double)KVS_MAX(t1 - t0, 1) / (double)len;
+    cal->scatter_ns_per_byte = per_byte;
+    cal->frag_ns = KVS_MAX((double)(t2 - t1) / (double)n - per_byte * (double)piece, 1.0);
+    free(src);
+    free(dst);
+    return KVS_OK;
+}
+
 const kvs__staging_backend_t kvs__staging_backend_host = {
     .name = "host",
     .device_memory = false,
@@ -110,4 +138,5 @@ const kvs__staging_backend_t kvs__staging_backend_host = {
     .scatter_wait = host_scatter_wait,
     .upload = host_upload,
     .scatter_pages = host_scatter_pages,
+    .calibrate = host_calibrate,
 };

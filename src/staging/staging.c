@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #define DEFAULT_BUFFER_BYTES (256ull << 20)
@@ -48,6 +49,7 @@ struct kvs__staging {
     scratch_t scr[SCR_COUNT_]; /* owned by the call that holds the buffer */
     void *plan_dev;            /* page-table plans, in the buffer's domain (grown as needed) */
     size_t plan_cap;
+    kvs__policy_t *policy; /* MC_STORE_GPU_STAGING=auto */
 };
 
 static const char *const fallback_names[] = {
@@ -65,7 +67,10 @@ int kvs__staging_config_init(kvs__staging_config_t *cfg)
 {
     *cfg = (kvs__staging_config_t){.buffer_bytes = DEFAULT_BUFFER_BYTES};
     int rc = KVS_OK;
-    if (kvs__env_bool("MC_STORE_GPU_STAGING", &cfg->enabled) != KVS_OK)
+    const char *mode = getenv("MC_STORE_GPU_STAGING");
+    if (mode != NULL && strcasecmp(mode, "auto") == 0)
+        cfg->enabled = cfg->adaptive = true;
+    else if (kvs__env_bool("MC_STORE_GPU_STAGING", &cfg->enabled) != KVS_OK)
         rc = KVS_INVALID_PARAMS;
     if (kvs__env_size("MC_STORE_GPU_STAGING_BUFFER_BYTES", &cfg->buffer_bytes) != KVS_OK ||
         cfg->buffer_bytes == 0) {
@@ -105,14 +110,19 @@ int kvs__staging_create(const kvs__staging_config_t *cfg, kvs__staging_t **st_p)
     st->be = cfg->backend != NULL ? &kvs__staging_backend_host : &kvs__staging_backend_none;
 #endif
     st->hooks.fail_receive_key = -1;
+    if (cfg->adaptive && (st->policy = kvs__policy_create()) == NULL) {
+        kvs__free(st);
+        return KVS_NO_MEMORY;
+    }
     pthread_mutex_init(&st->lock, NULL);
     kvs__cond_init(&st->cond);
     if (st->be == &kvs__staging_backend_none)
         kvs_warn("GPU read staging was asked for, but this build has no GPU staging backend: "
                  "reads take the direct path");
     else
-        kvs_info("GPU read staging on: %s backend, %llu-byte buffer (allocated on first use)",
-                 st->be->name, (unsigned long long)cfg->buffer_bytes);
+        kvs_info("GPU read staging %s: %s backend, %llu-byte buffer (allocated on first use)",
+                 cfg->adaptive ? "adaptive (auto)" : "on", st->be->name,
+                 (unsigned long long)cfg->buffer_bytes);
     *st_p = st;
     return KVS_OK;
 }
@@ -127,6 +137,7 @@ void kvs__staging_destroy(kvs__staging_t *st)
         st->be->free(st->buf_domain, st->plan_dev);
     for (int i = 0; i < SCR_COUNT_; i++)
         kvs__free(st->scr[i].p);
+    kvs__policy_destroy(st->policy);
     pthread_mutex_destroy(&st->lock);
     pthread_cond_destroy(&st->cond);
     kvs__free(st);
@@ -135,6 +146,39 @@ void kvs__staging_destroy(kvs__staging_t *st)
 const kvs__staging_stats_t *kvs__staging_stats(const kvs__staging_t *st)
 {
     return &st->st;
+}
+
+kvs__policy_t *kvs__staging_policy(kvs__staging_t *st)
+{
+    return st != NULL ? st->policy : NULL;
+}
+
+uint64_t kvs__staging_fills_for(const kvs__staging_t *st, uint64_t bytes)
+{
+    return (bytes + st->cfg.buffer_bytes - 1) / st->cfg.buffer_bytes;
+}
+
+kvs__read_mode_t kvs__staging_choose(kvs__staging_t *st, int domain, kvs__read_shape_t *sh,
+                                     bool can_stage)
+{
+    int d = st->be->domain_of(domain);
+    can_stage = can_stage && d >= 0 && !st->disabled;
+    if (can_stage && kvs__policy_calibrate_once(st->policy, st->be, d))
+        atomic_fetch_add(&st->st.calibrations, 1);
+    sh->fills = kvs__staging_fills_for(st, sh->bytes);
+    kvs__policy_why_t why;
+    kvs__read_mode_t m = kvs__policy_choose(st->policy, sh, can_stage, &why);
+    atomic_fetch_add(&st->st.auto_calls[m], 1);
+    if (why == KVS_POLICY_EXPLORE)
+        atomic_fetch_add(&st->st.auto_explored, 1);
+    else if (why == KVS_POLICY_MODEL_SLOWER)
+        atomic_fetch_add(&st->st.auto_model_slower, 1);
+    else if (why == KVS_POLICY_MEASURED_SLOWER)
+        atomic_fetch_add(&st->st.auto_measured_slower, 1);
+    kvs_debug("staging: auto mode reads %llu bytes in %llu fragments %s",
+              (unsigned long long)sh->bytes, (unsigned long long)sh->frags,
+              kvs__read_mode_names[m]);
+    return m;
 }
 
 /* ---- the buffer ------------------------------------------------------------------------------ */

@@ -22,7 +22,8 @@
 #define KVS_STAGING_ALIGN 16u
 
 typedef struct {
-    bool enabled;          /* MC_STORE_GPU_STAGING (default off) */
+    bool enabled;          /* MC_STORE_GPU_STAGING (default off): 1 or auto */
+    bool adaptive;         /* MC_STORE_GPU_STAGING=auto: staging_policy.c chooses per call */
     uint64_t buffer_bytes; /* MC_STORE_GPU_STAGING_BUFFER_BYTES (default 256 MiB) */
     uint64_t busy_wait_us; /* MC_STORE_GPU_STAGING_BUSY_WAIT_US (default 0) */
     bool half_fills;       /* MC_STORE_GPU_STAGING_HALF_FILLS (default off): see staging.c */
@@ -57,7 +58,12 @@ typedef struct {
     atomic_uint_fast64_t last_fills;         /* fills of the last staged call */
     atomic_uint_fast64_t plan_overlapped_ns; /* page plans built while the first fill ran */
     atomic_uint_fast64_t transfers;          /* fill transfers (adjacent keys merged) */
+    /* adaptive mode: calls by the mode chosen; why a call that could stage did not */
+    atomic_uint_fast64_t auto_calls[3];
+    atomic_uint_fast64_t auto_model_slower, auto_measured_slower, auto_explored, calibrations;
 } kvs__staging_stats_t;
+
+struct kvs__staging_calib; /* the adaptive mode's model (below) */
 
 /* A memory backend. Domains: the backend's id for a registered buffer's memory (host backend:
  * 0 for host memory; CUDA backend: the device ordinal), or -1 when the memory is not its. */
@@ -86,6 +92,8 @@ typedef struct {
     int (*scatter_pages)(int domain, const void *src, const kvs__pt_plan_t *plan, uint32_t a,
                          uint32_t b, uint64_t first_unit, uint64_t end_unit, bool stall,
                          void **done_p);
+    /* Times the adaptive mode's model parameters in `domain` (staging_policy.c); NULL: none. */
+    int (*calibrate)(int domain, struct kvs__staging_calib *cal_p);
 } kvs__staging_backend_t;
 
 extern const kvs__staging_backend_t kvs__staging_backend_host;
@@ -108,6 +116,63 @@ typedef struct {
 } kvs__staged_key_t;
 
 typedef struct kvs__staging kvs__staging_t;
+
+/* ---- the adaptive mode (staging_policy.c) --------------------------------------------------- */
+
+typedef enum {
+    KVS_READ_DIRECT,
+    KVS_READ_GROUPED,
+    KVS_READ_STAGED,
+    KVS_READ_MODES_
+} kvs__read_mode_t;
+extern const char *const kvs__read_mode_names[KVS_READ_MODES_];
+
+/* What the model knows of a call: its bytes, fragments (pages x regions in page-table form),
+ * keys, owners (distinct endpoints), buffer fills if staged, and whether every key is read over
+ * a transport whose submissions are cheap (KVS_TRANSPORT_CAP_CHEAP_SUBMIT). */
+typedef struct {
+    uint64_t bytes, frags, keys, owners, fills;
+    bool cheap_submit;
+} kvs__read_shape_t;
+
+/* The model's parameters (ns). */
+typedef struct kvs__staging_calib {
+    double frag_ns;             /* per destination fragment of a direct read */
+    double call_ns;             /* per submission (a key in direct mode, an owner in grouped) */
+    double scatter_ns_per_byte; /* the staged scatter */
+    double fill_ns;             /* per staged fill: launch and wait */
+    double plan_ns_per_frag;    /* staged planning per fragment */
+} kvs__staging_calib_t;
+
+typedef enum {
+    KVS_POLICY_BEST,            /* the mode estimated fastest */
+    KVS_POLICY_EXPLORE,         /* a plausible mode this shape has not measured yet */
+    KVS_POLICY_MODEL_SLOWER,    /* not staged: the model predicts staging slower */
+    KVS_POLICY_MEASURED_SLOWER, /* not staged: calls of this shape measured it slower */
+} kvs__policy_why_t;
+
+typedef struct kvs__policy kvs__policy_t;
+kvs__policy_t *kvs__policy_create(void);
+void kvs__policy_destroy(kvs__policy_t *p);
+/* Runs the backend's calibration the first time (under the policy's lock); true when it ran. */
+bool kvs__policy_calibrate_once(kvs__policy_t *p, const kvs__staging_backend_t *be, int domain);
+/* The mode for a call of shape `sh` (staged only when can_stage), and why. */
+kvs__read_mode_t kvs__policy_choose(kvs__policy_t *p, const kvs__read_shape_t *sh, bool can_stage,
+                                    kvs__policy_why_t *why_p);
+/* A finished call of shape `sh` read in mode m took ns. */
+void kvs__policy_observe(kvs__policy_t *p, const kvs__read_shape_t *sh, kvs__read_mode_t m,
+                         uint64_t ns);
+/* Tests: sets the parameters (as if calibrated) and forgets every measurement. */
+void kvs__policy_set_calibration(kvs__policy_t *p, const kvs__staging_calib_t *cal);
+bool kvs__policy_calibration(kvs__policy_t *p, kvs__staging_calib_t *cal_p);
+
+/* The staging object's policy: NULL unless MC_STORE_GPU_STAGING=auto. */
+kvs__policy_t *kvs__staging_policy(kvs__staging_t *st);
+/* Auto mode: calibrates on first use (in `domain`), chooses and counts the call's mode. */
+kvs__read_mode_t kvs__staging_choose(kvs__staging_t *st, int domain, kvs__read_shape_t *sh,
+                                     bool can_stage);
+/* The fills a staged read of `bytes` takes, about (keys are whole in a fill: at least this). */
+uint64_t kvs__staging_fills_for(const kvs__staging_t *st, uint64_t bytes);
 
 /* NULL in *st_p when staging is off. */
 int kvs__staging_create(const kvs__staging_config_t *cfg, kvs__staging_t **st_p);
