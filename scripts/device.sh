@@ -30,6 +30,8 @@
 #                  scatter` of equal pages (descriptors, page table, contiguous), `bench store`
 #                  with page-table staged reads, and bench/pages_torch.py (Python page-table
 #                  read against batch_get_into + index_copy_) over shm and tcp
+#   policy         bench/policy_matrix.py: the adaptive mode (MC_STORE_GPU_STAGING=auto) against
+#                  direct, grouped and staged over page sizes x object sizes x shm and tcp
 # $SCATTER_ARGS adds options to `kvstash bench scatter`.
 # Every suite runs even when an earlier one failed; the exit status says whether all passed.
 set -uo pipefail
@@ -145,6 +147,12 @@ for suite in "$@"; do
             PYTHONPATH=$PWD/build-gpu/python step "pages_torch_$proto" python3 bench/pages_torch.py \
                 --server build-gpu/kvstash-server --protocol "$proto" --markdown "$out/pages_torch.md"
         done
+        ;;
+    policy)
+        # shellcheck disable=SC2086 # POLICY_ARGS is a list of options
+        PYTHONPATH=$PWD/build-gpu/python step policy_matrix python3 bench/policy_matrix.py \
+            --server build-gpu/kvstash-server --markdown "$out/policy.md" --csv "$out/policy.csv" \
+            --plot "$out/policy.png" ${POLICY_ARGS:-}
         ;;
     store)
         # shellcheck disable=SC2086 # STORE_ARGS is a list of options

@@ -1110,6 +1110,118 @@ static void test_staging_adjacent_keys_are_one_transfer(void)
     server_stop(&st.srv);
 }
 
+/* The adaptive policy alone, on synthetic shapes and measurements (no timing): the model picks
+ * staged where per-fragment costs dominate and direct where a fill costs more; a plausible mode
+ * a shape has not measured is tried once; measurements then decide, and a shape measured slower
+ * staged says so. */
+static void test_policy_model_and_measurements(void)
+{
+    kvs__policy_t *p = kvs__policy_create();
+    CHECK(p != NULL);
+    kvs__staging_calib_t cal = {.frag_ns = 1000,
+                                .call_ns = 0,
+                                .scatter_ns_per_byte = 0.001,
+                                .fill_ns = 20000,
+                                .plan_ns_per_frag = 1};
+    kvs__policy_set_calibration(p, &cal);
+    kvs__policy_why_t why;
+    /* 1536 fragments of 8 KiB: direct 1.5 ms of fragment cost, staged ~33 us. */
+    kvs__read_shape_t many = {.bytes = 12u << 20, .frags = 1536, .keys = 1, .owners = 1,
+                              .fills = 1, .cheap_submit = true};
+    CHECK_EQ_INT(kvs__policy_choose(p, &many, true, &why), KVS_READ_STAGED);
+    CHECK_EQ_INT(why, KVS_POLICY_BEST);
+    CHECK(kvs__policy_choose(p, &many, false, &why) != KVS_READ_STAGED); /* cannot stage */
+    /* One 64 KiB fragment: direct 1 us, staged 20 us of fill: not staged, by the model. */
+    kvs__read_shape_t one = {.bytes = 64u << 10, .frags = 1, .keys = 1, .owners = 1, .fills = 1,
+                             .cheap_submit = true};
+    kvs__read_mode_t m = kvs__policy_choose(p, &one, true, &why);
+    CHECK(m == KVS_READ_DIRECT || m == KVS_READ_GROUPED);
+    /* direct and grouped cost the same here: the other one is tried once, as a plausible mode */
+    CHECK(why == KVS_POLICY_MODEL_SLOWER || why == KVS_POLICY_EXPLORE);
+    /* 32 fragments of 64 KiB: direct 32 us, staged 20 us + 2 us: close, so both get measured. */
+    kvs__read_shape_t close = {.bytes = 2u << 20, .frags = 32, .keys = 1, .owners = 1,
+                               .fills = 1, .cheap_submit = false};
+    bool seen[KVS_READ_MODES_] = {false};
+    for (int i = 0; i < 3; i++) {
+        m = kvs__policy_choose(p, &close, true, &why);
+        seen[m] = true;
+        /* staged measures twice as slow as direct and grouped */
+        kvs__policy_observe(p, &close, m, m == KVS_READ_STAGED ? 2000000 : 1000000);
+    }
+    CHECK(seen[KVS_READ_STAGED] && (seen[KVS_READ_DIRECT] || seen[KVS_READ_GROUPED]));
+    m = kvs__policy_choose(p, &close, true, &why);
+    CHECK(m != KVS_READ_STAGED);
+    CHECK_EQ_INT(why, KVS_POLICY_MEASURED_SLOWER);
+    /* Measurements that favour staging turn the shape around. */
+    for (int i = 0; i < 8; i++)
+        kvs__policy_observe(p, &close, KVS_READ_STAGED, 300000);
+    CHECK_EQ_INT(kvs__policy_choose(p, &close, true, &why), KVS_READ_STAGED);
+    kvs__policy_destroy(p);
+}
+
+/* MC_STORE_GPU_STAGING=auto through a client (host backend): the first read calibrates the model
+ * (once); with a model where fragments are dear a many-fragment read stages, with one where a
+ * fill is dear it reads direct and counts why; bytes are exact either way. */
+static void test_staging_auto_mode(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    setenv("MC_STORE_GPU_STAGING", "auto", 1);
+    setenv("MC_STORE_GPU_STAGING_BACKEND", "host", 1);
+    setenv("MC_STORE_GPU_STAGING_BUFFER_BYTES", "1MiB", 1);
+    kvs_client_config_t cfg;
+    CHECK_STATUS(kvs_client_config_init(&cfg), KVS_OK);
+    cfg.master = st.master;
+    kvs_client_t *c = NULL;
+    CHECK_STATUS(kvs_client_open(&cfg, &c), KVS_OK);
+    setenv("MC_STORE_GPU_STAGING", "1", 1);
+    kvs__staging_t *stg = kvs__client_staging(c);
+    CHECK(stg != NULL && kvs__staging_policy(stg) != NULL);
+    const char *keys[2] = {"auto-0", "auto-1"};
+    uint64_t sizes[2] = {200000, 300000};
+    for (int i = 0; i < 2; i++)
+        put_key(c, keys[i], sizes[i]);
+    for (int round = 0; round < 3; round++) {
+        dest_t d;
+        dest_init(c, &d, sizes, 2);
+        kvs_client_stats_t before = stats(c);
+        int64_t res[2];
+        CHECK_STATUS(read_keys(c, &d, keys, 2, res), KVS_OK);
+        for (int i = 0; i < 2; i++) {
+            CHECK_EQ_INT(res[i], (int64_t)sizes[i]);
+            CHECK(key_exact(&d, i, keys[i]));
+        }
+        kvs_client_stats_t after = stats(c);
+        CHECK_EQ_U64(after.auto_calibrations, 1); /* on first use only */
+        uint64_t chosen = (after.auto_direct_calls - before.auto_direct_calls) +
+                          (after.auto_grouped_calls - before.auto_grouped_calls) +
+                          (after.auto_staged_calls - before.auto_staged_calls);
+        CHECK_EQ_U64(chosen, 1);
+        CHECK_EQ_U64(after.staged_reads - before.staged_reads,
+                     after.auto_staged_calls - before.auto_staged_calls);
+        dest_free(c, &d);
+        kvs__staging_calib_t cal;
+        CHECK(kvs__policy_calibration(kvs__staging_policy(stg), &cal));
+        CHECK(cal.frag_ns > 0 && cal.scatter_ns_per_byte > 0);
+        /* Next rounds: fragments dear (round 1), then fills dear (round 2). */
+        kvs__staging_calib_t dear_frags = {1e6, 0, 1e-6, 1, 0};
+        kvs__staging_calib_t dear_fills = {1, 0, 1e-6, 1e9, 0};
+        if (round < 2)
+            kvs__policy_set_calibration(kvs__staging_policy(stg),
+                                        round == 0 ? &dear_frags : &dear_fills);
+        if (round == 1)
+            CHECK_EQ_U64(after.auto_staged_calls - before.auto_staged_calls, 1);
+        if (round == 2) {
+            CHECK_EQ_U64(after.auto_staged_calls - before.auto_staged_calls, 0);
+            CHECK(after.auto_not_staged_model - before.auto_not_staged_model +
+                      (after.auto_explored - before.auto_explored) ==
+                  1);
+        }
+    }
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
@@ -1130,6 +1242,8 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_staging_page_table_reads),
         KVS_TEST_CASE(test_staging_page_table_plan),
         KVS_TEST_CASE(test_staging_adjacent_keys_are_one_transfer),
+        KVS_TEST_CASE(test_policy_model_and_measurements),
+        KVS_TEST_CASE(test_staging_auto_mode),
     };
     return kvs_test_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }
