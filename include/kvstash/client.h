@@ -250,9 +250,10 @@ typedef enum {
  * kvs_client_batch_get_into_multi_buffers with those fragments (the same planner, staging,
  * grouping and results), without a pointer per page from the caller. A key's pages hold
  * npages[i] x (the regions' page_bytes summed) bytes. A page id at or past a region's npages, a
- * region that is not whole in registered memory, or bad arguments: KVS_INVALID_PARAMS for the
- * call, with the reason, before any I/O. Duplicate page ids overlap (unspecified bytes, never
- * staged), as overlapping fragments do. */
+ * region that is not whole in registered memory, regions in different memory domains, or bad
+ * arguments: KVS_INVALID_PARAMS for the call, with the reason, before any I/O. Duplicate page
+ * ids overlap (unspecified bytes, never staged), as overlapping fragments do. Staged reads hand
+ * the page ids to the scatter kernel (no fragment list is built); direct ones expand them. */
 int kvs_client_batch_get_into_pages(kvs_client_t *client, size_t n, const char *const keys[],
                                     const kvs_page_region_t regions[], size_t nregions,
                                     kvs_page_order_t order, const uint32_t page_ids[],
