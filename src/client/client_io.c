@@ -33,6 +33,7 @@ typedef struct {
     const uint32_t *ids;
     const size_t *npages;
     uint64_t *ids_first;
+    bool sliced; /* the page scatter takes the layout (kvs__pt_slices), else fragments are built */
     /* Adaptive mode (MC_STORE_GPU_STAGING=auto): the first round's shape and the mode it took
      * (mode_used < 0: no choice was made), for the policy to learn from once the call is over. */
     kvs__read_shape_t shape;
@@ -784,14 +785,14 @@ static int read_staged(kvs_client_t *c, call_t *k, const read_slot_t *slots, uin
                                     .domain = k->domain[i],
                                     .lease_until_ns = lease_until[i],
                                     .status = KVS_OK};
-        if (k->layout != NULL) {
+        if (k->layout != NULL && k->sliced) {
             sk[s].pages = (kvs__pt_pages_t){k->ids + k->ids_first[i], k->npages[i]};
         } else {
             sk[s].iov = &k->iov[k->first[i]];
             sk[s].iovcnt = k->cnt[i];
         }
     }
-    int rc = kvs__staging_read(c->staging, sk, ns, k->layout, deadline);
+    int rc = kvs__staging_read(c->staging, sk, ns, k->sliced ? k->layout : NULL, deadline);
     if (rc == KVS_OK) {
         for (uint32_t s = 0; s < ns; s++)
             st[s] = sk[s].status;
@@ -1354,6 +1355,7 @@ static int call_init_pages(kvs_client_t *c, const char *op, size_t n, const char
     uint32_t nslices;
     uint64_t row = 0, f = 0, id = 0;
     bool sliced = kvs__pt_slices(L, &nslices, &row) == KVS_OK;
+    k->sliced = sliced;
     if (!sliced)
         for (uint32_t r = 0; r < L->nregions; r++)
             row += L->regions[r].page_bytes;

@@ -411,7 +411,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM)
     const unsigned long long warps = (unsigned long long)gridDim.x * kWarps;
     const unsigned long long chunks = ((u1 - u0 - 1) >> shift) + 1;
 #pragma unroll 1
-    for (unsigned long long c = blockIdx.x * kWarps + threadIdx.x / 32; c < chunks; c += warps) {
+    for (unsigned long long c = (unsigned long long)blockIdx.x * kWarps + threadIdx.x / 32;
+         c < chunks; c += warps) {
         unsigned long long first = u0 + (c << shift), u = first + lane;
         uint64_t dst = 0, off = 0;
         uint32_t len = 1;
@@ -440,7 +441,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSM)
     const unsigned lane = threadIdx.x & 31;
     const unsigned long long warps = (unsigned long long)gridDim.x * kWarps;
 #pragma unroll 1
-    for (unsigned long long u = u0 + blockIdx.x * kWarps + threadIdx.x / 32; u < u1; u += warps) {
+    for (unsigned long long u = u0 + (unsigned long long)blockIdx.x * kWarps + threadIdx.x / 32;
+         u < u1; u += warps) {
         const kvs__pt_key_t *k = &p.keys[kvs__pt_key_of(&p, a, b, u)];
         uint64_t dst, off;
         uint32_t len;
