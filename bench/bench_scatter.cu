@@ -316,7 +316,7 @@ void run_method(ctx_t &c, method_t m, const set_t &s, std::vector<void *> &dsts,
     case M_PAGES_P: {
         uint64_t t0 = kvs__now_ns();
         kvs_page_region_t rg = {c.pool, s.page_bytes, s.page_bytes, c.pool_len / s.page_bytes};
-        kvs__page_layout_t L = {&rg, 1, KVS_PAGE_MAJOR, 0};
+        kvs__page_layout_t L = {&rg, 1, KVS_PAGE_MAJOR, rg.npages - 1};
         uint32_t nslices = 0;
         uint64_t row = 0;
         uint32_t nk = (uint32_t)s.keys.size();
@@ -328,8 +328,11 @@ void run_method(ctx_t &c, method_t m, const set_t &s, std::vector<void *> &dsts,
             std::exit(1);
         }
         kvs__pt_plan_t plan;
-        kvs__pt_plan_build(&L, nslices, row, s.keys.data(), sizeof(kvs__pt_pages_t), nk,
-                           s.key_off.data(), c.h_plan, (uintptr_t)c.d_plan, &plan);
+        if (kvs__pt_plan_build(&L, nslices, row, s.keys.data(), sizeof(kvs__pt_pages_t), nk,
+                               s.key_off.data(), c.h_plan, (uintptr_t)c.d_plan, &plan) != KVS_OK) {
+            std::fprintf(stderr, "bench scatter: the page plan was refused\n");
+            std::exit(1);
+        }
         c.plan_ns = kvs__now_ns() - t0;
         BENCH_CUDA(cudaMemcpyAsync(c.d_plan, c.h_plan, bytes, cudaMemcpyHostToDevice, c.stream));
         uint64_t units = (uint64_t)s.ids.size() * nslices;

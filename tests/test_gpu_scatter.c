@@ -546,10 +546,12 @@ static void test_page_table_kernel(void)
             CHECK(blob && hblob);
             CHECK_CUDA(cudaMalloc((void **)&d_plan, bytes));
             kvs__pt_plan_t plan, hplan;
-            kvs__pt_plan_build(&L, nslices, row, keys, sizeof(*keys), NK, off, blob,
-                               (uintptr_t)d_plan, &plan);
-            kvs__pt_plan_build(&HL, nslices, row, keys, sizeof(*keys), NK, off, hblob,
-                               (uintptr_t)hblob, &hplan);
+            CHECK_STATUS(kvs__pt_plan_build(&L, nslices, row, keys, sizeof(*keys), NK, off, blob,
+                                            (uintptr_t)d_plan, &plan),
+                         KVS_OK);
+            CHECK_STATUS(kvs__pt_plan_build(&HL, nslices, row, keys, sizeof(*keys), NK, off, hblob,
+                                            (uintptr_t)hblob, &hplan),
+                         KVS_OK);
             CHECK_CUDA(cudaMemcpy(d_plan, blob, bytes, cudaMemcpyHostToDevice));
             /* Keys [0, 5) and [6, 12) (key 5 skipped, as a failed receive would be). */
             const uint32_t runs[2][2] = {{0, 5}, {6, NK}};
@@ -585,6 +587,82 @@ static void test_page_table_kernel(void)
     free(h_dev);
 }
 
+/* Many small pages (16,384 units of 512 bytes, region-major over two regions): on a bounded grid
+ * of 8 blocks every warp takes 32-unit chunks, so the chunk mapping and its shuffles run; the
+ * full grid runs a warp per unit. Compared byte for byte with the host copy of the plan. */
+static void test_page_table_kernel_many_small_pages(void)
+{
+    enum { P = 8192, NK = 16, PER = 512 };
+    size_t pool_len = 2 * (size_t)P * 512;
+    uint8_t *h_ref = malloc(pool_len), *h_dev = malloc(pool_len);
+    char *d_pool = NULL, *d_src = NULL, *d_plan = NULL;
+    CHECK(h_ref && h_dev);
+    CHECK_CUDA(cudaMalloc((void **)&d_pool, pool_len));
+    uint32_t *ids = malloc(NK * PER * sizeof(*ids));
+    CHECK(ids != NULL);
+    for (uint32_t i = 0; i < NK * PER; i++)
+        ids[i] = i;
+    for (uint32_t i = NK * PER; i > 1; i--) {
+        uint32_t j = (uint32_t)(kvs_test_rand() % i), t = ids[i - 1];
+        ids[i - 1] = ids[j];
+        ids[j] = t;
+    }
+    const size_t src_len = (size_t)NK * PER * 1024;
+    uint8_t *h_src = malloc(src_len);
+    CHECK(h_src != NULL);
+    for (size_t b = 0; b < src_len; b++)
+        h_src[b] = (uint8_t)(kvs_test_rand() >> 24);
+    CHECK_CUDA(cudaMalloc((void **)&d_src, src_len));
+    CHECK_CUDA(cudaMemcpy(d_src, h_src, src_len, cudaMemcpyHostToDevice));
+    for (uint32_t blocks = 0; blocks <= 8; blocks += 8) {
+        kvs__scatter_t *s = make(blocks);
+        memset(h_ref, GUARD_BYTE, pool_len);
+        CHECK_CUDA(cudaMemset(d_pool, GUARD_BYTE, pool_len));
+        kvs_page_region_t rg[2] = {{d_pool, 512, 512, P}, {d_pool + (size_t)P * 512, 512, 512, P}};
+        kvs_page_region_t hrg[2] = {{h_ref, 512, 512, P}, {h_ref + (size_t)P * 512, 512, 512, P}};
+        kvs__page_layout_t L = {rg, 2, KVS_REGION_MAJOR, P - 1};
+        kvs__page_layout_t HL = {hrg, 2, KVS_REGION_MAJOR, P - 1};
+        uint32_t nslices;
+        uint64_t row, off[NK];
+        CHECK_STATUS(kvs__pt_slices(&L, &nslices, &row), KVS_OK);
+        kvs__pt_pages_t keys[NK];
+        for (int k = 0; k < NK; k++) {
+            keys[k] = (kvs__pt_pages_t){ids + k * PER, PER};
+            off[k] = (uint64_t)k * PER * row;
+        }
+        size_t bytes = kvs__pt_plan_bytes(&L, nslices, keys, sizeof(*keys), NK);
+        void *blob = malloc(bytes), *hblob = malloc(bytes);
+        CHECK(blob && hblob);
+        CHECK_CUDA(cudaMalloc((void **)&d_plan, bytes));
+        kvs__pt_plan_t plan, hplan;
+        CHECK_STATUS(kvs__pt_plan_build(&L, nslices, row, keys, sizeof(*keys), NK, off, blob,
+                                        (uintptr_t)d_plan, &plan),
+                     KVS_OK);
+        CHECK_STATUS(kvs__pt_plan_build(&HL, nslices, row, keys, sizeof(*keys), NK, off, hblob,
+                                        (uintptr_t)hblob, &hplan),
+                     KVS_OK);
+        CHECK_CUDA(cudaMemcpy(d_plan, blob, bytes, cudaMemcpyHostToDevice));
+        CHECK_STATUS(
+            kvs__scatter_pages_launch(s, d_src, &plan, 0, NK, 0, hplan.keys[NK].unit_start, NULL),
+            KVS_OK);
+        kvs__pt_copy_host(h_src, &hplan, 0, NK);
+        CHECK_EQ_U64(hplan.keys[NK].unit_start, (uint64_t)NK * PER * 2);
+        CHECK_CUDA(cudaDeviceSynchronize());
+        CHECK_CUDA(cudaMemcpy(h_dev, d_pool, pool_len, cudaMemcpyDeviceToHost));
+        CHECK_EQ_MEM(h_dev, h_ref, pool_len);
+        CHECK_CUDA(cudaFree(d_plan));
+        free(blob);
+        free(hblob);
+        kvs__scatter_destroy(s);
+    }
+    CHECK_CUDA(cudaFree(d_src));
+    CHECK_CUDA(cudaFree(d_pool));
+    free(h_src);
+    free(ids);
+    free(h_ref);
+    free(h_dev);
+}
+
 int main(int argc, char **argv)
 {
     if (!have_gpu()) {
@@ -603,6 +681,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_skipped_source_ranges),
         KVS_TEST_CASE(test_bad_arguments),
         KVS_TEST_CASE(test_page_table_kernel),
+        KVS_TEST_CASE(test_page_table_kernel_many_small_pages),
     };
     return kvs_test_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }

@@ -198,7 +198,7 @@ static void test_gpu_staging_busy_and_injected_failures(void)
     CHECK_STATUS(kvs__staging_hold(sg, false), KVS_OK);
     uint64_t direct_subs = stats(x).get_submissions;
     /* A failed receive fails its key only; nothing is replayed directly. */
-    kvs__staging_hooks_t h = {.fail_receive_key = 3};
+    kvs__staging_hooks_t h = {.fail_transfer_key = -1, .fail_receive_key = 3};
     kvs__staging_set_hooks(sg, &h);
     fix_layout(x);
     CHECK_STATUS(kvs_client_batch_get_into_multi_buffers(x->c, NK, keys, x->bufs, x->n, false, res),
@@ -234,7 +234,8 @@ static void test_gpu_staging_stalled_scatter_is_aborted_at_the_deadline(void)
     fix_start(x, "shm");
     fix_transfer_ms = 0;
     kvs__staging_t *sg = kvs__client_staging(x->c);
-    kvs__staging_hooks_t h = {.fail_receive_key = -1, .stall_scatter = true};
+    kvs__staging_hooks_t h = {
+        .fail_transfer_key = -1, .fail_receive_key = -1, .stall_scatter = true};
     kvs__staging_set_hooks(sg, &h);
     fix_layout(x);
     int64_t res[NK];

@@ -578,7 +578,7 @@ static void test_staging_injected_receive_failure(void)
         put_key(c, keys[i], sizes[i]);
     dest_t d;
     dest_init(c, &d, sizes, 3);
-    kvs__staging_hooks_t h = {.fail_receive_key = 1};
+    kvs__staging_hooks_t h = {.fail_transfer_key = -1, .fail_receive_key = 1};
     kvs__staging_set_hooks(kvs__client_staging(c), &h);
     int64_t res[3];
     CHECK_STATUS(read_keys(c, &d, keys, 3, res), KVS_OK);
@@ -608,7 +608,8 @@ static void test_staging_injected_scatter_failure(void)
     put_key(c, "f1", sizes[1]);
     dest_t d;
     dest_init(c, &d, sizes, 3);
-    kvs__staging_hooks_t h = {.fail_receive_key = -1, .fail_scatter = true};
+    kvs__staging_hooks_t h = {
+        .fail_transfer_key = -1, .fail_receive_key = -1, .fail_scatter = true};
     kvs__staging_set_hooks(kvs__client_staging(c), &h);
     int64_t res[3];
     CHECK_STATUS(read_keys(c, &d, keys, 3, res), KVS_OK);
@@ -646,7 +647,8 @@ static void test_staging_stalled_scatter_is_aborted_at_the_deadline(void)
         put_key(c, keys[i], sizes[i]);
     dest_t d;
     dest_init(c, &d, sizes, 3);
-    kvs__staging_hooks_t h = {.fail_receive_key = -1, .stall_scatter = true};
+    kvs__staging_hooks_t h = {
+        .fail_transfer_key = -1, .fail_receive_key = -1, .stall_scatter = true};
     kvs__staging_set_hooks(kvs__client_staging(c), &h);
     int64_t res[3];
     uint64_t t0 = kvs__now_ns();
@@ -685,7 +687,7 @@ static void test_staging_alloc_failure_disables_staging(void)
     const char *keys[1] = {"k"};
     dest_t d;
     dest_init(c, &d, sizes, 1);
-    kvs__staging_hooks_t h = {.fail_receive_key = -1, .fail_alloc = true};
+    kvs__staging_hooks_t h = {.fail_transfer_key = -1, .fail_receive_key = -1, .fail_alloc = true};
     kvs__staging_set_hooks(kvs__client_staging(c), &h);
     int64_t r;
     for (int i = 0; i < 3; i++) {
@@ -992,7 +994,7 @@ static void test_staging_page_table_plan(void)
             uint32_t ids[NK * NP];
             for (uint32_t i = 0; i < NK * NP; i++)
                 ids[i] = (i * 5 + (uint32_t)order * 3 + (uint32_t)(fail + 1)) % P;
-            kvs__staging_hooks_t h = {.fail_receive_key = fail};
+            kvs__staging_hooks_t h = {.fail_transfer_key = -1, .fail_receive_key = fail};
             kvs__staging_set_hooks(kvs__client_staging(c), &h);
             memset(pool, GUARD, pool_len);
             kvs_client_stats_t before = stats(c);
@@ -1016,11 +1018,10 @@ static void test_staging_page_table_plan(void)
             CHECK_EQ_U64(after.staging_last_fills, 2);
             /* A failed key in the middle of a fill splits its launch in two. */
             CHECK_EQ_U64(after.scatter_launches - before.scatter_launches, fail < 0 ? 2 : 3);
-            CHECK_EQ_U64(after.staging_device, 0);
             CHECK(after.plan_overlapped_ns > before.plan_overlapped_ns);
         }
     }
-    kvs__staging_hooks_t none = {.fail_receive_key = -1};
+    kvs__staging_hooks_t none = {.fail_transfer_key = -1, .fail_receive_key = -1};
     kvs__staging_set_hooks(kvs__client_staging(c), &none);
     /* V starting 1 KiB into K's 3000-byte pages: the regions share bytes, not staged. */
     kvs_page_region_t bad[3] = {rg[0], {pool + 1024, kv, 8192, P}, rg[2]};
@@ -1106,8 +1107,61 @@ static void test_staging_adjacent_keys_are_one_transfer(void)
             CHECK(transfers < N); /* one put after another: the allocator placed them in order */
         dest_free(c, &d);
     }
+    /* The transfer carrying key 3 fails: every key it carries fails, untouched; the others
+     * land exactly. */
+    dest_t d;
+    dest_init(c, &d, sizes, N);
+    kvs__staging_hooks_t h = {.fail_transfer_key = 3, .fail_receive_key = -1};
+    kvs__staging_set_hooks(kvs__client_staging(c), &h);
+    kvs_client_stats_t before = stats(c);
+    int64_t res[N];
+    CHECK_STATUS(read_keys(c, &d, keys, N, res), KVS_OK);
+    uint64_t transfers = stats(c).staging_transfers - before.staging_transfers, failed = 0;
+    for (int i = 0; i < N; i++) {
+        if (res[i] == KVS_TRANSFER_FAIL) {
+            failed++;
+            CHECK(key_guarded(&d, i));
+        } else {
+            CHECK_EQ_INT(res[i], (int64_t)sizes[i]);
+            CHECK(key_exact(&d, i, keys[i]));
+        }
+    }
+    CHECK_STATUS(res[3], KVS_TRANSFER_FAIL);
+    printf("  %llu transfer(s) for %d keys; the one carrying key 3 failed %llu key(s)\n",
+           (unsigned long long)transfers, N, (unsigned long long)failed);
+    if (transfers == 1)
+        CHECK_EQ_U64(failed, N);
+    dest_free(c, &d);
     kvs_client_close(c);
     server_stop(&st.srv);
+}
+
+/* The plan refuses ids above the call's checked largest (ids changed under a running call), as
+ * does the fragment expansion. */
+static void test_page_ids_rechecked_where_used(void)
+{
+    static uint8_t pool[64 * 16];
+    kvs_page_region_t rg = {pool, 16, 16, 64};
+    kvs__page_layout_t L = {&rg, 1, KVS_PAGE_MAJOR, 5};
+    uint32_t ids[3] = {1, 5, 9}; /* 9: past the checked largest, 5 */
+    kvs__pt_pages_t k = {ids, 3};
+    uint32_t nslices;
+    uint64_t row, off = 0;
+    CHECK_STATUS(kvs__pt_slices(&L, &nslices, &row), KVS_OK);
+    uint64_t blob[64];
+    CHECK(kvs__pt_plan_bytes(&L, nslices, &k, sizeof(k), 1) <= sizeof(blob));
+    kvs__pt_plan_t plan;
+    CHECK_STATUS(
+        kvs__pt_plan_build(&L, nslices, row, &k, sizeof(k), 1, &off, blob, (uintptr_t)blob, &plan),
+        KVS_INVALID_PARAMS);
+    struct iovec iov[3];
+    CHECK(!kvs__pages_fragments(&L, ids, 3, iov));
+    ids[2] = 4;
+    CHECK_STATUS(
+        kvs__pt_plan_build(&L, nslices, row, &k, sizeof(k), 1, &off, blob, (uintptr_t)blob, &plan),
+        KVS_OK);
+    CHECK(kvs__pages_fragments(&L, ids, 3, iov));
+    CHECK(iov[2].iov_base == pool + 4 * 16 && iov[2].iov_len == 16);
 }
 
 /* The adaptive policy alone, on synthetic shapes and measurements (no timing): the model picks
@@ -1126,21 +1180,36 @@ static void test_policy_model_and_measurements(void)
     kvs__policy_set_calibration(p, &cal);
     kvs__policy_why_t why;
     /* 1536 fragments of 8 KiB: direct 1.5 ms of fragment cost, staged ~33 us. */
-    kvs__read_shape_t many = {.bytes = 12u << 20, .frags = 1536, .keys = 1, .owners = 1,
-                              .fills = 1, .cheap_submit = true};
+    kvs__read_shape_t many = {.bytes = 12u << 20,
+                              .frags = 1536,
+                              .keys = 1,
+                              .owners = 1,
+                              .fills = 1,
+                              .cheap_submit = true};
     CHECK_EQ_INT(kvs__policy_choose(p, &many, true, &why), KVS_READ_STAGED);
     CHECK_EQ_INT(why, KVS_POLICY_BEST);
     CHECK(kvs__policy_choose(p, &many, false, &why) != KVS_READ_STAGED); /* cannot stage */
     /* One 64 KiB fragment: direct 1 us, staged 20 us of fill: not staged, by the model. */
-    kvs__read_shape_t one = {.bytes = 64u << 10, .frags = 1, .keys = 1, .owners = 1, .fills = 1,
-                             .cheap_submit = true};
+    kvs__read_shape_t one = {
+        .bytes = 64u << 10, .frags = 1, .keys = 1, .owners = 1, .fills = 1, .cheap_submit = true};
     kvs__read_mode_t m = kvs__policy_choose(p, &one, true, &why);
     CHECK(m == KVS_READ_DIRECT || m == KVS_READ_GROUPED);
     /* direct and grouped cost the same here: the other one is tried once, as a plausible mode */
     CHECK(why == KVS_POLICY_MODEL_SLOWER || why == KVS_POLICY_EXPLORE);
+    /* 26 fragments of 80 KiB: direct 26 us, staged 22 us by the model, within 1.25x: the
+     * first call already tries the unmeasured runner-up. */
+    kvs__read_shape_t near = {.bytes = 26 * (80u << 10),
+                              .frags = 26,
+                              .keys = 1,
+                              .owners = 1,
+                              .fills = 1,
+                              .cheap_submit = true};
+    m = kvs__policy_choose(p, &near, true, &why);
+    CHECK(m != KVS_READ_STAGED);
+    CHECK_EQ_INT(why, KVS_POLICY_EXPLORE);
     /* 32 fragments of 64 KiB: direct 32 us, staged 20 us + 2 us: close, so both get measured. */
-    kvs__read_shape_t close = {.bytes = 2u << 20, .frags = 32, .keys = 1, .owners = 1,
-                               .fills = 1, .cheap_submit = false};
+    kvs__read_shape_t close = {
+        .bytes = 2u << 20, .frags = 32, .keys = 1, .owners = 1, .fills = 1, .cheap_submit = false};
     bool seen[KVS_READ_MODES_] = {false};
     for (int i = 0; i < 3; i++) {
         m = kvs__policy_choose(p, &close, true, &why);
@@ -1193,6 +1262,8 @@ static void test_staging_auto_mode(void)
         }
         kvs_client_stats_t after = stats(c);
         CHECK_EQ_U64(after.auto_calibrations, 1); /* on first use only */
+        /* the policy learned from the call, under the mode it chose */
+        CHECK_EQ_U64(kvs__policy_observations(kvs__staging_policy(stg)), (uint64_t)round + 1);
         uint64_t chosen = (after.auto_direct_calls - before.auto_direct_calls) +
                           (after.auto_grouped_calls - before.auto_grouped_calls) +
                           (after.auto_staged_calls - before.auto_staged_calls);
@@ -1220,6 +1291,9 @@ static void test_staging_auto_mode(void)
     }
     kvs_client_close(c);
     server_stop(&st.srv);
+    unsetenv("MC_STORE_GPU_STAGING");
+    unsetenv("MC_STORE_GPU_STAGING_BACKEND");
+    unsetenv("MC_STORE_GPU_STAGING_BUFFER_BYTES");
 }
 
 int main(int argc, char **argv)
@@ -1242,6 +1316,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_staging_page_table_reads),
         KVS_TEST_CASE(test_staging_page_table_plan),
         KVS_TEST_CASE(test_staging_adjacent_keys_are_one_transfer),
+        KVS_TEST_CASE(test_page_ids_rechecked_where_used),
         KVS_TEST_CASE(test_policy_model_and_measurements),
         KVS_TEST_CASE(test_staging_auto_mode),
     };

@@ -149,8 +149,9 @@ void kvs__client_sweep(kvs_client_t *c, uint64_t deadline_ns);
 int kvs__get_pages(kvs_client_t *c, const char *op, size_t n, const char *const keys[],
                    const kvs__page_layout_t *layout, const uint32_t *ids, const size_t npages[],
                    bool same_node, uint64_t t0, int64_t results[]);
-/* Writes one key's npages x nregions fragments, in the layout's order, to out[]. */
-void kvs__pages_fragments(const kvs__page_layout_t *L, const uint32_t *ids, size_t npages,
+/* Writes one key's npages x nregions fragments, in the layout's order, to out[]; false (nothing
+ * usable) when an id is above layout->max_id (changed since the call checked it). */
+bool kvs__pages_fragments(const kvs__page_layout_t *L, const uint32_t *ids, size_t npages,
                           struct iovec *out);
 
 /* The client's staging state (NULL when off); for tests. */

@@ -1124,10 +1124,11 @@ static int read_submit(kvs_client_t *c, call_t *k, read_t *r, uint32_t ns, bool 
         }
         return KVS_OK;
     }
-    if (mode == KVS_READ_STAGED) /* fell back: the caller's unstaged mode */
+    /* Fell back: the caller's unstaged mode. The adaptive policy still learns the call's time
+     * as the staged choice's (what choosing staged cost), so a shape whose staging keeps falling
+     * back stops being tried until its next re-measurement. */
+    if (mode == KVS_READ_STAGED)
         mode = grouped ? KVS_READ_GROUPED : KVS_READ_DIRECT;
-    if (k->mode_used >= 0)
-        k->mode_used = (int)mode;
     if (k->iov == NULL) { /* page-table form: fragments only now, for the direct read */
         int rc = call_fragments(k);
         if (rc != KVS_OK)
@@ -1293,8 +1294,9 @@ static int call_fragments(call_t *k)
     if (k->iov == NULL)
         return kvs__fail(KVS_NO_MEMORY, "read: out of memory for %zu fragments", total);
     for (size_t i = 0; i < k->n; i++)
-        kvs__pages_fragments(k->layout, k->ids + k->ids_first[i], k->npages[i],
-                             &k->iov[k->first[i]]);
+        if (!kvs__pages_fragments(k->layout, k->ids + k->ids_first[i], k->npages[i],
+                                  &k->iov[k->first[i]]))
+            return kvs__fail(KVS_INVALID_PARAMS, "read: page ids changed during the call");
     return KVS_OK;
 }
 

@@ -64,9 +64,12 @@ static int pages_check(const char *op, size_t n, const kvs_page_region_t regions
     return KVS_OK;
 }
 
-void kvs__pages_fragments(const kvs__page_layout_t *L, const uint32_t *ids, size_t npages,
+bool kvs__pages_fragments(const kvs__page_layout_t *L, const uint32_t *ids, size_t npages,
                           struct iovec *out)
 {
+    for (size_t j = 0; j < npages; j++) /* as checked: the ids may not have changed since */
+        if (ids[j] > L->max_id)
+            return false;
     bool pm = L->order == KVS_PAGE_MAJOR;
     size_t outer = pm ? npages : L->nregions, inner = pm ? L->nregions : npages;
     for (size_t a = 0; a < outer; a++) {
@@ -76,6 +79,7 @@ void kvs__pages_fragments(const kvs__page_layout_t *L, const uint32_t *ids, size
                                     g->page_bytes};
         }
     }
+    return true;
 }
 
 /* Every region whole in one registered buffer (its npages pages, not only those named), so that
@@ -139,7 +143,10 @@ int kvs_client_batch_put_from_pages(kvs_client_t *c, size_t n, const char *const
     } else {
         const uint32_t *ids = page_ids;
         for (size_t i = 0, f = 0; i < n; ids += npages[i++]) {
-            kvs__pages_fragments(&L, ids, npages[i], iov + f);
+            if (!kvs__pages_fragments(&L, ids, npages[i], iov + f)) {
+                r = kvs__fail(KVS_INVALID_PARAMS, "%s: page ids changed during the call", op);
+                goto out;
+            }
             bufs[i] = frags + f;
             nbufs[i] = npages[i] * nregions;
             for (size_t j = 0; j < nbufs[i]; j++, f++)
@@ -147,6 +154,7 @@ int kvs_client_batch_put_from_pages(kvs_client_t *c, size_t n, const char *const
         }
         r = kvs_client_batch_put_from_multi(c, n, keys, bufs, nbufs, rc, results);
     }
+out:
     kvs__free(iov);
     kvs__free(frags);
     kvs__free(bufs);

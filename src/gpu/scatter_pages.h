@@ -127,10 +127,11 @@ int kvs__pt_slices(const kvs__page_layout_t *L, uint32_t *nslices_p, uint64_t *r
 size_t kvs__pt_plan_bytes(const kvs__page_layout_t *L, uint32_t nslices,
                           const kvs__pt_pages_t *keys, size_t stride, uint32_t n);
 /* Writes the plan of the n keys (key i's bytes at off[i] of its fill's source) into `blob`, and
- * in *plan its tables' addresses once the blob is copied to `at_base`. */
-void kvs__pt_plan_build(const kvs__page_layout_t *L, uint32_t nslices, uint64_t row,
-                        const kvs__pt_pages_t *keys, size_t stride, uint32_t n, const uint64_t *off,
-                        void *blob, uintptr_t at_base, kvs__pt_plan_t *plan);
+ * in *plan its tables' addresses once the blob is copied to `at_base`. INVALID_PARAMS (the plan
+ * unusable) when an id is above L->max_id: the ids changed after the call checked them. */
+int kvs__pt_plan_build(const kvs__page_layout_t *L, uint32_t nslices, uint64_t row,
+                       const kvs__pt_pages_t *keys, size_t stride, uint32_t n, const uint64_t *off,
+                       void *blob, uintptr_t at_base, kvs__pt_plan_t *plan);
 /* Copies keys [a, b) of a plan in host memory from src, as the kernel would (host backend). */
 void kvs__pt_copy_host(const void *src, const kvs__pt_plan_t *p, uint32_t a, uint32_t b);
 

@@ -109,7 +109,7 @@ int kvs__staging_create(const kvs__staging_config_t *cfg, kvs__staging_t **st_p)
 #else
     st->be = cfg->backend != NULL ? &kvs__staging_backend_host : &kvs__staging_backend_none;
 #endif
-    st->hooks.fail_receive_key = -1;
+    st->hooks.fail_receive_key = st->hooks.fail_transfer_key = -1;
     if (cfg->adaptive && (st->policy = kvs__policy_create()) == NULL) {
         kvs__free(st);
         return KVS_NO_MEMORY;
@@ -605,9 +605,14 @@ static uint32_t fill_wait(kvs__staging_t *st, call_plan_t *cp, uint32_t a, uint3
     for (uint32_t i = a; i < b; i++)
         cp->keys[i].status = io->rc != KVS_OK ? io->rc : KVS_NO_MEMORY;
     uint32_t submitted = io->rc == KVS_OK ? io->start[io->nt] : 0;
-    for (uint32_t q = 0; q < submitted; q++)
-        for (uint32_t i = io->run[io->back[q]]; i < io->run[io->back[q] + 1]; i++)
-            cp->keys[i].status = io->sub[q].status;
+    for (uint32_t q = 0; q < submitted; q++) {
+        uint32_t r0 = io->run[io->back[q]], r1 = io->run[io->back[q] + 1];
+        int s = io->sub[q].status;
+        if (st->hooks.fail_transfer_key >= r0 && st->hooks.fail_transfer_key < r1)
+            s = KVS_TRANSFER_FAIL;
+        for (uint32_t i = r0; i < r1; i++)
+            cp->keys[i].status = s;
+    }
     atomic_fetch_add(&st->st.fills, 1);
     uint64_t now = kvs__now_ns();
     uint32_t ok = 0;
@@ -703,11 +708,11 @@ static int plan_upload(kvs__staging_t *st, call_plan_t *cp)
     void *blob = scratch(st, SCR_PLAN, bytes);
     if (blob == NULL)
         return KVS_NO_MEMORY;
-    if (bytes > st->plan_cap) {
+    if (bytes > st->plan_cap) { /* doubling: cudaFree synchronises the device, so rarely */
         if (st->plan_dev != NULL)
             st->be->free(st->buf_domain, st->plan_dev);
+        size_t cap = KVS_MAX(KVS_MAX(bytes, 2 * st->plan_cap), (size_t)1 << 20);
         st->plan_cap = 0;
-        size_t cap = KVS_MAX(bytes, (size_t)1 << 20);
         int rc = st->be->alloc(st->buf_domain, cap, &st->plan_dev);
         if (rc != KVS_OK) {
             st->plan_dev = NULL;
@@ -715,8 +720,11 @@ static int plan_upload(kvs__staging_t *st, call_plan_t *cp)
         }
         st->plan_cap = cap;
     }
-    kvs__pt_plan_build(cp->layout, cp->nslices, cp->row, &cp->keys[0].pages, sizeof(*cp->keys),
-                       cp->n, cp->off, blob, (uintptr_t)st->plan_dev, &cp->plan);
+    int brc =
+        kvs__pt_plan_build(cp->layout, cp->nslices, cp->row, &cp->keys[0].pages, sizeof(*cp->keys),
+                           cp->n, cp->off, blob, (uintptr_t)st->plan_dev, &cp->plan);
+    if (brc != KVS_OK)
+        return kvs__fail(brc, "staging: page ids changed while the read ran; its keys fail");
     cp->host_keys = (const kvs__pt_key_t *)((const char *)blob +
                                             ((uintptr_t)cp->plan.keys - (uintptr_t)st->plan_dev));
     int rc = st->be->upload(st->buf_domain, st->plan_dev, blob, bytes);

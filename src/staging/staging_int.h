@@ -162,6 +162,8 @@ kvs__read_mode_t kvs__policy_choose(kvs__policy_t *p, const kvs__read_shape_t *s
 /* A finished call of shape `sh` read in mode m took ns. */
 void kvs__policy_observe(kvs__policy_t *p, const kvs__read_shape_t *sh, kvs__read_mode_t m,
                          uint64_t ns);
+/* Tests: calls observed so far. */
+uint64_t kvs__policy_observations(kvs__policy_t *p);
 /* Tests: sets the parameters (as if calibrated) and forgets every measurement. */
 void kvs__policy_set_calibration(kvs__policy_t *p, const kvs__staging_calib_t *cal);
 bool kvs__policy_calibration(kvs__policy_t *p, kvs__staging_calib_t *cal_p);
@@ -200,10 +202,11 @@ const char *kvs__staging_fallback_name(kvs__fallback_t f);
 /* ---- test hooks (internal interface; tests only) ------------------------------------------ */
 
 typedef struct {
-    int64_t fail_receive_key; /* index among the staged keys whose receive fails, or -1 */
-    bool fail_scatter;        /* the next scatters fail */
-    bool stall_scatter;       /* the next scatters start but never finish: the deadline ends them */
-    bool fail_alloc;          /* the buffer allocation fails */
+    int64_t fail_receive_key;  /* index among the staged keys whose receive fails, or -1 */
+    int64_t fail_transfer_key; /* the fill transfer carrying this key fails (all its keys), or -1 */
+    bool fail_scatter;         /* the next scatters fail */
+    bool stall_scatter; /* the next scatters start but never finish: the deadline ends them */
+    bool fail_alloc;    /* the buffer allocation fails */
 } kvs__staging_hooks_t;
 
 void kvs__staging_set_hooks(kvs__staging_t *st, const kvs__staging_hooks_t *hooks);

@@ -121,9 +121,9 @@ size_t kvs__pt_plan_bytes(const kvs__page_layout_t *L, uint32_t nslices,
     return at;
 }
 
-void kvs__pt_plan_build(const kvs__page_layout_t *L, uint32_t nslices, uint64_t row,
-                        const kvs__pt_pages_t *keys, size_t stride, uint32_t n, const uint64_t *off,
-                        void *blob, uintptr_t at_base, kvs__pt_plan_t *plan)
+int kvs__pt_plan_build(const kvs__page_layout_t *L, uint32_t nslices, uint64_t row,
+                       const kvs__pt_pages_t *keys, size_t stride, uint32_t n, const uint64_t *off,
+                       void *blob, uintptr_t at_base, kvs__pt_plan_t *plan)
 {
     size_t at = 0;
     char *b = blob;
@@ -146,7 +146,15 @@ void kvs__pt_plan_build(const kvs__page_layout_t *L, uint32_t nslices, uint64_t 
     for (uint32_t i = 0; i < n; i++) {
         const kvs__pt_pages_t *k = KEY(i);
         kt[i] = (kvs__pt_key_t){off[i], units, id_at, k->npages};
-        memcpy(ids + id_at, k->ids, (size_t)k->npages * sizeof(*ids));
+        /* Copied with the check the call's validation made (no id above max_id), so that ids
+         * changed under a running call can never reach the kernel as addresses. */
+        uint32_t worst = 0;
+        for (uint64_t j = 0; j < k->npages; j++) {
+            ids[id_at + j] = k->ids[j];
+            worst = KVS_MAX(worst, k->ids[j]);
+        }
+        if (worst > L->max_id)
+            return KVS_INVALID_PARAMS;
         units += k->npages * nslices;
         id_at += k->npages;
     }
@@ -161,6 +169,7 @@ void kvs__pt_plan_build(const kvs__page_layout_t *L, uint32_t nslices, uint64_t 
                              n,
                              L->order == KVS_PAGE_MAJOR ? KVS_PT_PAGE_MAJOR : KVS_PT_REGION_MAJOR,
                              row};
+    return KVS_OK;
 }
 
 void kvs__pt_copy_host(const void *src, const kvs__pt_plan_t *p, uint32_t a, uint32_t b)

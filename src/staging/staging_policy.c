@@ -40,6 +40,7 @@ struct kvs__policy {
     bool calibrated;
     kvs__staging_calib_t cal;
     cell_t cells[2][FRAG_BUCKETS][SIZE_BUCKETS];
+    uint64_t observations;
 };
 
 const char *const kvs__read_mode_names[KVS_READ_MODES_] = {"direct", "grouped", "staged"};
@@ -173,7 +174,16 @@ void kvs__policy_observe(kvs__policy_t *p, const kvs__read_shape_t *sh, kvs__rea
     double v = (double)ns / (double)sh->bytes;
     cl->ns_per_byte[m] = cl->n[m] == 0 ? v : (1 - EWMA) * cl->ns_per_byte[m] + EWMA * v;
     cl->n[m]++;
+    p->observations++;
     pthread_mutex_unlock(&p->lock);
+}
+
+uint64_t kvs__policy_observations(kvs__policy_t *p)
+{
+    pthread_mutex_lock(&p->lock);
+    uint64_t n = p->observations;
+    pthread_mutex_unlock(&p->lock);
+    return n;
 }
 
 bool kvs__policy_calibrate_once(kvs__policy_t *p, const kvs__staging_backend_t *be, int domain)
