@@ -27,26 +27,9 @@ import torch
 
 import kvstash
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-from paged_kv_cache import start_server  # noqa: E402  (the example's server start-up)
+from bench_common import open_store, size, start_server  # noqa: E402
 
 
-def size(text):
-    v = kvstash._kvstash._parse_size(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"not a size: {text}")
-    return v
-
-
-def open_store(master, staged, protocol):
-    os.environ["MC_STORE_GPU_STAGING"] = staged if isinstance(staged, str) else \
-        ("1" if staged else "0")  # read at setup
-    store = kvstash.MooncakeDistributedStore()
-    rc = store.setup("localhost", "", 0, 0, protocol, "", master)
-    os.environ.pop("MC_STORE_GPU_STAGING", None)
-    if rc != 0:
-        raise RuntimeError(f"setup failed: {rc}")
-    return store
 
 
 def timed(fn):
@@ -82,8 +65,8 @@ def main():
         ids = torch.randperm(npages, generator=gen).to(torch.int32).view(a.keys, per)
         ids_cuda = ids.view(-1).to(torch.int64).cuda()
         keys = [f"pages-torch-{os.getpid()}-{i}" for i in range(a.keys)]
-        staged = open_store(master, True, a.protocol)
-        direct = open_store(master, False, a.protocol)
+        staged = open_store(master, "1", a.protocol)
+        direct = open_store(master, "0", a.protocol)
         auto = open_store(master, "auto", a.protocol)
         for s in (staged, direct, auto):
             for t in (pool, contig):

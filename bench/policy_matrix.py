@@ -18,26 +18,17 @@ markdown table (--markdown), a CSV (--csv) and a plot (--plot).
 """
 import argparse
 import csv
-import os
 import statistics
-import sys
 import time
 
 import torch
 
 import kvstash
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-from paged_kv_cache import start_server  # noqa: E402  (the example's server start-up)
+from bench_common import open_store, size, start_server  # noqa: E402
 
 MODES = ["direct", "grouped", "staged", "auto"]
 
-
-def size(text):
-    v = kvstash._kvstash._parse_size(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"not a size: {text}")
-    return v
 
 
 def sizes(text):
@@ -47,15 +38,6 @@ def sizes(text):
 def human(n):
     return f"{n >> 20}M" if n >= 1 << 20 else f"{n >> 10}K"
 
-
-def open_store(master, staging, protocol):
-    os.environ["MC_STORE_GPU_STAGING"] = staging  # read at setup
-    store = kvstash.MooncakeDistributedStore()
-    rc = store.setup("localhost", "", 0, 0, protocol, "", master)
-    os.environ.pop("MC_STORE_GPU_STAGING", None)
-    if rc != 0:
-        raise RuntimeError(f"setup failed: {rc}")
-    return store
 
 
 def run_cell(stores, keys, key_bytes, page_bytes, pool, host_pages, reps, warmup, gen):

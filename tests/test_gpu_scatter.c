@@ -484,6 +484,41 @@ static void test_bad_arguments(void)
     kvs__scatter_destroy(NULL);
 }
 
+/* A plan of `keys` twice: for the device layout L, uploaded (dev, in d_plan), and for its host
+ * mirror HL (host, in hblob), the reference the kernel's result is compared with. */
+typedef struct {
+    kvs__pt_plan_t dev, host;
+    char *d_plan;
+    void *hblob;
+} plans_t;
+
+static void plans_make(const kvs__page_layout_t *L, const kvs__page_layout_t *HL,
+                       const kvs__pt_pages_t *keys, uint32_t n, const uint64_t *off, plans_t *p)
+{
+    uint32_t nslices;
+    uint64_t row;
+    CHECK_STATUS(kvs__pt_slices(L, &nslices, &row), KVS_OK);
+    size_t bytes = kvs__pt_plan_bytes(L, nslices, keys, sizeof(*keys), n);
+    void *blob = malloc(bytes);
+    p->hblob = malloc(bytes);
+    CHECK(blob && p->hblob);
+    CHECK_CUDA(cudaMalloc((void **)&p->d_plan, bytes));
+    CHECK_STATUS(kvs__pt_plan_build(L, nslices, row, keys, sizeof(*keys), n, off, blob,
+                                    (uintptr_t)p->d_plan, &p->dev),
+                 KVS_OK);
+    CHECK_STATUS(kvs__pt_plan_build(HL, nslices, row, keys, sizeof(*keys), n, off, p->hblob,
+                                    (uintptr_t)p->hblob, &p->host),
+                 KVS_OK);
+    CHECK_CUDA(cudaMemcpy(p->d_plan, blob, bytes, cudaMemcpyHostToDevice));
+    free(blob);
+}
+
+static void plans_free(plans_t *p)
+{
+    CHECK_CUDA(cudaFree(p->d_plan));
+    free(p->hblob);
+}
+
 /* The page-table kernel against the host backend's copy of the same plan (the mapping both run
  * is shared, so this checks the kernel's chunking, shuffles and copies): K/V halves interleaved
  * at one stride, an odd 80 KiB + 5 region (two slices), an odd base; keys of 1..9 pages at odd
@@ -496,7 +531,7 @@ static void test_page_table_kernel(void)
     size_t pool_len = P * 8192 + P * (96u << 10) + 64;
     uint8_t *h_pool = malloc(pool_len), *h_ref = malloc(pool_len), *h_dev = malloc(pool_len);
     CHECK(h_pool && h_ref && h_dev);
-    char *d_pool = NULL, *d_src = NULL, *d_plan = NULL;
+    char *d_pool = NULL, *d_src = NULL;
     CHECK_CUDA(cudaMalloc((void **)&d_pool, pool_len));
     for (int order = KVS_PAGE_MAJOR; order <= KVS_REGION_MAJOR; order++) {
         for (uint32_t blocks = 0; blocks <= 8; blocks += 8) {
@@ -541,42 +576,30 @@ static void test_page_table_kernel(void)
                 h_src[b] = (uint8_t)(kvs_test_rand() >> 24);
             CHECK_CUDA(cudaMalloc((void **)&d_src, pos));
             CHECK_CUDA(cudaMemcpy(d_src, h_src, pos, cudaMemcpyHostToDevice));
-            size_t bytes = kvs__pt_plan_bytes(&L, nslices, keys, sizeof(*keys), NK);
-            void *blob = malloc(bytes), *hblob = malloc(bytes);
-            CHECK(blob && hblob);
-            CHECK_CUDA(cudaMalloc((void **)&d_plan, bytes));
-            kvs__pt_plan_t plan, hplan;
-            CHECK_STATUS(kvs__pt_plan_build(&L, nslices, row, keys, sizeof(*keys), NK, off, blob,
-                                            (uintptr_t)d_plan, &plan),
-                         KVS_OK);
-            CHECK_STATUS(kvs__pt_plan_build(&HL, nslices, row, keys, sizeof(*keys), NK, off, hblob,
-                                            (uintptr_t)hblob, &hplan),
-                         KVS_OK);
-            CHECK_CUDA(cudaMemcpy(d_plan, blob, bytes, cudaMemcpyHostToDevice));
+            plans_t pl;
+            plans_make(&L, &HL, keys, NK, off, &pl);
             /* Keys [0, 5) and [6, 12) (key 5 skipped, as a failed receive would be). */
             const uint32_t runs[2][2] = {{0, 5}, {6, NK}};
             for (int r = 0; r < 2; r++) {
                 uint32_t a = runs[r][0], b = runs[r][1];
-                CHECK_STATUS(kvs__scatter_pages_launch(s, d_src, &plan, a, b,
-                                                       hplan.keys[a].unit_start,
-                                                       hplan.keys[b].unit_start, NULL),
+                CHECK_STATUS(kvs__scatter_pages_launch(s, d_src, &pl.dev, a, b,
+                                                       pl.host.keys[a].unit_start,
+                                                       pl.host.keys[b].unit_start, NULL),
                              KVS_OK);
-                kvs__pt_copy_host(h_src, &hplan, a, b);
+                kvs__pt_copy_host(h_src, &pl.host, a, b);
             }
             CHECK_CUDA(cudaDeviceSynchronize());
             CHECK_CUDA(cudaMemcpy(h_dev, d_pool, pool_len, cudaMemcpyDeviceToHost));
             CHECK_EQ_MEM(h_dev, h_ref, pool_len);
             /* Bad arguments are refused: an empty or reversed key range, no plan. */
-            CHECK_STATUS(kvs__scatter_pages_launch(s, d_src, &plan, 3, 3, 0, 1, NULL),
+            CHECK_STATUS(kvs__scatter_pages_launch(s, d_src, &pl.dev, 3, 3, 0, 1, NULL),
                          KVS_INVALID_PARAMS);
-            CHECK_STATUS(kvs__scatter_pages_launch(s, d_src, &plan, 0, NK + 1, 0, 1, NULL),
+            CHECK_STATUS(kvs__scatter_pages_launch(s, d_src, &pl.dev, 0, NK + 1, 0, 1, NULL),
                          KVS_INVALID_PARAMS);
             CHECK_STATUS(kvs__scatter_pages_launch(s, d_src, NULL, 0, 1, 0, 1, NULL),
                          KVS_INVALID_PARAMS);
-            CHECK_CUDA(cudaFree(d_plan));
+            plans_free(&pl);
             CHECK_CUDA(cudaFree(d_src));
-            free(blob);
-            free(hblob);
             free(h_src);
             kvs__scatter_destroy(s);
         }
@@ -595,7 +618,7 @@ static void test_page_table_kernel_many_small_pages(void)
     enum { P = 8192, NK = 16, PER = 512 };
     size_t pool_len = 2 * (size_t)P * 512;
     uint8_t *h_ref = malloc(pool_len), *h_dev = malloc(pool_len);
-    char *d_pool = NULL, *d_src = NULL, *d_plan = NULL;
+    char *d_pool = NULL, *d_src = NULL;
     CHECK(h_ref && h_dev);
     CHECK_CUDA(cudaMalloc((void **)&d_pool, pool_len));
     uint32_t *ids = malloc(NK * PER * sizeof(*ids));
@@ -630,29 +653,17 @@ static void test_page_table_kernel_many_small_pages(void)
             keys[k] = (kvs__pt_pages_t){ids + k * PER, PER};
             off[k] = (uint64_t)k * PER * row;
         }
-        size_t bytes = kvs__pt_plan_bytes(&L, nslices, keys, sizeof(*keys), NK);
-        void *blob = malloc(bytes), *hblob = malloc(bytes);
-        CHECK(blob && hblob);
-        CHECK_CUDA(cudaMalloc((void **)&d_plan, bytes));
-        kvs__pt_plan_t plan, hplan;
-        CHECK_STATUS(kvs__pt_plan_build(&L, nslices, row, keys, sizeof(*keys), NK, off, blob,
-                                        (uintptr_t)d_plan, &plan),
+        plans_t pl;
+        plans_make(&L, &HL, keys, NK, off, &pl);
+        CHECK_STATUS(kvs__scatter_pages_launch(s, d_src, &pl.dev, 0, NK, 0,
+                                               pl.host.keys[NK].unit_start, NULL),
                      KVS_OK);
-        CHECK_STATUS(kvs__pt_plan_build(&HL, nslices, row, keys, sizeof(*keys), NK, off, hblob,
-                                        (uintptr_t)hblob, &hplan),
-                     KVS_OK);
-        CHECK_CUDA(cudaMemcpy(d_plan, blob, bytes, cudaMemcpyHostToDevice));
-        CHECK_STATUS(
-            kvs__scatter_pages_launch(s, d_src, &plan, 0, NK, 0, hplan.keys[NK].unit_start, NULL),
-            KVS_OK);
-        kvs__pt_copy_host(h_src, &hplan, 0, NK);
-        CHECK_EQ_U64(hplan.keys[NK].unit_start, (uint64_t)NK * PER * 2);
+        kvs__pt_copy_host(h_src, &pl.host, 0, NK);
+        CHECK_EQ_U64(pl.host.keys[NK].unit_start, (uint64_t)NK * PER * 2);
         CHECK_CUDA(cudaDeviceSynchronize());
         CHECK_CUDA(cudaMemcpy(h_dev, d_pool, pool_len, cudaMemcpyDeviceToHost));
         CHECK_EQ_MEM(h_dev, h_ref, pool_len);
-        CHECK_CUDA(cudaFree(d_plan));
-        free(blob);
-        free(hblob);
+        plans_free(&pl);
         kvs__scatter_destroy(s);
     }
     CHECK_CUDA(cudaFree(d_src));
