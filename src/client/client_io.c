@@ -266,42 +266,20 @@ static int route_for(kvs_client_t *c, routes_t *rs, const kvs__seg_info_t *s, ui
 static void submit_by_transport(kvs_client_t *c, kvs_xfer_req_t *reqs, kvs_transport_t **ts,
                                 uint32_t n, uint64_t deadline)
 {
-    kvs_transport_t *order[2] = {c->tcp, c->shm};
-    kvs_xfer_req_t *tmp = kvs__malloc(KVS_MAX(n, 1) * sizeof(*tmp));
-    uint32_t *back = kvs__malloc(KVS_MAX(n, 1) * sizeof(*back));
-    if (tmp == NULL || back == NULL) {
-        for (uint32_t i = 0; i < n; i++)
-            reqs[i].status = KVS_NO_MEMORY;
-        kvs__free(tmp);
-        kvs__free(back);
-        return;
-    }
-    kvs_batch_t *batch[2] = {NULL, NULL};
-    uint32_t start[3] = {0, 0, 0};
-    for (int k = 0; k < 2; k++) {
-        start[k + 1] = start[k];
-        for (uint32_t i = 0; order[k] != NULL && i < n; i++) {
-            if (ts[i] == order[k]) {
-                back[start[k + 1]] = i;
-                tmp[start[k + 1]++] = reqs[i];
-            }
-        }
-        uint32_t m = start[k + 1] - start[k];
-        if (m > 0 &&
-            order[k]->ops->submit(order[k], &tmp[start[k]], m, deadline, &batch[k]) != KVS_OK) {
-            batch[k] = NULL;
-            for (uint32_t q = start[k]; q < start[k + 1]; q++)
-                tmp[q].status = KVS_NO_MEMORY;
-        }
-    }
-    for (int k = 0; k < 2; k++) {
-        if (batch[k] != NULL)
-            order[k]->ops->wait(order[k], batch[k], deadline);
-    }
-    for (uint32_t q = 0; q < start[2]; q++)
-        reqs[back[q]].status = tmp[q].status;
-    kvs__free(tmp);
-    kvs__free(back);
+    KVS_UNUSED(c);
+    kvs__xfer_group_t g = {.sub = kvs__malloc(KVS_MAX(n, 1) * sizeof(*g.sub)),
+                           .back = kvs__malloc(KVS_MAX(n, 1) * sizeof(*g.back)),
+                           .tk = kvs__malloc(KVS_MAX(n, 1))};
+    int rc = g.sub != NULL && g.back != NULL && g.tk != NULL ? KVS_OK : KVS_NO_MEMORY;
+    if (rc == KVS_OK)
+        rc = kvs__xfer_group_submit(&g, reqs, ts, n, deadline);
+    if (rc == KVS_OK)
+        kvs__xfer_group_wait(&g, reqs, deadline);
+    for (uint32_t i = 0; rc != KVS_OK && i < n; i++)
+        reqs[i].status = rc == KVS_UNSUPPORTED ? KVS_TRANSFER_FAIL : rc;
+    kvs__free(g.sub);
+    kvs__free(g.back);
+    kvs__free(g.tk);
 }
 
 /* ---- puts ------------------------------------------------------------------------------------ */

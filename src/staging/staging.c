@@ -26,6 +26,7 @@ enum {
     SCR_FRAGS,
     SCR_BACK,
     SCR_RUNS,
+    SCR_TS,
     SCR_PLAN,
     SCR_COUNT_
 };
@@ -432,18 +433,11 @@ typedef struct {
     uint32_t a, b, keys;
 } pending_t;
 
-/* Transports one fill's keys may use (one submission each, all in flight together). */
-#define FILL_MAX_TRANSPORTS 8u
-
-/* A fill's transfers: its requests grouped by transport, sub[start[k] .. start[k + 1]) on t[k];
- * back[] maps them to transfers, transfer r carrying keys [run[r], run[r + 1]). */
+/* A fill's transfers: transfer r carries keys [run[r], run[r + 1]), one batch per transport. */
 typedef struct {
-    uint32_t nt;
-    kvs_transport_t *t[FILL_MAX_TRANSPORTS];
-    kvs_batch_t *batch[FILL_MAX_TRANSPORTS];
-    uint32_t start[FILL_MAX_TRANSPORTS + 1];
-    kvs_xfer_req_t *sub;
-    uint32_t *back;
+    kvs__xfer_group_t g;
+    kvs_xfer_req_t *reqs;
+    kvs_transport_t **ts;
     uint32_t *run, nruns;
     int rc; /* the whole fill's failure (no memory, too many transports), else OK */
 } fill_io_t;
@@ -486,45 +480,6 @@ static void fill_finish(kvs__staging_t *st, kvs__staged_key_t *keys, pending_t *
     }
 }
 
-/* Index of transport t in io->t[], adding it; -1 past FILL_MAX_TRANSPORTS. */
-static int fill_transport(fill_io_t *io, kvs_transport_t *t)
-{
-    for (uint32_t k = 0; k < io->nt; k++)
-        if (io->t[k] == t)
-            return (int)k;
-    if (io->nt == FILL_MAX_TRANSPORTS)
-        return -1;
-    io->t[io->nt] = t;
-    return (int)io->nt++;
-}
-
-/* Groups the fill's transfers by transport (stable, so each submission keeps call order):
- * transfer r carries keys [run[r], run[r + 1]). */
-static int fill_group(fill_io_t *io, const kvs__staged_key_t *keys, const uint32_t *run,
-                      uint32_t nr, const kvs_xfer_req_t *reqs, uint8_t *tk)
-{
-    uint32_t count[FILL_MAX_TRANSPORTS] = {0};
-    for (uint32_t r = 0; r < nr; r++) {
-        int k = fill_transport(io, keys[run[r]].t);
-        if (k < 0)
-            return kvs__fail(KVS_UNSUPPORTED, "staging: a fill reads over more than %u transports",
-                             FILL_MAX_TRANSPORTS);
-        tk[r] = (uint8_t)k;
-        count[k]++;
-    }
-    io->start[0] = 0;
-    for (uint32_t k = 0; k < io->nt; k++)
-        io->start[k + 1] = io->start[k] + count[k];
-    uint32_t pos[FILL_MAX_TRANSPORTS];
-    memcpy(pos, io->start, sizeof(pos));
-    for (uint32_t r = 0; r < nr; r++) {
-        uint32_t q = pos[tk[r]]++;
-        io->sub[q] = reqs[r];
-        io->back[q] = r;
-    }
-    return KVS_OK;
-}
-
 /* Whether key i continues key i - 1's transfer of `len` bytes: the same owner and segment, the
  * next bytes of it, and the next bytes of the buffer (objects put in one call usually lie so). */
 static bool continues(const call_plan_t *cp, uint32_t i, uint64_t len)
@@ -543,15 +498,18 @@ static void fill_submit(kvs__staging_t *st, const call_plan_t *cp, uint32_t a, u
 {
     *io = (fill_io_t){.rc = KVS_OK};
     uint32_t nk = b - a;
-    kvs_xfer_req_t *reqs = scratch(st, SCR_REQS, nk * sizeof(*reqs));
+    kvs_xfer_req_t *reqs = io->reqs = scratch(st, SCR_REQS, nk * sizeof(*reqs));
     struct iovec *bufv = scratch(st, SCR_BUFV, nk * sizeof(*bufv));
-    io->sub = scratch(st, SCR_SUB, nk * sizeof(*io->sub));
-    io->back = scratch(st, SCR_BACK, nk * (sizeof(*io->back) + 1));
+    io->ts = scratch(st, SCR_TS, nk * sizeof(*io->ts));
+    io->g.sub = scratch(st, SCR_SUB, nk * sizeof(*io->g.sub));
+    io->g.back = scratch(st, SCR_BACK, nk * (sizeof(*io->g.back) + 1));
     io->run = scratch(st, SCR_RUNS, (nk + 1) * sizeof(*io->run));
-    if (reqs == NULL || bufv == NULL || io->sub == NULL || io->back == NULL || io->run == NULL) {
+    if (reqs == NULL || bufv == NULL || io->ts == NULL || io->g.sub == NULL || io->g.back == NULL ||
+        io->run == NULL) {
         io->rc = KVS_NO_MEMORY;
         return;
     }
+    io->g.tk = (uint8_t *)(io->g.back + nk);
     char *buf = (char *)st->buf + base;
     uint32_t nr = 0;
     for (uint32_t i = a; i < b; i++) {
@@ -562,6 +520,7 @@ static void fill_submit(kvs__staging_t *st, const call_plan_t *cp, uint32_t a, u
             continue;
         }
         io->run[nr] = i;
+        io->ts[nr] = k->t;
         bufv[nr] = (struct iovec){buf + cp->off[i], (size_t)k->size};
         reqs[nr] =
             (kvs_xfer_req_t){.op = KVS_XFER_READ,
@@ -582,16 +541,7 @@ static void fill_submit(kvs__staging_t *st, const call_plan_t *cp, uint32_t a, u
         return;
     }
     atomic_fetch_add(&st->st.transfers, nr);
-    io->rc = fill_group(io, cp->keys, io->run, nr, reqs, (uint8_t *)(io->back + nk));
-    for (uint32_t k = 0; k < io->nt && io->rc == KVS_OK; k++) {
-        uint32_t m = io->start[k + 1] - io->start[k];
-        if (io->t[k]->ops->submit(io->t[k], io->sub + io->start[k], m, cp->deadline_ns,
-                                  &io->batch[k]) != KVS_OK) {
-            io->batch[k] = NULL;
-            for (uint32_t q = io->start[k]; q < io->start[k + 1]; q++)
-                io->sub[q].status = KVS_NO_MEMORY;
-        }
-    }
+    io->rc = kvs__xfer_group_submit(&io->g, reqs, io->ts, nr, cp->deadline_ns);
 }
 
 /* Waits for the fill's transfers (each wait cancels at the deadline) and sets its keys' status:
@@ -599,19 +549,18 @@ static void fill_submit(kvs__staging_t *st, const call_plan_t *cp, uint32_t a, u
 static uint32_t fill_wait(kvs__staging_t *st, call_plan_t *cp, uint32_t a, uint32_t b,
                           fill_io_t *io)
 {
-    for (uint32_t k = 0; k < io->nt; k++)
-        if (io->batch[k] != NULL)
-            io->t[k]->ops->wait(io->t[k], io->batch[k], cp->deadline_ns);
     for (uint32_t i = a; i < b; i++)
         cp->keys[i].status = io->rc != KVS_OK ? io->rc : KVS_NO_MEMORY;
-    uint32_t submitted = io->rc == KVS_OK ? io->start[io->nt] : 0;
-    for (uint32_t q = 0; q < submitted; q++) {
-        uint32_t r0 = io->run[io->back[q]], r1 = io->run[io->back[q] + 1];
-        int s = io->sub[q].status;
-        if (st->hooks.fail_transfer_key >= r0 && st->hooks.fail_transfer_key < r1)
-            s = KVS_TRANSFER_FAIL;
-        for (uint32_t i = r0; i < r1; i++)
-            cp->keys[i].status = s;
+    if (io->rc == KVS_OK) {
+        kvs__xfer_group_wait(&io->g, io->reqs, cp->deadline_ns);
+        for (uint32_t r = 0; r < io->nruns; r++) {
+            int s = io->reqs[r].status;
+            if (st->hooks.fail_transfer_key >= io->run[r] &&
+                st->hooks.fail_transfer_key < io->run[r + 1])
+                s = KVS_TRANSFER_FAIL;
+            for (uint32_t i = io->run[r]; i < io->run[r + 1]; i++)
+                cp->keys[i].status = s;
+        }
     }
     atomic_fetch_add(&st->st.fills, 1);
     uint64_t now = kvs__now_ns();

@@ -93,4 +93,27 @@ struct kvs_transport {
 /* Sum of iov lengths, or UINT64_MAX on overflow. */
 uint64_t kvs__iov_total(const struct iovec *iov, uint32_t iovcnt);
 
+/* One batch per transport for requests that go over several: the requests grouped (stably)
+ * by transport, submitted together, waited for together. The caller provides the working
+ * arrays (sub and back of n entries, tk of n bytes). */
+#define KVS_XFER_MAX_TRANSPORTS 8u
+typedef struct {
+    kvs_xfer_req_t *sub; /* the requests, grouped: sub[start[k] .. start[k + 1]) on t[k] */
+    uint32_t *back;      /* sub[q] is request back[q] */
+    uint8_t *tk;         /* request r's transport index */
+    uint32_t nt;
+    kvs_transport_t *t[KVS_XFER_MAX_TRANSPORTS];
+    kvs_batch_t *batch[KVS_XFER_MAX_TRANSPORTS];
+    uint32_t start[KVS_XFER_MAX_TRANSPORTS + 1];
+} kvs__xfer_group_t;
+
+/* Groups reqs[0..n) (request r on ts[r]) and submits one batch per transport. UNSUPPORTED, with
+ * nothing submitted, past KVS_XFER_MAX_TRANSPORTS transports; a submission that fails marks its
+ * requests NO_MEMORY. */
+int kvs__xfer_group_submit(kvs__xfer_group_t *g, const kvs_xfer_req_t *reqs,
+                           kvs_transport_t *const *ts, uint32_t n, uint64_t deadline_ns);
+/* Waits for every batch (each cancels at the deadline) and copies the statuses back into
+ * reqs[]. */
+void kvs__xfer_group_wait(kvs__xfer_group_t *g, kvs_xfer_req_t *reqs, uint64_t deadline_ns);
+
 #endif
