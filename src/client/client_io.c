@@ -394,121 +394,146 @@ static kvs__str_t put_item_group(const kvs_replicate_config_t *rc_, size_t i)
     return kvs__str_c(rc_->group_ids[rc_->ngroup_ids == 1 ? 0 : i]);
 }
 
-static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc_)
-{
-    kvs__str_t pref[KVS_MAX_REPLICAS];
-    kvs__put_start_req_t ps;
-    int prc = put_start_init(c, "put", rc_, k->upsert, k->n, pref, &ps);
-    if (prc != KVS_OK)
-        return prc;
-    kvs__str_t *ks = NULL;
-    size_t *map = NULL;
-    uint32_t m = 0;
-    int rc = usable_keys(k, &ks, &map, &m);
-    kvs__put_item_t *items = m ? kvs__malloc(m * sizeof(*items)) : NULL;
-    kvs_xfer_req_t *reqs = NULL;
-    kvs_transport_t **req_t = NULL;
-    size_t *req_key = NULL, *done = NULL;
-    kvs__put_token_t *done_tok = NULL;
-    routes_t routes = {0};
-    kvs__arena_t arena;
-    kvs__arena_init(&arena);
-    if (rc != KVS_OK || (m && items == NULL)) {
-        rc = kvs__fail(KVS_NO_MEMORY, "put: out of memory");
-        goto out;
-    }
-    if (m == 0)
-        goto out;
-    for (uint32_t j = 0; j < m; j++)
-        items[j] = (kvs__put_item_t){
-            .key = ks[j], .size = k->total[map[j]], .group = put_item_group(rc_, map[j])};
-    ps.nitems = m;
-    ps.items = items;
+/* One put call's working state, from PUT_START to the last end or revoke. */
+typedef struct {
+    kvs__str_t *ks; /* usable keys, as wire strings; entry j is call key map[j] */
+    size_t *map;
+    uint32_t m;
+    kvs__put_item_t *items;
     kvs__placement_rsp_t pr;
-    rc = kvs__client_put_start(c, &ps, &arena, &pr, k->deadline);
-    if (rc != KVS_OK) {
-        rc = kvs__fail(rc, "put: the master refused the batch: %s", kvs_status_str(rc));
-        goto out;
-    }
+    kvs__arena_t arena;
+    kvs_xfer_req_t *reqs; /* one write per replica */
+    kvs_transport_t **req_t;
+    size_t *req_key, *done;
+    kvs__put_token_t *done_tok;
+    routes_t routes;
+} put_t;
+
+static void put_free(put_t *p)
+{
+    routes_free(&p->routes);
+    kvs__arena_free(&p->arena);
+    kvs__free(p->done);
+    kvs__free(p->done_tok);
+    kvs__free(p->req_key);
+    kvs__free(p->req_t);
+    kvs__free(p->reqs);
+    kvs__free(p->items);
+    kvs__free(p->ks);
+    kvs__free(p->map);
+}
+
+/* PUT_START for every usable key: the master's placement of each. */
+static int put_place(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc_,
+                     kvs__put_start_req_t *ps, put_t *p)
+{
+    p->items = kvs__malloc(p->m * sizeof(*p->items));
+    if (p->items == NULL)
+        return kvs__fail(KVS_NO_MEMORY, "put: out of memory");
+    for (uint32_t j = 0; j < p->m; j++)
+        p->items[j] = (kvs__put_item_t){
+            .key = p->ks[j], .size = k->total[p->map[j]], .group = put_item_group(rc_, p->map[j])};
+    ps->nitems = p->m;
+    ps->items = p->items;
+    int rc = kvs__client_put_start(c, ps, &p->arena, &p->pr, k->deadline);
+    if (rc != KVS_OK)
+        return kvs__fail(rc, "put: the master refused the batch: %s", kvs_status_str(rc));
     uint32_t nreq = 0;
-    for (uint32_t j = 0; j < m; j++)
-        nreq += pr.objs[j].status == KVS_OK ? pr.objs[j].nreps : 0;
-    reqs = kvs__calloc(KVS_MAX(nreq, 1), sizeof(*reqs));
-    req_t = kvs__malloc(KVS_MAX(nreq, 1) * sizeof(*req_t));
-    req_key = kvs__malloc(KVS_MAX(nreq, 1) * sizeof(*req_key));
-    done = kvs__malloc(m * sizeof(*done));
-    done_tok = kvs__malloc(m * sizeof(*done_tok));
-    if (reqs == NULL || req_t == NULL || req_key == NULL || done == NULL || done_tok == NULL) {
-        rc = kvs__fail(KVS_NO_MEMORY, "put: out of memory");
-        /* The placements stay pending until the master discards them. */
-        goto out;
-    }
+    for (uint32_t j = 0; j < p->m; j++)
+        nreq += p->pr.objs[j].status == KVS_OK ? p->pr.objs[j].nreps : 0;
+    p->reqs = kvs__calloc(KVS_MAX(nreq, 1), sizeof(*p->reqs));
+    p->req_t = kvs__malloc(KVS_MAX(nreq, 1) * sizeof(*p->req_t));
+    p->req_key = kvs__malloc(KVS_MAX(nreq, 1) * sizeof(*p->req_key));
+    p->done = kvs__malloc(p->m * sizeof(*p->done));
+    p->done_tok = kvs__malloc(p->m * sizeof(*p->done_tok));
+    if (p->reqs == NULL || p->req_t == NULL || p->req_key == NULL || p->done == NULL ||
+        p->done_tok == NULL) /* the placements stay pending until the master discards them */
+        return kvs__fail(KVS_NO_MEMORY, "put: out of memory");
+    return KVS_OK;
+}
+
+/* One write per replica of every placed key, each on its route; returns the writes. A key whose
+ * replica has no route fails. */
+static uint32_t put_route(kvs_client_t *c, call_t *k, put_t *p)
+{
     uint32_t r = 0;
-    for (uint32_t j = 0; j < m; j++) {
-        const kvs__obj_desc_t *d = &pr.objs[j];
-        size_t i = map[j];
+    for (uint32_t j = 0; j < p->m; j++) {
+        const kvs__obj_desc_t *d = &p->pr.objs[j];
+        size_t i = p->map[j];
         if (d->status != KVS_OK) {
             k->res[i] = d->status;
             continue;
         }
         for (uint32_t q = 0; q < d->nreps; q++) {
             kvs_endpoint_t *ep = NULL;
-            int erc = route_for(c, &routes, seg_find(&pr, d->reps[q].segment_id), k->deadline,
-                                &req_t[r], &ep);
+            int erc = route_for(c, &p->routes, seg_find(&p->pr, d->reps[q].segment_id), k->deadline,
+                                &p->req_t[r], &ep);
             if (erc != KVS_OK) {
                 k->res[i] = erc;
                 continue;
             }
-            reqs[r] = (kvs_xfer_req_t){.op = KVS_XFER_WRITE,
-                                       .ep = ep,
-                                       .segment_id = d->reps[q].segment_id,
-                                       .offset = d->reps[q].offset,
-                                       .length = k->total[i],
-                                       .iov = &k->iov[k->first[i]],
-                                       .iovcnt = k->cnt[i],
-                                       .status = KVS_OK,
-                                       .gpu = gpu_of(k->domain[i]),
-                                       .token = d->token,
-                                       .cap = d->reps[q].cap,
-                                       .cap_epoch = d->cap_epoch};
-            req_key[r++] = i;
+            p->reqs[r] = (kvs_xfer_req_t){.op = KVS_XFER_WRITE,
+                                          .ep = ep,
+                                          .segment_id = d->reps[q].segment_id,
+                                          .offset = d->reps[q].offset,
+                                          .length = k->total[i],
+                                          .iov = &k->iov[k->first[i]],
+                                          .iovcnt = k->cnt[i],
+                                          .status = KVS_OK,
+                                          .gpu = gpu_of(k->domain[i]),
+                                          .token = d->token,
+                                          .cap = d->reps[q].cap,
+                                          .cap_epoch = d->cap_epoch};
+            p->req_key[r++] = i;
         }
     }
-    if (r > 0) {
-        submit_by_transport(c, reqs, req_t, r, k->deadline);
-        for (uint32_t q = 0; q < r; q++) {
-            int st = reqs[q].status;
-            if (st != KVS_OK && k->res[req_key[q]] == 0)
-                k->res[req_key[q]] = st == KVS_TIMED_OUT ? st : KVS_TRANSFER_FAIL;
-        }
-    }
-    /* Every key that got a placement is either ended or revoked, naming its put. */
+    return r;
+}
+
+/* Every key that got a placement is either ended (all its writes landed) or revoked, naming its
+ * put. */
+static void put_settle(kvs_client_t *c, call_t *k, put_t *p)
+{
     uint32_t nok = 0, nbad = 0;
-    for (uint32_t j = 0; j < m; j++) {
-        if (pr.objs[j].status == KVS_OK && k->res[map[j]] == 0) {
-            done_tok[nok] = (kvs__put_token_t){pr.objs[j].token};
-            done[nok++] = map[j];
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint32_t j = 0; j < p->m; j++) {
+            if (p->pr.objs[j].status != KVS_OK || (k->res[p->map[j]] == 0) != (pass == 0))
+                continue;
+            uint32_t at = pass == 0 ? nok++ : nok + nbad++;
+            p->done_tok[at] = (kvs__put_token_t){p->pr.objs[j].token};
+            p->done[at] = p->map[j];
         }
     }
-    for (uint32_t j = 0; j < m; j++) {
-        if (pr.objs[j].status == KVS_OK && k->res[map[j]] != 0) {
-            done_tok[nok + nbad] = (kvs__put_token_t){pr.objs[j].token};
-            done[nok + nbad++] = map[j];
+    put_finish(c, k, p->done, p->done_tok, nok, true);
+    put_finish(c, k, p->done + nok, p->done_tok + nok, nbad, false);
+}
+
+/* A put: place -> route -> submit -> settle. */
+static int put_call(kvs_client_t *c, call_t *k, const kvs_replicate_config_t *rc_)
+{
+    kvs__str_t pref[KVS_MAX_REPLICAS];
+    kvs__put_start_req_t ps;
+    int rc = put_start_init(c, "put", rc_, k->upsert, k->n, pref, &ps);
+    if (rc != KVS_OK)
+        return rc;
+    put_t p = {0};
+    kvs__arena_init(&p.arena);
+    if (usable_keys(k, &p.ks, &p.map, &p.m) != KVS_OK)
+        rc = kvs__fail(KVS_NO_MEMORY, "put: out of memory");
+    if (rc == KVS_OK && p.m > 0)
+        rc = put_place(c, k, rc_, &ps, &p);
+    if (rc == KVS_OK && p.m > 0) {
+        uint32_t r = put_route(c, k, &p);
+        if (r > 0)
+            submit_by_transport(c, p.reqs, p.req_t, r, k->deadline);
+        for (uint32_t q = 0; q < r; q++) {
+            int st = p.reqs[q].status;
+            if (st != KVS_OK && k->res[p.req_key[q]] == 0)
+                k->res[p.req_key[q]] = st == KVS_TIMED_OUT ? st : KVS_TRANSFER_FAIL;
         }
+        put_settle(c, k, &p);
     }
-    put_finish(c, k, done, done_tok, nok, true);
-    put_finish(c, k, done + nok, done_tok + nok, nbad, false);
-out:
-    routes_free(&routes);
-    kvs__arena_free(&arena);
-    kvs__free(done);
-    kvs__free(done_tok);
-    kvs__free(req_key);
-    kvs__free(req_t);
-    kvs__free(reqs);
-    kvs__free(items);
-    kvs__free(ks);
-    kvs__free(map);
+    put_free(&p);
     return rc;
 }
 
