@@ -1225,6 +1225,22 @@ static void test_policy_model_and_measurements(void)
     for (int i = 0; i < 8; i++)
         kvs__policy_observe(p, &close, KVS_READ_STAGED, 300000);
     CHECK_EQ_INT(kvs__policy_choose(p, &close, true, &why), KVS_READ_STAGED);
+    /* 1536 keys of one 64 KiB fragment each, with submissions dear (the H200's shape where
+     * auto once read grouped at 2x staged's time): a staged fill is one submission, not one per
+     * key, so staging wins. */
+    kvs__staging_calib_t dear_calls = {.frag_ns = 700,
+                                       .call_ns = 10000,
+                                       .scatter_ns_per_byte = 1.0 / 1700,
+                                       .fill_ns = 30000,
+                                       .plan_ns_per_frag = 2};
+    kvs__policy_set_calibration(p, &dear_calls);
+    kvs__read_shape_t keys = {.bytes = 1536ull << 16,
+                              .frags = 1536,
+                              .keys = 1536,
+                              .owners = 1,
+                              .fills = 1,
+                              .cheap_submit = true};
+    CHECK_EQ_INT(kvs__policy_choose(p, &keys, true, &why), KVS_READ_STAGED);
     kvs__policy_destroy(p);
 }
 

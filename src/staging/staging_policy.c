@@ -5,7 +5,8 @@
  * call's bytes is common to all three and cancels:
  *   direct   F * frag_ns + K * call_ns            (F fragments, K keys: one submission each)
  *   grouped  F * frag_ns + O * call_ns            (O owners: one submission each)
- *   staged   B * scatter_ns_per_byte + fills * fill_ns + F * plan_ns_per_frag + K * call_ns
+ *   staged   B * scatter_ns_per_byte + fills * (fill_ns + call_ns) + F * plan_ns_per_frag
+ *            (a fill is one submission: its keys' transfers go together, adjacent ones merged)
  * frag_ns and call_ns come from timing the transports' own GPU copy (kvs__gpu_copy_slice: one
  * fragment, then 256 fragments of 4 KiB), scatter_ns_per_byte and fill_ns from two scatter
  * launches (the host backend times memcpy instead).
@@ -113,9 +114,9 @@ static double overhead(const kvs__staging_calib_t *c, const kvs__read_shape_t *s
     case KVS_READ_GROUPED:
         return f * c->frag_ns + (double)KVS_MAX(sh->owners, 1) * c->call_ns;
     default:
+        /* one submission per fill and transport (adjacent keys merged), not per key */
         return (double)sh->bytes * c->scatter_ns_per_byte +
-               (double)KVS_MAX(sh->fills, 1) * c->fill_ns + f * c->plan_ns_per_frag +
-               k * c->call_ns;
+               (double)KVS_MAX(sh->fills, 1) * (c->fill_ns + c->call_ns) + f * c->plan_ns_per_frag;
     }
 }
 
