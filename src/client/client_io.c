@@ -1822,6 +1822,145 @@ int kvs_client_put_session_start(kvs_client_t *c, size_t n, const char *const ke
     return rc2;
 }
 
+/* Copies key i's session placement into *snap (strings into the arena: another thread may end
+ * the session while this one writes) and checks its ranges; the key's result says why not. */
+static void psess_snapshot(kvs_client_t *c, call_t *k, size_t i, const kvs_range_t *ranges,
+                           kvs__arena_t *arena, psess_place_t *snap)
+{
+    const char *key = k->keys[i];
+    kvs__put_session_t *p = psess_find(c, key, NULL);
+    if (p == NULL || p->failed) {
+        k->res[i] =
+            p ? p->failed
+              : kvs__fail(KVS_INVALID_PARAMS, "put_session_write: '%s' has no put session", key);
+        return;
+    }
+    *snap = p->pl;
+    for (uint32_t q = 0; q < p->pl.nreps; q++) {
+        const kvs__str_t *src[3] = {&p->pl.segs[q].name, &p->pl.segs[q].node,
+                                    &p->pl.segs[q].endpoint};
+        kvs__str_t *dst[3] = {&snap->segs[q].name, &snap->segs[q].node, &snap->segs[q].endpoint};
+        for (int t = 0; t < 3; t++) {
+            char *s = kvs__arena_alloc(arena, src[t]->len + 1);
+            if (s != NULL) {
+                memcpy(s, src[t]->ptr, src[t]->len);
+                s[src[t]->len] = '\0';
+            }
+            *dst[t] = (kvs__str_t){s ? s : "", s ? src[t]->len : 0};
+        }
+    }
+    for (uint32_t j = 0; j < k->cnt[i]; j++) {
+        const kvs_range_t *r = &ranges[j];
+        if (r->offset > p->pl.size || r->len > p->pl.size - r->offset)
+            k->res[i] =
+                kvs__fail(KVS_INVALID_PARAMS,
+                          "put_session_write '%s': bytes %llu..%llu are outside the "
+                          "%llu-byte object",
+                          key, (unsigned long long)r->offset,
+                          (unsigned long long)(r->offset + r->len), (unsigned long long)p->pl.size);
+    }
+}
+
+/* One write per range and replica of every usable key; returns the writes. */
+static uint32_t psess_route(kvs_client_t *c, call_t *k, const kvs_range_t *const ranges[],
+                            const psess_place_t *snap, routes_t *routes, kvs_xfer_req_t *reqs,
+                            kvs_transport_t **req_t, size_t *req_key)
+{
+    uint32_t r = 0;
+    for (size_t i = 0; i < k->n; i++) {
+        for (uint32_t q = 0; k->res[i] == 0 && q < snap[i].nreps; q++) {
+            for (uint32_t j = 0; j < k->cnt[i]; j++) {
+                kvs_endpoint_t *ep = NULL;
+                int erc = route_for(c, routes, &snap[i].segs[q], k->deadline, &req_t[r], &ep);
+                if (erc != KVS_OK) {
+                    k->res[i] = erc;
+                    break;
+                }
+                const kvs__replica_t *rep = &snap[i].reps[q];
+                reqs[r] = (kvs_xfer_req_t){.op = KVS_XFER_WRITE,
+                                           .ep = ep,
+                                           .segment_id = rep->segment_id,
+                                           .offset = rep->offset + ranges[i][j].offset,
+                                           .length = ranges[i][j].len,
+                                           .iov = &k->iov[k->first[i] + j],
+                                           .iovcnt = 1,
+                                           .status = KVS_OK,
+                                           .gpu = gpu_of(k->domain[i]),
+                                           .token = snap[i].token,
+                                           .cap = rep->cap,
+                                           .cap_epoch = snap[i].cap_epoch,
+                                           .alloc_offset = rep->offset,
+                                           .alloc_size = snap[i].size};
+                req_key[r++] = i;
+            }
+        }
+    }
+    return r;
+}
+
+/* Records what the writes covered in each session still open (a failed write fails it: the end
+ * revokes it). */
+static void psess_record(kvs_client_t *c, call_t *k, const kvs_range_t *const ranges[],
+                         const psess_place_t *snap)
+{
+    pthread_mutex_lock(&c->psess_lock);
+    for (size_t i = 0; i < k->n; i++) {
+        kvs__put_session_t *p = snap[i].size ? psess_find(c, k->keys[i], NULL) : NULL;
+        if (p == NULL || p->pl.token != snap[i].token)
+            continue; /* ended meanwhile */
+        if (k->res[i] != 0 && k->res[i] != KVS_INVALID_PARAMS) {
+            p->failed = (int)k->res[i];
+            continue;
+        }
+        for (uint32_t j = 0; k->res[i] == 0 && j < k->cnt[i]; j++) {
+            if (!psess_cover(p, ranges[i][j].offset, ranges[i][j].offset + ranges[i][j].len))
+                p->failed = k->res[i] = KVS_NO_MEMORY;
+        }
+    }
+    pthread_mutex_unlock(&c->psess_lock);
+}
+
+/* The writes of a put-session call: snapshot -> route -> submit -> record. */
+static int psess_write(kvs_client_t *c, call_t *k, const kvs_range_t *const ranges[],
+                       psess_place_t *snap)
+{
+    kvs__arena_t arena;
+    kvs__arena_init(&arena);
+    uint32_t nreq = 0;
+    pthread_mutex_lock(&c->psess_lock);
+    for (size_t i = 0; i < k->n; i++) {
+        if (k->res[i] == 0)
+            psess_snapshot(c, k, i, ranges[i], &arena, &snap[i]);
+        if (k->res[i] == 0)
+            nreq += k->cnt[i] * snap[i].nreps;
+    }
+    pthread_mutex_unlock(&c->psess_lock);
+    kvs_xfer_req_t *reqs = kvs__calloc(KVS_MAX(nreq, 1), sizeof(*reqs));
+    kvs_transport_t **req_t = kvs__malloc(KVS_MAX(nreq, 1) * sizeof(*req_t));
+    size_t *req_key = kvs__malloc(KVS_MAX(nreq, 1) * sizeof(*req_key));
+    routes_t routes = {0};
+    int rc = KVS_OK;
+    if (reqs == NULL || req_t == NULL || req_key == NULL) {
+        rc = kvs__fail(KVS_NO_MEMORY, "put_session_write: out of memory");
+    } else {
+        uint32_t r = psess_route(c, k, ranges, snap, &routes, reqs, req_t, req_key);
+        if (r > 0)
+            submit_by_transport(c, reqs, req_t, r, k->deadline);
+        for (uint32_t q = 0; q < r; q++) {
+            int st = reqs[q].status;
+            if (st != KVS_OK && k->res[req_key[q]] == 0)
+                k->res[req_key[q]] = st == KVS_TIMED_OUT ? st : KVS_TRANSFER_FAIL;
+        }
+        psess_record(c, k, ranges, snap);
+    }
+    routes_free(&routes);
+    kvs__arena_free(&arena);
+    kvs__free(reqs);
+    kvs__free(req_t);
+    kvs__free(req_key);
+    return rc;
+}
+
 int kvs_client_put_session_write(kvs_client_t *c, size_t n, const char *const keys[],
                                  const kvs_range_t *const ranges[], const size_t nranges[],
                                  int results[])
@@ -1838,149 +1977,29 @@ int kvs_client_put_session_write(kvs_client_t *c, size_t n, const char *const ke
     kvs_buf_t *frags = kvs__malloc(KVS_MAX(nfrag, 1) * sizeof(*frags));
     const kvs_buf_t **bufs = kvs__malloc(n * sizeof(*bufs));
     psess_place_t *snap = kvs__calloc(n, sizeof(*snap)); /* each key's placement, copied */
-    if (frags == NULL || bufs == NULL || snap == NULL) {
-        kvs__free(frags);
-        kvs__free(bufs);
-        kvs__free(snap);
-        return kvs__fail(KVS_NO_MEMORY, "put_session_write: out of memory");
-    }
-    size_t f = 0;
-    for (size_t i = 0; i < n; i++) {
+    int rc = frags != NULL && bufs != NULL && snap != NULL
+                 ? KVS_OK
+                 : kvs__fail(KVS_NO_MEMORY, "put_session_write: out of memory");
+    for (size_t i = 0, f = 0; rc == KVS_OK && i < n; i++) {
         bufs[i] = &frags[f];
         for (size_t j = 0; j < nranges[i] && ranges[i] != NULL; j++)
             frags[f++] = (kvs_buf_t){ranges[i][j].ptr, ranges[i][j].len};
     }
     call_t k;
-    int rc = call_init(c, "put_session_write", n, keys, bufs, nranges, true, &k);
-    if (rc != KVS_OK) {
-        kvs__free(frags);
-        kvs__free(bufs);
-        kvs__free(snap);
-        return rc;
+    if (rc == KVS_OK)
+        rc = call_init(c, "put_session_write", n, keys, bufs, nranges, true, &k);
+    if (rc == KVS_OK) {
+        k.deadline = kvs__now_ns() + c->transfer_timeout_ms * KVS_NS_PER_MS;
+        kvs__client_enter(c);
+        rc = psess_write(c, &k, ranges, snap);
+        for (size_t i = 0; rc == KVS_OK && i < n; i++)
+            results[i] = (int)k.res[i];
+        call_free(c, &k);
+        kvs__client_leave(c);
     }
-    k.deadline = kvs__now_ns() + c->transfer_timeout_ms * KVS_NS_PER_MS;
-    kvs__client_enter(c);
-    /* The placements are copied (their strings into the arena): another thread may end a
-     * session while this one writes. */
-    kvs__arena_t arena;
-    kvs__arena_init(&arena);
-    uint32_t nreq = 0;
-    pthread_mutex_lock(&c->psess_lock);
-    for (size_t i = 0; i < n; i++) {
-        if (k.res[i] != 0)
-            continue;
-        kvs__put_session_t *p = psess_find(c, keys[i], NULL);
-        if (p == NULL || p->failed) {
-            k.res[i] = p ? p->failed
-                         : kvs__fail(KVS_INVALID_PARAMS,
-                                     "put_session_write: '%s' has no put "
-                                     "session",
-                                     keys[i]);
-            continue;
-        }
-        snap[i] = p->pl;
-        for (uint32_t q = 0; q < p->pl.nreps; q++) {
-            const kvs__str_t *src[3] = {&p->pl.segs[q].name, &p->pl.segs[q].node,
-                                        &p->pl.segs[q].endpoint};
-            kvs__str_t *dst[3] = {&snap[i].segs[q].name, &snap[i].segs[q].node,
-                                  &snap[i].segs[q].endpoint};
-            for (int t = 0; t < 3; t++) {
-                char *s = kvs__arena_alloc(&arena, src[t]->len + 1);
-                if (s != NULL) {
-                    memcpy(s, src[t]->ptr, src[t]->len);
-                    s[src[t]->len] = '\0';
-                }
-                *dst[t] = (kvs__str_t){s ? s : "", s ? src[t]->len : 0};
-            }
-        }
-        for (uint32_t j = 0; j < k.cnt[i]; j++) {
-            const kvs_range_t *r = &ranges[i][j];
-            if (r->offset > p->pl.size || r->len > p->pl.size - r->offset)
-                k.res[i] = kvs__fail(KVS_INVALID_PARAMS,
-                                     "put_session_write '%s': bytes %llu..%llu are outside the "
-                                     "%llu-byte object",
-                                     keys[i], (unsigned long long)r->offset,
-                                     (unsigned long long)(r->offset + r->len),
-                                     (unsigned long long)p->pl.size);
-        }
-        if (k.res[i] == 0)
-            nreq += k.cnt[i] * p->pl.nreps;
-    }
-    pthread_mutex_unlock(&c->psess_lock);
-    kvs_xfer_req_t *reqs = kvs__calloc(KVS_MAX(nreq, 1), sizeof(*reqs));
-    kvs_transport_t **req_t = kvs__malloc(KVS_MAX(nreq, 1) * sizeof(*req_t));
-    size_t *req_key = kvs__malloc(KVS_MAX(nreq, 1) * sizeof(*req_key));
-    routes_t routes = {0};
-    if (reqs == NULL || req_t == NULL || req_key == NULL) {
-        rc = kvs__fail(KVS_NO_MEMORY, "put_session_write: out of memory");
-        goto out;
-    }
-    uint32_t r = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (k.res[i] != 0)
-            continue;
-        for (uint32_t q = 0; q < snap[i].nreps && k.res[i] == 0; q++) {
-            for (uint32_t j = 0; j < k.cnt[i]; j++) {
-                kvs_endpoint_t *ep = NULL;
-                int erc = route_for(c, &routes, &snap[i].segs[q], k.deadline, &req_t[r], &ep);
-                if (erc != KVS_OK) {
-                    k.res[i] = erc;
-                    break;
-                }
-                const kvs__replica_t *rep = &snap[i].reps[q];
-                reqs[r] = (kvs_xfer_req_t){.op = KVS_XFER_WRITE,
-                                           .ep = ep,
-                                           .segment_id = rep->segment_id,
-                                           .offset = rep->offset + ranges[i][j].offset,
-                                           .length = ranges[i][j].len,
-                                           .iov = &k.iov[k.first[i] + j],
-                                           .iovcnt = 1,
-                                           .status = KVS_OK,
-                                           .gpu = gpu_of(k.domain[i]),
-                                           .token = snap[i].token,
-                                           .cap = rep->cap,
-                                           .cap_epoch = snap[i].cap_epoch,
-                                           .alloc_offset = rep->offset,
-                                           .alloc_size = snap[i].size};
-                req_key[r++] = i;
-            }
-        }
-    }
-    if (r > 0)
-        submit_by_transport(c, reqs, req_t, r, k.deadline);
-    for (uint32_t q = 0; q < r; q++) {
-        int st = reqs[q].status;
-        if (st != KVS_OK && k.res[req_key[q]] == 0)
-            k.res[req_key[q]] = st == KVS_TIMED_OUT ? st : KVS_TRANSFER_FAIL;
-    }
-    pthread_mutex_lock(&c->psess_lock);
-    for (size_t i = 0; i < n; i++) {
-        kvs__put_session_t *p = snap[i].size ? psess_find(c, keys[i], NULL) : NULL;
-        if (p == NULL || p->pl.token != snap[i].token)
-            continue; /* ended meanwhile */
-        if (k.res[i] != 0 && k.res[i] != KVS_INVALID_PARAMS) {
-            p->failed = (int)k.res[i]; /* the end revokes it */
-            continue;
-        }
-        for (uint32_t j = 0; k.res[i] == 0 && j < k.cnt[i]; j++) {
-            if (!psess_cover(p, ranges[i][j].offset, ranges[i][j].offset + ranges[i][j].len))
-                p->failed = k.res[i] = KVS_NO_MEMORY;
-        }
-    }
-    pthread_mutex_unlock(&c->psess_lock);
-    for (size_t i = 0; i < n; i++)
-        results[i] = (int)k.res[i];
-out:
-    routes_free(&routes);
-    kvs__arena_free(&arena);
-    kvs__free(reqs);
-    kvs__free(req_t);
-    kvs__free(req_key);
-    call_free(c, &k);
     kvs__free(frags);
     kvs__free(bufs);
     kvs__free(snap);
-    kvs__client_leave(c);
     return rc;
 }
 
