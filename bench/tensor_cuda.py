@@ -16,15 +16,7 @@ import torch
 
 import kvstash
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-from paged_kv_cache import start_server  # noqa: E402  (the example's server start-up)
-
-
-def size(text):
-    v = kvstash._kvstash._parse_size(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"not a size: {text}")
-    return v
+from bench_common import size, start_server  # noqa: E402,F401  (sizes, the server start-up)
 
 
 def open_store(master, staged, protocol):
