@@ -38,7 +38,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-build-gpu/out}
 mkdir -p "$out"
-(($#)) || { sed -n '2,30p' "$0"; exit 2; }
+(($#)) || { sed -n '2,36p' "$0"; exit 2; }
 {
     date -u +"%Y-%m-%dT%H:%M:%SZ"
     # (no commit line: the device machine's copy of .git may lag behind the tree it runs)
