@@ -64,13 +64,13 @@ enum method_t {
     M_COUNT
 };
 const char *const kMethodNames[M_COUNT] = {
-    "kvstash",          "cudaMemcpyBatchAsync", "cudaMemcpyAsync/frag",
-    "cub::Batched",     "contiguous",           "kvstash/8 blocks",
-    "kvstash/16 blocks", "kvstash/32 blocks",   "kvstash/page table",
+    "kvstash",           "cudaMemcpyBatchAsync", "cudaMemcpyAsync/frag",
+    "cub::Batched",      "contiguous",           "kvstash/8 blocks",
+    "kvstash/16 blocks", "kvstash/32 blocks",    "kvstash/page table",
     "page table/persist"};
-const char *const kMethodKeys[M_COUNT] = {"kvstash", "batch",   "per-frag", "cub",  "contiguous",
-                                          "bounded", "bounded", "bounded",  "pages",
-                                          "pages-persistent"};
+const char *const kMethodKeys[M_COUNT] = {"kvstash",    "batch",           "per-frag", "cub",
+                                          "contiguous", "bounded",         "bounded",  "bounded",
+                                          "pages",      "pages-persistent"};
 // Bytes per key in the page-table form (a key is a unit of the plan, as a stored object is).
 constexpr uint64_t kPageKeyBytes = 1u << 20;
 const uint32_t kBounded[3] = {8, 16, 32};

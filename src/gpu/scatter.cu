@@ -476,8 +476,8 @@ constexpr size_t kCtlBlockBytes = kCtlBytes + KVS_SCATTER_STATUS_RING * sizeof(u
 
 struct kvs__scatter {
     int device;
-    unsigned grid;      // blocks of a launch: the full grid or the configured bound
-    unsigned full_grid; // kBlocksPerSM blocks per SM
+    unsigned grid;         // blocks of a launch: the full grid or the configured bound
+    unsigned full_grid;    // kBlocksPerSM blocks per SM
     bool persistent_pages; // page kernel: persistent warps even on the full grid (benchmarks)
     slot_t slot[2];
     unsigned *ctl_block;  // pinned, mapped: both slots' words, 128 bytes apart, zeroed
