@@ -111,6 +111,7 @@ static void lane_destroy(lane_t *l)
  * driver). */
 static int lane_take(int device, lane_t **l_p)
 {
+    pthread_once(&devices_once, devices_init);
     device_t *d = &devices[device];
     pthread_mutex_lock(&d->lock);
     lane_t *l = d->idle;
@@ -226,7 +227,6 @@ static int cuda_scatter(int domain, const void *src, const kvs__scatter_frag_t *
     if (done_p == NULL || cuda_domain_of(domain) < 0 || src == NULL || (frags == NULL && n > 0))
         return KVS_INVALID_PARAMS;
     *done_p = NULL;
-    pthread_once(&devices_once, devices_init);
     lane_t *l = NULL;
     int rc = lane_take(domain, &l);
     if (rc != KVS_OK)
@@ -242,7 +242,6 @@ static int cuda_upload(int domain, void *dev, const void *host, size_t bytes)
 {
     if (cuda_domain_of(domain) < 0 || dev == NULL || (host == NULL && bytes > 0))
         return KVS_INVALID_PARAMS;
-    pthread_once(&devices_once, devices_init);
     lane_t *l = NULL;
     int rc = lane_take(domain, &l);
     if (rc != KVS_OK)
@@ -275,7 +274,6 @@ static int cuda_scatter_pages(int domain, const void *src, const kvs__pt_plan_t 
     if (done_p == NULL || cuda_domain_of(domain) < 0 || src == NULL || plan == NULL)
         return KVS_INVALID_PARAMS;
     *done_p = NULL;
-    pthread_once(&devices_once, devices_init);
     lane_t *l = NULL;
     int rc = lane_take(domain, &l);
     if (rc != KVS_OK)
