@@ -1164,6 +1164,45 @@ static void test_page_ids_rechecked_where_used(void)
     CHECK(iov[2].iov_base == pool + 4 * 16 && iov[2].iov_len == 16);
 }
 
+/* The largest id, at every position of calls of every length up to 100 (the vectorised blocks
+ * and the tail); the three repeat checks (a byte per id, a bit per id, sorting) agree on ids of
+ * three keys, first all distinct, then with one repeated across keys and within a key. */
+static void test_page_id_max_and_repeats(void)
+{
+    uint32_t ids[100];
+    for (uint32_t n = 0; n <= 100; n++)
+        for (uint32_t at = 0; at < KVS_MAX(n, 1u); at++) {
+            for (uint32_t j = 0; j < n; j++)
+                ids[j] = (j * 37u) % 50u;
+            if (n > 0)
+                ids[at] = 1000u + at;
+            CHECK_EQ_U64(kvs__pt_ids_max(ids, n), n > 0 ? 1000u + at : 0u);
+        }
+    enum { N = 300 };
+    static uint32_t perm[N], tmp[N];
+    static uint64_t bm[N / 64 + 1];
+    static uint8_t seen[N];
+    for (uint32_t j = 0; j < N; j++)
+        perm[j] = (j * 7u) % N; /* 7 and 300 are coprime: a permutation */
+    kvs__staged_key_t keys[3];
+    memset(keys, 0, sizeof(keys));
+    for (int i = 0; i < 3; i++)
+        keys[i].pages = (kvs__pt_pages_t){perm + 100 * i, 100};
+    CHECK(!kvs__pt_ids_repeat_bytes(keys, 3, seen, N));
+    CHECK(!kvs__pt_ids_repeat(keys, 3, bm, N));
+    CHECK(!kvs__pt_ids_repeat_sorted(keys, 3, tmp));
+    uint32_t keep = perm[250];
+    perm[250] = perm[3]; /* key 2 names a page of key 0 */
+    CHECK(kvs__pt_ids_repeat_bytes(keys, 3, seen, N));
+    CHECK(kvs__pt_ids_repeat(keys, 3, bm, N));
+    CHECK(kvs__pt_ids_repeat_sorted(keys, 3, tmp));
+    perm[250] = keep;
+    perm[199] = perm[150]; /* twice within key 1 */
+    CHECK(kvs__pt_ids_repeat_bytes(keys, 3, seen, N));
+    CHECK(kvs__pt_ids_repeat(keys, 3, bm, N));
+    CHECK(kvs__pt_ids_repeat_sorted(keys, 3, tmp));
+}
+
 /* The adaptive policy alone, on synthetic shapes and measurements (no timing): the model picks
  * staged where per-fragment costs dominate and direct where a fill costs more; a plausible mode
  * a shape has not measured is tried once; measurements then decide, and a shape measured slower
@@ -1333,6 +1372,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_staging_page_table_plan),
         KVS_TEST_CASE(test_staging_adjacent_keys_are_one_transfer),
         KVS_TEST_CASE(test_page_ids_rechecked_where_used),
+        KVS_TEST_CASE(test_page_id_max_and_repeats),
         KVS_TEST_CASE(test_policy_model_and_measurements),
         KVS_TEST_CASE(test_staging_auto_mode),
     };

@@ -47,9 +47,7 @@ static int pages_check(const char *op, size_t n, const kvs_page_region_t regions
                          (unsigned long long)(total * nregions), (unsigned long long)MAX_FRAGMENTS);
     if (page_ids == NULL)
         return kvs__fail(KVS_INVALID_PARAMS, "%s: page ids are required", op);
-    uint32_t max_id = 0;
-    for (uint64_t j = 0; j < total; j++) /* one pass, vectorised: the largest id */
-        max_id = page_ids[j] > max_id ? page_ids[j] : max_id;
+    uint32_t max_id = kvs__pt_ids_max(page_ids, total);
     for (uint64_t j = 0; max_id >= min_pages && j < total; j++)
         if (page_ids[j] >= min_pages) {
             uint64_t key = 0, seen = npages[0];
@@ -67,9 +65,8 @@ static int pages_check(const char *op, size_t n, const kvs_page_region_t regions
 bool kvs__pages_fragments(const kvs__page_layout_t *L, const uint32_t *ids, size_t npages,
                           struct iovec *out)
 {
-    for (size_t j = 0; j < npages; j++) /* as checked: the ids may not have changed since */
-        if (ids[j] > L->max_id)
-            return false;
+    if (kvs__pt_ids_max(ids, npages) > L->max_id) /* as checked: they may have changed since */
+        return false;
     bool pm = L->order == KVS_PAGE_MAJOR;
     size_t outer = pm ? npages : L->nregions, inner = pm ? L->nregions : npages;
     for (size_t a = 0; a < outer; a++) {

@@ -132,6 +132,8 @@ size_t kvs__pt_plan_bytes(const kvs__page_layout_t *L, uint32_t nslices,
 int kvs__pt_plan_build(const kvs__page_layout_t *L, uint32_t nslices, uint64_t row,
                        const kvs__pt_pages_t *keys, size_t stride, uint32_t n, const uint64_t *off,
                        void *blob, uintptr_t at_base, kvs__pt_plan_t *plan);
+/* The largest of n page ids (0 for none). */
+uint32_t kvs__pt_ids_max(const uint32_t *ids, uint64_t n);
 /* Copies keys [a, b) of a plan in host memory from src, as the kernel would (host backend). */
 void kvs__pt_copy_host(const void *src, const kvs__pt_plan_t *p, uint32_t a, uint32_t b);
 

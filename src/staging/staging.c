@@ -309,6 +309,8 @@ static bool bits_claim(uint64_t *bm, uint64_t a, uint64_t b)
 /* Bitmap granules per fragment the overlap check may spend before it sorts instead. */
 #define OVERLAP_BITS_PER_FRAG 64u
 #define OVERLAP_BITS_MIN      (1u << 20)
+/* A byte per page id (the dense case) while the ids span at most this many per page named. */
+#define OVERLAP_BYTES_PER_PAGE 8u
 
 /* True when two fragments of the call share a byte; *oom_p when the check could not run.
  * Fragments are usually pages of one pool: when every start and length is a multiple of a
@@ -401,7 +403,8 @@ static int fall_back(kvs__staging_t *st, kvs__fallback_t why)
 }
 
 /* Page-table keys: the same rule from ids and region geometry. Ids are usually a pool's dense
- * block numbers: a bitmap of one bit per id up to the largest; sparse ones are sorted. */
+ * block numbers: a byte per id up to the largest while that costs at most 8 bytes a page, else a
+ * bit per id, and sparse ones are sorted. */
 static bool pages_overlap(kvs__staging_t *st, const kvs__page_layout_t *L,
                           const kvs__staged_key_t *keys, uint32_t n, bool *oom_p)
 {
@@ -410,7 +413,11 @@ static bool pages_overlap(kvs__staging_t *st, const kvs__page_layout_t *L,
         pages += keys[i].pages.npages;
     if (kvs__pt_regions_overlap(L, max_id + 1))
         return true;
-    if (max_id + 1 <= KVS_MAX((uint64_t)OVERLAP_BITS_MIN, pages * OVERLAP_BITS_PER_FRAG)) {
+    if (max_id + 1 <= pages * OVERLAP_BYTES_PER_PAGE) {
+        uint8_t *seen = scratch(st, SCR_BITS, (size_t)max_id + 1);
+        if (seen != NULL)
+            return kvs__pt_ids_repeat_bytes(keys, n, seen, max_id + 1);
+    } else if (max_id + 1 <= KVS_MAX((uint64_t)OVERLAP_BITS_MIN, pages * OVERLAP_BITS_PER_FRAG)) {
         uint64_t *bm = scratch(st, SCR_BITS, (size_t)(max_id / 64 + 1) * sizeof(*bm));
         if (bm != NULL)
             return kvs__pt_ids_repeat(keys, n, bm, max_id + 1);
