@@ -81,7 +81,7 @@ typedef struct {
 typedef struct {
     double ms[NMODES][MAX_SAMPLES];
     uint32_t n[NMODES];
-    uint64_t plan_ns[NMODES], plan_frags[NMODES], calls[NMODES];
+    uint64_t plan_ns[NMODES], plan_frags[NMODES], calls[NMODES], lookup_ns[NMODES];
     double limit_ms[LIMIT_REPS];
     char err[256];
 } reader_out_t;
@@ -810,7 +810,8 @@ static int put_all(kvs_client_t *c, reader_t *rd)
     return rc;
 }
 
-/* One read of every key in `mode`, checked; *ms_p its time, *plan_p its planning. */
+/* One read of every key in `mode`, checked; *ms_p its time, plan_p[0] its planning and
+ * plan_p[1] its master lookup. */
 static int read_once(reader_t *rd, kvs_client_t *c, int mode, bool sync, uint64_t timeout_s,
                      double *ms_p, uint64_t *plan_p, char *why, size_t wl)
 {
@@ -856,7 +857,8 @@ static int read_once(reader_t *rd, kvs_client_t *c, int mode, bool sync, uint64_
         return -1;
     }
     *ms_p = (double)(t1 - t0) / 1e6;
-    *plan_p = b.plan_ns_total - a.plan_ns_total;
+    plan_p[0] = b.plan_ns_total - a.plan_ns_total;
+    plan_p[1] = b.get_lookup_ns - a.get_lookup_ns;
     return 0;
 }
 
@@ -902,11 +904,11 @@ static int reader_child(unsigned r, void *arg)
     }
     reader_out_t *out = &sh->out[r];
     double ms = 0;
-    uint64_t plan = 0;
+    uint64_t plan[2] = {0, 0};
     for (int m = 0; m < NMODES; m++) { /* warm-up: registrations, mappings, staging buffer */
         if (m == M_PSTAGED && !rd.paged)
             continue;
-        if (read_once(&rd, m >= M_STAGED ? sc : c, m, true, o->timeout_s, &ms, &plan, why,
+        if (read_once(&rd, m >= M_STAGED ? sc : c, m, true, o->timeout_s, &ms, plan, why,
                       sizeof(why)) != 0) {
             ret = child_fail(r, "warm-up: %s", why);
             goto out;
@@ -917,13 +919,14 @@ static int reader_child(unsigned r, void *arg)
             int m = (int)((q + s) % NMODES);
             if ((m < M_STAGED && s >= o->direct_samples) || (m == M_PSTAGED && !rd.paged))
                 continue;
-            if (read_once(&rd, m >= M_STAGED ? sc : c, m, true, o->timeout_s, &ms, &plan, why,
+            if (read_once(&rd, m >= M_STAGED ? sc : c, m, true, o->timeout_s, &ms, plan, why,
                           sizeof(why)) != 0) {
                 ret = child_fail(r, "%s", why);
                 goto out;
             }
             out->ms[m][out->n[m]++] = ms;
-            out->plan_ns[m] += plan;
+            out->plan_ns[m] += plan[0];
+            out->lookup_ns[m] += plan[1];
             out->plan_frags[m] += rd.npages;
             out->calls[m]++;
         }
@@ -1005,10 +1008,10 @@ static int threads_child(unsigned r, void *arg)
         for (int w = 0; w < 2; w++) {
             char why[200];
             double ms;
-            uint64_t plan;
+            uint64_t plan[2];
             /* Warm-up (one thread), then nt threads at once on a cleared pool. */
-            if (read_once(&rd, sc[w], M_STAGED, false, o->timeout_s, &ms, &plan, why,
-                          sizeof(why)) != 0 ||
+            if (read_once(&rd, sc[w], M_STAGED, false, o->timeout_s, &ms, plan, why, sizeof(why)) !=
+                    0 ||
                 mem_clear(&rd.m, rd.pool, pool_bytes) != 0) {
                 ret = child_fail(r, "threads warm-up: %s", why);
                 goto out;
@@ -1074,13 +1077,13 @@ typedef struct {
     const char *topo;
     unsigned li, readers;
     double round_ms[MAX_READERS][NMODES][MAX_SAMPLES]; /* per reader, per round medians */
-    uint64_t plan_ns[NMODES], plan_frags[NMODES], calls[NMODES];
+    uint64_t plan_ns[NMODES], plan_frags[NMODES], calls[NMODES], lookup_ns[NMODES];
     unsigned rounds, samples[NMODES];
     double limit_ms[MAX_READERS];
 } config_t;
 
 typedef struct {
-    double ms, gbps, agg_gbps, limit_ms, ratio, plan_us, plan_ns_frag;
+    double ms, gbps, agg_gbps, limit_ms, ratio, plan_us, plan_ns_frag, lookup_us;
 } row_t;
 
 static row_t config_row(const config_t *cf, const opts_t *o, int m)
@@ -1100,6 +1103,7 @@ static row_t config_row(const config_t *cf, const opts_t *o, int m)
     w.gbps = (double)bytes / w.ms / 1e6;
     w.plan_us = (double)cf->plan_ns[m] / (double)KVS_MAX(cf->calls[m], 1) / 1e3;
     w.plan_ns_frag = (double)cf->plan_ns[m] / (double)KVS_MAX(cf->plan_frags[m], 1);
+    w.lookup_us = (double)cf->lookup_ns[m] / (double)KVS_MAX(cf->calls[m], 1) / 1e3;
     return w;
 }
 
@@ -1109,11 +1113,11 @@ static void report(const opts_t *o, const config_t *cfs, unsigned ncf, FILE *md,
     fprintf(md,
             "| topology | layout | readers | mode | samples x rounds | median ms | GB/s per reader "
             "| GB/s all readers | limit ms | ratio to limit | planning us/call | ns/fragment | "
-            "staged speed-up | vs 1 reader |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+            "lookup us/call | staged speed-up | vs 1 reader |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     if (csv != NULL)
         fprintf(csv, "topology,layout,readers,gpus,mode,samples,rounds,median_ms,gbps_per_reader,"
-                     "gbps_all,limit_ms,ratio_to_limit,plan_us,plan_ns_per_fragment\n");
+                     "gbps_all,limit_ms,ratio_to_limit,plan_us,plan_ns_per_fragment,lookup_us\n");
     for (unsigned i = 0; i < ncf; i++) {
         const config_t *cf = &cfs[i];
         layout_str(&o->layout[cf->li], lb, sizeof(lb));
@@ -1141,14 +1145,15 @@ static void report(const opts_t *o, const config_t *cfs, unsigned ncf, FILE *md,
                 snprintf(rd, sizeof(rd), "%u on %u GPUs", cf->readers, gpus);
             fprintf(md,
                     "| %s | %s | %s | %s%s | %u x %u | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | "
-                    "%.1f | %s | %s |\n",
+                    "%.1f | %.0f | %s | %s |\n",
                     cf->topo, lb, rd, mode_name[m], o->host && m >= M_STAGED ? " (host)" : "",
                     cf->samples[m], cf->rounds, w->ms, w->gbps, w->agg_gbps, w->limit_ms, w->ratio,
-                    w->plan_us, w->plan_ns_frag, speed, vs1);
+                    w->plan_us, w->plan_ns_frag, w->lookup_us, speed, vs1);
             if (csv != NULL)
-                fprintf(csv, "%s,%s,%u,%u,%s,%u,%u,%.3f,%.3f,%.3f,%.3f,%.4f,%.1f,%.2f\n", cf->topo,
-                        lb, cf->readers, gpus, mode_name[m], cf->samples[m], cf->rounds, w->ms,
-                        w->gbps, w->agg_gbps, w->limit_ms, w->ratio, w->plan_us, w->plan_ns_frag);
+                fprintf(csv, "%s,%s,%u,%u,%s,%u,%u,%.3f,%.3f,%.3f,%.3f,%.4f,%.1f,%.2f,%.1f\n",
+                        cf->topo, lb, cf->readers, gpus, mode_name[m], cf->samples[m], cf->rounds,
+                        w->ms, w->gbps, w->agg_gbps, w->limit_ms, w->ratio, w->plan_us,
+                        w->plan_ns_frag, w->lookup_us);
         }
     }
 }
@@ -1434,6 +1439,7 @@ int kvs__bench_store_main(int argc, char **argv)
                     cf->round_ms[r][m][rnd] = median(ro->ms[m], ro->n[m]);
                     cf->samples[m] = ro->n[m];
                     cf->plan_ns[m] += ro->plan_ns[m];
+                    cf->lookup_ns[m] += ro->lookup_ns[m];
                     cf->plan_frags[m] += ro->plan_frags[m];
                     cf->calls[m] += ro->calls[m];
                 }

@@ -917,8 +917,10 @@ static int read_lookup(kvs_client_t *c, call_t *k, read_t *r)
         return KVS_OK;
     kvs__arena_free(&r->arena);
     kvs__arena_init(&r->arena);
+    uint64_t t = kvs__now_ns();
     int rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, r->m, r->ks, NULL, &r->arena, NULL, &r->pr,
                                    k->deadline);
+    atomic_fetch_add(&c->st.get_lookup_ns, kvs__now_ns() - t);
     r->looked_up = rc == KVS_OK;
     return rc == KVS_OK ? rc : kvs__fail(rc, "read: lookup failed: %s", kvs_status_str(rc));
 }
