@@ -177,12 +177,61 @@ static void test_alloc_counting_and_injection(void)
     CHECK_EQ_U64(kvs__alloc_live_count(), count0);
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Random values (served from per-thread pools of the kernel's generator): never 0, no repeat in
+ * many pools' worth, and a forked child's values are not the ones its parent goes on to get
+ * from the pool they shared at fork. */
+static void test_random_values(void)
+{
+    enum { N = 5000, K = 64 };
+    static uint64_t v[N + K];
+    for (int i = 0; i < N; i++) {
+        v[i] = kvs__random_u64();
+        CHECK(v[i] != 0);
+    }
+    int fds[2];
+    CHECK_EQ_INT(pipe(fds), 0);
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        uint64_t w[K];
+        for (int i = 0; i < K; i++)
+            w[i] = kvs__random_u64();
+        _exit(write(fds[1], w, sizeof(w)) == (ssize_t)sizeof(w) ? 0 : 1);
+    }
+    uint64_t child[K];
+    for (int i = 0; i < K; i++)
+        v[N + i] = kvs__random_u64(); /* the parent's next values, from the same pool */
+    CHECK_EQ_INT(read(fds[0], child, sizeof(child)), (int)sizeof(child));
+    int st = 0;
+    CHECK_EQ_INT(waitpid(pid, &st, 0), pid);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    close(fds[0]);
+    close(fds[1]);
+    for (int i = 0; i < K; i++)
+        for (int j = 0; j < N + K; j++)
+            CHECK(child[i] != v[j]);
+    qsort(v, N + K, sizeof(v[0]), cmp_u64);
+    for (int i = 1; i < N + K; i++)
+        CHECK(v[i] != v[i - 1]);
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
-        KVS_TEST_CASE(test_status_table),   KVS_TEST_CASE(test_keyed_hash),
-        KVS_TEST_CASE(test_parse_size),     KVS_TEST_CASE(test_env),
-        KVS_TEST_CASE(test_keys_and_hosts), KVS_TEST_CASE(test_alloc_counting_and_injection),
+        KVS_TEST_CASE(test_status_table),
+        KVS_TEST_CASE(test_keyed_hash),
+        KVS_TEST_CASE(test_random_values),
+        KVS_TEST_CASE(test_parse_size),
+        KVS_TEST_CASE(test_env),
+        KVS_TEST_CASE(test_keys_and_hosts),
+        KVS_TEST_CASE(test_alloc_counting_and_injection),
     };
     return kvs_test_main(argc, argv, cases, KVS_ARRAY_SIZE(cases));
 }

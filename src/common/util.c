@@ -6,6 +6,7 @@
 #include <ctype.h>
 #include <pthread.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,22 +14,60 @@
 #include <sys/random.h>
 #include <time.h>
 
-uint64_t kvs__random_u64(void)
+/* Random values come from the kernel's generator in pools of RANDOM_POOL per getrandom call, one
+ * pool per thread: a master grants a lease id per key looked up, and one system call per id took
+ * a third of a 1536-key lookup. A forked child never reuses its parent's pool (the values would
+ * repeat in both processes): fork bumps a generation that every pool is checked against. */
+#define RANDOM_POOL 256
+
+static atomic_uint random_gen;
+static pthread_once_t random_once = PTHREAD_ONCE_INIT;
+static _Thread_local struct {
+    uint64_t v[RANDOM_POOL];
+    unsigned left, gen;
+} random_pool;
+
+static void random_forked(void)
+{
+    atomic_fetch_add(&random_gen, 1);
+}
+
+static void random_init(void)
+{
+    pthread_atfork(NULL, NULL, random_forked);
+}
+
+/* Without a kernel entropy interface (pre-3.17 kernels): the clock and the address of a stack
+ * variable, which still differ between processes. */
+static uint64_t random_fallback(void)
 {
     uint64_t v = 0;
+    uint64_t x = kvs__now_ns() ^ (uint64_t)(uintptr_t)&v;
+    x ^= x >> 33; /* (not kvs__hash64: its key comes from here) */
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return x | 1;
+}
+
+uint64_t kvs__random_u64(void)
+{
+    pthread_once(&random_once, random_init);
+    unsigned gen = atomic_load_explicit(&random_gen, memory_order_relaxed);
     for (;;) {
-        ssize_t n = getrandom(&v, sizeof(v), 0);
-        if (n == (ssize_t)sizeof(v) && v != 0)
-            return v;
-        if (n < 0 && errno != EINTR && errno != EAGAIN) {
-            /* No kernel entropy interface (pre-3.17 kernels): fall back to the clock and the
-             * address of a stack variable, which still differ between processes. */
-            uint64_t x = kvs__now_ns() ^ (uint64_t)(uintptr_t)&v;
-            x ^= x >> 33; /* (not kvs__hash64: its key comes from here) */
-            x *= 0xff51afd7ed558ccdull;
-            x ^= x >> 33;
-            return x | 1;
+        if (random_pool.left == 0 || random_pool.gen != gen) {
+            random_pool.left = 0;
+            ssize_t n = getrandom(random_pool.v, sizeof(random_pool.v), 0);
+            if (n < 0 && errno != EINTR && errno != EAGAIN)
+                return random_fallback();
+            if (n < (ssize_t)sizeof(uint64_t))
+                continue; /* interrupted: again */
+            random_pool.left = (unsigned)((size_t)n / sizeof(uint64_t));
+            random_pool.gen = gen;
         }
+        uint64_t v = random_pool.v[--random_pool.left];
+        random_pool.v[random_pool.left] = 0; /* a value handed out is not kept */
+        if (v != 0)
+            return v;
     }
 }
 
