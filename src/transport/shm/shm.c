@@ -59,11 +59,20 @@ struct kvs_endpoint {
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 };
 
+/* Copy-engine streams of one batch, one per device used. */
+typedef struct {
+    kvs__gpu_stream_t *s[16];
+} streams_t;
+
 struct kvs_batch {
     kvs_xfer_req_t *reqs;
     uint32_t n;
     shm_seg_t **segs;
+    streams_t streams; /* its GPU copies, issued at submit and waited for by shm_wait */
 };
+
+/* Idle copy streams kept per device (creating and destroying one per batch cost tens of us). */
+#define IDLE_STREAMS 4
 
 typedef struct {
     kvs_transport_t base;
@@ -74,7 +83,11 @@ typedef struct {
     pthread_cond_t cond; /* a handshake finished */
     kvs_endpoint_t *eps;
     shm_seg_t *segs;
+    kvs__gpu_stream_t *idle[16][IDLE_STREAMS]; /* under lock */
+    uint32_t nidle[16];
 } shm_transport_t;
+
+static void gpu_issue(shm_transport_t *t, kvs_batch_t *b, uint64_t deadline_ns);
 
 const char *kvs__shm_dir(void)
 {
@@ -648,14 +661,35 @@ static int shm_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n, u
             segs[i] = g;
         pthread_mutex_unlock(&t->lock);
     }
+    gpu_issue(t, b, deadline_ns);
     *batch_p = b;
     return KVS_OK;
 }
 
-/* Copy-engine streams of one wait, one per device used. */
-typedef struct {
-    kvs__gpu_stream_t *s[16];
-} streams_t;
+/* A copy stream of device `dev`: an idle one, else a new one. */
+static kvs__gpu_stream_t *stream_take(shm_transport_t *t, uint32_t dev)
+{
+    kvs__gpu_stream_t *s = NULL;
+    pthread_mutex_lock(&t->lock);
+    if (t->nidle[dev] > 0)
+        s = t->idle[dev][--t->nidle[dev]];
+    pthread_mutex_unlock(&t->lock);
+    if (s == NULL && kvs__gpu_stream_create((int)dev, &s) != KVS_OK)
+        s = NULL;
+    return s;
+}
+
+/* Returns a stream whose work has ended (synchronised without error). */
+static void stream_give(shm_transport_t *t, uint32_t dev, kvs__gpu_stream_t *s)
+{
+    pthread_mutex_lock(&t->lock);
+    if (t->nidle[dev] < IDLE_STREAMS) {
+        t->idle[dev][t->nidle[dev]++] = s;
+        s = NULL;
+    }
+    pthread_mutex_unlock(&t->lock);
+    kvs__gpu_stream_destroy(s);
+}
 
 /* Registers the chunks of the mapping that [off, off + len) touches, within the pin cap. A chunk
  * that cannot be registered is copied from pageable memory (slower, still correct). The
@@ -695,7 +729,7 @@ static int gpu_copy(shm_transport_t *t, shm_seg_t *g, kvs_xfer_req_t *r, streams
         return KVS_INVALID_PARAMS;
     bool rd = r->op == KVS_XFER_READ;
     pin_range(t, g, rd, r->offset, r->length);
-    if (st->s[dev] == NULL && kvs__gpu_stream_create((int)dev, &st->s[dev]) != KVS_OK)
+    if (st->s[dev] == NULL && (st->s[dev] = stream_take(t, dev)) == NULL)
         return KVS_TRANSFER_FAIL;
     /* A copy may not span two registrations: split at chunk boundaries. */
     char *base = rd ? g->ro : g->rw;
@@ -744,30 +778,46 @@ static void run_flush(shm_transport_t *t, gpu_run_t *u, streams_t *st)
     u->count = 0;
 }
 
+/* Issues a batch's GPU copies on its streams (shm_wait waits for them): at submit, so that they
+ * run while the caller goes on (a staged fill builds its plan meanwhile). */
+static void gpu_issue(shm_transport_t *t, kvs_batch_t *b, uint64_t deadline_ns)
+{
+    gpu_run_t run = {0};
+    for (uint32_t i = 0; i < b->n; i++) {
+        kvs_xfer_req_t *r = &b->reqs[i];
+        shm_seg_t *g = b->segs[i];
+        if (g == NULL || r->gpu == 0)
+            continue;
+        if (run_extends(&run, g, r)) {
+            run.iov.iov_len += r->length;
+            run.count++;
+            continue;
+        }
+        run_flush(t, &run, &b->streams);
+        if (kvs__now_ns() >= deadline_ns)
+            r->status = KVS_TIMED_OUT;
+        else if (r->iovcnt == 1)
+            run = (gpu_run_t){g, r, 1, r->iov[0], r->offset}; /* may grow */
+        else
+            r->status = gpu_copy(t, g, r, &b->streams);
+    }
+    run_flush(t, &run, &b->streams);
+}
+
 static int shm_wait(kvs_transport_t *base, kvs_batch_t *b, uint64_t deadline_ns)
 {
     shm_transport_t *t = (shm_transport_t *)base;
     if (t == NULL || b == NULL)
         return KVS_INVALID_PARAMS;
     int rc = KVS_OK;
-    streams_t streams = {{NULL}};
-    gpu_run_t run = {0};
     for (uint32_t i = 0; i < b->n; i++) {
         kvs_xfer_req_t *r = &b->reqs[i];
         shm_seg_t *g = b->segs[i];
-        if (g != NULL && r->gpu != 0 && run_extends(&run, g, r)) {
-            run.iov.iov_len += r->length;
-            run.count++;
-            continue;
-        }
-        run_flush(t, &run, &streams);
-        if (g != NULL && kvs__now_ns() >= deadline_ns) {
+        if (g == NULL || r->gpu != 0)
+            continue; /* refused at submit, or a GPU copy (issued at submit) */
+        if (kvs__now_ns() >= deadline_ns) {
             r->status = KVS_TIMED_OUT;
-        } else if (g != NULL && r->gpu != 0 && r->iovcnt == 1) {
-            run = (gpu_run_t){g, r, 1, r->iov[0], r->offset}; /* may grow */
-        } else if (g != NULL && r->gpu != 0) {
-            r->status = gpu_copy(t, g, r, &streams);
-        } else if (g != NULL) {
+        } else {
             bool rd = r->op == KVS_XFER_READ;
             char *seg = (rd ? g->ro : g->rw) + r->offset;
             for (uint32_t j = 0; j < r->iovcnt; j++) {
@@ -780,17 +830,19 @@ static int shm_wait(kvs_transport_t *base, kvs_batch_t *b, uint64_t deadline_ns)
             }
         }
     }
-    run_flush(t, &run, &streams);
     /* GPU copies end here, before the wait returns: nothing lands afterwards. */
-    for (size_t d = 0; d < KVS_ARRAY_SIZE(streams.s); d++) {
-        if (streams.s[d] == NULL)
+    for (uint32_t d = 0; d < KVS_ARRAY_SIZE(b->streams.s); d++) {
+        kvs__gpu_stream_t *s = b->streams.s[d];
+        if (s == NULL)
             continue;
-        if (kvs__gpu_sync(streams.s[d]) != KVS_OK) {
+        if (kvs__gpu_sync(s) != KVS_OK) {
             for (uint32_t i = 0; i < b->n; i++)
                 if (b->reqs[i].gpu == d + 1 && b->reqs[i].status == KVS_OK)
                     b->reqs[i].status = KVS_TRANSFER_FAIL;
+            kvs__gpu_stream_destroy(s); /* its context may be unusable: not kept */
+        } else {
+            stream_give(t, d, s);
         }
-        kvs__gpu_stream_destroy(streams.s[d]);
     }
     /* Written bytes count only if their owner is alive now, after they were written. */
     for (uint32_t i = 0; i < b->n; i++) {
@@ -834,6 +886,9 @@ static void shm_destroy(kvs_transport_t *base)
         kvs__free(e->name);
         kvs__free(e);
     }
+    for (uint32_t d = 0; d < KVS_ARRAY_SIZE(t->idle); d++)
+        for (uint32_t i = 0; i < t->nidle[d]; i++)
+            kvs__gpu_stream_destroy(t->idle[d][i]);
     pthread_mutex_destroy(&t->lock);
     pthread_cond_destroy(&t->cond);
     kvs__free(t->dir);
