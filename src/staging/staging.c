@@ -696,14 +696,21 @@ static void run_fill(kvs__staging_t *st, call_plan_t *cp, uint32_t a, uint32_t b
                      pending_t *p)
 {
     fill_io_t io;
+    uint64_t t0 = kvs__now_ns();
     fill_submit(st, cp, a, b, base, &io);
+    uint64_t t1 = kvs__now_ns();
     if (io.rc == KVS_TIMED_OUT) { /* past the deadline: nothing was submitted */
         for (uint32_t i = a; i < b; i++)
             cp->keys[i].status = KVS_TIMED_OUT;
         return;
     }
     int plan_rc = cp->layout == NULL || cp->plan_ready ? KVS_OK : plan_upload(st, cp);
+    uint64_t t2 = kvs__now_ns();
     uint32_t nok = fill_wait(st, cp, a, b, &io);
+    /* Where a fill's time goes (KVS_LOG_LEVEL=debug): what docs/store_bench.md's serial steps
+     * were measured with. */
+    kvs_debug("staging: fill of keys [%u, %u): submit %.1f us, plan %.1f us, receive %.1f us", a, b,
+              (double)(t1 - t0) / 1e3, (double)(t2 - t1) / 1e3, (double)(kvs__now_ns() - t2) / 1e3);
     if (plan_rc != KVS_OK) {
         scatter_failed(cp->keys, a, b, nok, plan_rc);
         return;
@@ -829,13 +836,21 @@ int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n,
     /* Planning time, the busy wait excluded. */
     atomic_fetch_add(&st->st.plan_ns, (t_wait - t_enter) + (kvs__now_ns() - t_held));
     pending_t pend[2] = {{0}};
+    uint64_t scatter_wait_ns = 0;
     for (uint32_t f = 0, a = 0; f < cp.nfills; a = cp.fill_end[f++]) {
         pending_t *p = &pend[cp.halves ? f % 2 : 0];
+        uint64_t t = kvs__now_ns();
         fill_finish(st, keys, p, deadline_ns); /* the scatter that last read this part */
+        scatter_wait_ns += kvs__now_ns() - t;
         run_fill(st, &cp, a, cp.fill_end[f], cp.halves ? (f % 2) * cp.half : 0, p);
     }
+    uint64_t t_last = kvs__now_ns();
     fill_finish(st, keys, &pend[0], deadline_ns);
     fill_finish(st, keys, &pend[1], deadline_ns);
+    kvs_debug("staging: %u fill(s), %.1f us waiting for scatters before fills, %.1f us for the "
+              "last; %.1f us in all",
+              cp.nfills, (double)scatter_wait_ns / 1e3, (double)(kvs__now_ns() - t_last) / 1e3,
+              (double)(kvs__now_ns() - t_enter) / 1e3);
     buffer_release(st);
     return KVS_OK;
 }
