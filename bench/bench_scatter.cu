@@ -4,7 +4,8 @@
 // contiguous copy of the same bytes (the limit). Host wall time covers building the method's
 // descriptors, uploading them, submitting and waiting. GPU time is the method's work on the GPU
 // alone: the submission is queued behind a gate kernel that the host opens once everything is
-// enqueued, and events time the queued work (uploads included, host preparation excluded). The
+// enqueued, and events time the queued work (uploads included, host preparation excluded; the
+// page-table methods' GPU time is their kernel's, their plan upload being in the wall time). The
 // per-fragment APIs enqueue too much to wait behind a gate; their GPU time runs from submission.
 // Medians after warm-up, methods in rotating order, every result verified on the GPU against the
 // source (the destinations are cleared before each call). Placement of the fragments in the
@@ -61,16 +62,23 @@ enum method_t {
     M_K32,
     M_PAGES,
     M_PAGES_P,
+    M_REF,
     M_COUNT
 };
-const char *const kMethodNames[M_COUNT] = {
-    "kvstash",           "cudaMemcpyBatchAsync", "cudaMemcpyAsync/frag",
-    "cub::Batched",      "contiguous",           "kvstash/8 blocks",
-    "kvstash/16 blocks", "kvstash/32 blocks",    "kvstash/page table",
-    "page table/persist"};
-const char *const kMethodKeys[M_COUNT] = {"kvstash",    "batch",           "per-frag", "cub",
-                                          "contiguous", "bounded",         "bounded",  "bounded",
-                                          "pages",      "pages-persistent"};
+const char *const kMethodNames[M_COUNT] = {"kvstash",
+                                           "cudaMemcpyBatchAsync",
+                                           "cudaMemcpyAsync/frag",
+                                           "cub::Batched",
+                                           "contiguous",
+                                           "kvstash/8 blocks",
+                                           "kvstash/16 blocks",
+                                           "kvstash/32 blocks",
+                                           "kvstash/page table",
+                                           "page table/persist",
+                                           "reference copy"};
+const char *const kMethodKeys[M_COUNT] = {
+    "kvstash", "batch", "per-frag",         "cub",      "contiguous", "bounded", "bounded",
+    "bounded", "pages", "pages-persistent", "reference"};
 // Bytes per key in the page-table form (a key is a unit of the plan, as a stored object is).
 constexpr uint64_t kPageKeyBytes = 1u << 20;
 const uint32_t kBounded[3] = {8, 16, 32};
@@ -223,6 +231,7 @@ struct ctx_t {
     kvs__scatter_t *scatter;
     kvs__scatter_t *bounded[3]; // max_blocks 8, 16, 32
     kvs__scatter_t *persist;    // the page kernel's persistent warps on the full grid
+    uint32_t *d_ids;            // the reference copy's page ids of the current set
     char *src;
     char *pool;
     uint64_t pool_len;
@@ -244,9 +253,51 @@ struct ctx_t {
     std::atomic<int> gate;
 };
 
-void run_method(ctx_t &c, method_t m, const set_t &s, std::vector<void *> &dsts,
-                std::vector<const void *> &srcs, std::vector<size_t> &sizes)
+// The reference copy: a warp per page, eight 16-byte loads in flight per lane, page i of the
+// source to page ids[i] of the pool (pages a multiple of 16 bytes, sources in page order, as the
+// paged sets are). What the page copy alone costs, without a plan or the library's kernels.
+__global__ void __launch_bounds__(256, 4)
+    reference_copy(char *pool, const char *src, const uint32_t *ids, unsigned page, unsigned n)
 {
+    unsigned lane = threadIdx.x & 31;
+    unsigned long long u = (unsigned long long)blockIdx.x * 8 + threadIdx.x / 32;
+    if (u >= n)
+        return;
+    const uint4 *sp = reinterpret_cast<const uint4 *>(src + u * page);
+    uint4 *dp = reinterpret_cast<uint4 *>(pool + (size_t)ids[u] * page);
+    unsigned nvec = page / 16;
+    for (unsigned i = lane; i < nvec; i += 8 * 32) {
+        uint4 v[8];
+#pragma unroll
+        for (unsigned k = 0; k < 8; k++)
+            if (i + k * 32 < nvec)
+                v[k] = sp[i + k * 32];
+#pragma unroll
+        for (unsigned k = 0; k < 8; k++)
+            if (i + k * 32 < nvec)
+                dp[i + k * 32] = v[k];
+    }
+}
+
+bool is_pages(method_t m)
+{
+    return m == M_PAGES || m == M_PAGES_P;
+}
+
+// The context a page-table method launches on.
+kvs__scatter_t *page_ctx(const ctx_t &c, method_t m)
+{
+    return m == M_PAGES_P ? c.persist : c.scatter;
+}
+
+// Enqueues method m on the set; `start` is recorded where its GPU time begins: before its work,
+// or for the page methods after the plan's upload (a staged read uploads it during its first
+// fill), so that their GPU time is the kernel's.
+void run_method(ctx_t &c, method_t m, const set_t &s, std::vector<void *> &dsts,
+                std::vector<const void *> &srcs, std::vector<size_t> &sizes, cudaEvent_t start)
+{
+    if (!is_pages(m))
+        BENCH_CUDA(cudaEventRecord(start, c.stream));
     const size_t n = s.frags.size();
     switch (m) {
     case M_KERNEL:
@@ -312,6 +363,13 @@ void run_method(ctx_t &c, method_t m, const set_t &s, std::vector<void *> &dsts,
     case M_CONTIG:
         BENCH_CUDA(cudaMemcpyAsync(c.pool, c.src, s.bytes, cudaMemcpyDeviceToDevice, c.stream));
         break;
+    case M_REF: {
+        unsigned n = (unsigned)s.ids.size();
+        reference_copy<<<(n + 7) / 8, 256, 0, c.stream>>>(c.pool, c.src, c.d_ids,
+                                                          (unsigned)s.page_bytes, n);
+        BENCH_CUDA(cudaGetLastError());
+        break;
+    }
     case M_PAGES:
     case M_PAGES_P: {
         uint64_t t0 = kvs__now_ns();
@@ -335,9 +393,9 @@ void run_method(ctx_t &c, method_t m, const set_t &s, std::vector<void *> &dsts,
         }
         c.plan_ns = kvs__now_ns() - t0;
         BENCH_CUDA(cudaMemcpyAsync(c.d_plan, c.h_plan, bytes, cudaMemcpyHostToDevice, c.stream));
+        BENCH_CUDA(cudaEventRecord(start, c.stream));
         uint64_t units = (uint64_t)s.ids.size() * nslices;
-        int rc = kvs__scatter_pages_launch(m == M_PAGES ? c.scatter : c.persist, c.src, &plan, 0,
-                                           nk, 0, units, c.stream);
+        int rc = kvs__scatter_pages_launch(page_ctx(c, m), c.src, &plan, 0, nk, 0, units, c.stream);
         if (rc != KVS_OK) {
             std::fprintf(stderr, "bench scatter: page launch: %s\n", kvs_status_str(rc));
             std::exit(1);
@@ -381,7 +439,9 @@ void usage(FILE *f)
            "  --methods    kvstash, batch, per-frag, cub, contiguous, bounded (8/16/32-block\n"
            "               kvstash grids), pages (page-table form: sets of equal pages, plan\n"
            "               built and uploaded within the call), pages-persistent (the same\n"
-           "               with persistent warps); default all\n"
+           "               with persistent warps), reference (the least a page copy costs: a warp\n"
+           "               per page, 16-byte loads, page ids already on the GPU; no plan,\n"
+           "               no library code); default all\n"
            "  --reps       timed calls per method (default 20; methods whose calls take over\n"
            "               200 ms get 5)\n"
            "  --warmup     untimed calls per method first (default 3, at least 1)\n");
@@ -565,6 +625,13 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
             }
             BENCH_CUDA(cudaMemcpy(c.d_frags, s.checks.data(), s.checks.size() * sizeof(frag_t),
                                   cudaMemcpyHostToDevice));
+            cudaFree(c.d_ids); // the reference copy's page ids, untimed
+            c.d_ids = NULL;
+            if (s.paged) {
+                BENCH_CUDA(cudaMalloc(&c.d_ids, s.ids.size() * sizeof(uint32_t)));
+                BENCH_CUDA(cudaMemcpy(c.d_ids, s.ids.data(), s.ids.size() * sizeof(uint32_t),
+                                      cudaMemcpyHostToDevice));
+            }
             std::vector<void *> dsts;
             std::vector<const void *> srcs;
             std::vector<size_t> sizes;
@@ -581,24 +648,23 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
                 for (int k = 0; k < M_COUNT; k++) {
                     method_t m = (method_t)((k + r) % M_COUNT);
                     if (!use[m] || (r >= warmup && r - warmup >= nreps[m]) ||
-                        ((m == M_PAGES || m == M_PAGES_P) && !s.paged))
+                        ((is_pages(m) || m == M_REF) && !s.paged))
                         continue;
                     // Wall time: submitted at once, host preparation included.
                     BENCH_CUDA(cudaMemsetAsync(c.pool, 0, c.pool_len, c.stream));
                     BENCH_CUDA(cudaStreamSynchronize(c.stream));
                     uint64_t t0 = kvs__now_ns();
-                    BENCH_CUDA(cudaEventRecord(e0, c.stream));
-                    run_method(c, m, s, dsts, srcs, sizes);
+                    run_method(c, m, s, dsts, srcs, sizes, e0);
                     uint64_t tq = kvs__now_ns();
                     BENCH_CUDA(cudaEventRecord(e1, c.stream));
                     BENCH_CUDA(cudaStreamSynchronize(c.stream));
                     uint64_t t1 = kvs__now_ns();
                     kvs__scatter_stats_t st = {0, 0, 0};
-                    if (m == M_KERNEL || m == M_PAGES)
+                    if (m == M_KERNEL)
                         kvs__scatter_stats(c.scatter, &st);
-                    if (m == M_PAGES_P)
-                        kvs__scatter_stats(c.persist, &st);
-                    if (m == M_PAGES || m == M_PAGES_P)
+                    if (is_pages(m))
+                        kvs__scatter_stats(page_ctx(c, m), &st);
+                    if (is_pages(m))
                         st.prepare_ns = c.plan_ns; // the plan, built on the host, is its prepare
                     float gms = 0;
                     BENCH_CUDA(cudaEventElapsedTime(&gms, e0, e1));
@@ -610,8 +676,7 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
                         BENCH_CUDA(cudaMemsetAsync(c.pool, 0, c.pool_len, c.stream));
                         c.gate.store(0);
                         BENCH_CUDA(cudaLaunchHostFunc(c.stream, gate_fn, &c.gate));
-                        BENCH_CUDA(cudaEventRecord(e0, c.stream));
-                        run_method(c, m, s, dsts, srcs, sizes);
+                        run_method(c, m, s, dsts, srcs, sizes, e0);
                         BENCH_CUDA(cudaEventRecord(e1, c.stream));
                         if (c.gate.exchange(1) != 0) {
                             std::fprintf(stderr, "bench scatter: the gate gave up waiting\n");
@@ -639,7 +704,7 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
                 double wg = (double)s.bytes / (w * 1e6), gg = (double)s.bytes / (g * 1e6);
                 double pu = median(prep[m]), su = median(subm[m]);
                 char split[48] = "";
-                if (m == M_KERNEL || m == M_PAGES || m == M_PAGES_P)
+                if (m == M_KERNEL || is_pages((method_t)m))
                     std::snprintf(split, sizeof(split), " (%.0f + %.0f)", pu, su);
                 failures += !ok[m];
                 std::printf("%-8s %-13s %9zu  %-22s %9.3f %8.3f%s %9.1f %9.1f %10.3f%s  %s%s\n",
@@ -664,6 +729,7 @@ extern "C" int kvs__bench_scatter_main(int argc, char **argv)
         for (int b = 0; b < 3; b++)
             kvs__scatter_destroy(c.bounded[b]);
         kvs__scatter_destroy(c.persist);
+        cudaFree(c.d_ids);
         cudaFree(c.src);
         cudaFree(c.pool);
         cudaFree(c.d_srcs);

@@ -142,13 +142,28 @@ static uint64_t len_12mib(void)
     return 12ull << 20;
 }
 
-static kvs__scatter_t *make(uint32_t max_blocks)
+static kvs__scatter_t *make_pages(uint32_t max_blocks, bool persistent)
 {
-    kvs__scatter_config_t cfg = {.device = 0, .max_blocks = max_blocks};
+    kvs__scatter_config_t cfg = {
+        .device = 0, .max_blocks = max_blocks, .persistent_pages = persistent};
     kvs__scatter_t *s = NULL;
     CHECK_STATUS(kvs__scatter_create(&cfg, &s), KVS_OK);
     return s;
 }
+
+static kvs__scatter_t *make(uint32_t max_blocks)
+{
+    return make_pages(max_blocks, false);
+}
+
+/* The page kernels a test runs: a warp per unit and persistent warps on the full grid, then
+ * persistent warps on a bounded one. */
+typedef struct {
+    uint32_t blocks;
+    bool persistent;
+} pages_run_t;
+static const pages_run_t kPagesRuns[] = {{0, false}, {0, true}, {8, false}};
+enum { NPAGES_RUNS = sizeof(kPagesRuns) / sizeof(kPagesRuns[0]) };
 
 static void test_inline_descriptors(void)
 {
@@ -521,25 +536,29 @@ static void plans_free(plans_t *p)
 
 /* The page-table kernel against the host backend's copy of the same plan (the mapping both run
  * is shared, so this checks the kernel's chunking, shuffles and copies): K/V halves interleaved
- * at one stride, an odd 80 KiB + 5 region (two slices), an odd base; keys of 1..9 pages at odd
- * source offsets; both orders, launches of sub-ranges of keys, full and bounded grids. Every byte
- * of the device pool equals the host pool, guard bytes included. */
+ * at one stride, an 80 KiB + 5 region (two slices) at an odd base; keys of 1..9 pages at odd
+ * source offsets; both orders, launches of sub-ranges of keys, every page kernel. A second pass
+ * aligns the K/V pages (4 KiB), the keys' sources and the large region's length to 16 bytes (the
+ * copy loop's aligned path), beside the large region's misaligned base. Every byte of the device
+ * pool equals the host pool, guard bytes included. */
 static void test_page_table_kernel(void)
 {
     enum { P = 64, NK = 12 };
-    const size_t big = (80u << 10) + 5;
     size_t pool_len = P * 8192 + P * (96u << 10) + 64;
     uint8_t *h_pool = malloc(pool_len), *h_ref = malloc(pool_len), *h_dev = malloc(pool_len);
     CHECK(h_pool && h_ref && h_dev);
     char *d_pool = NULL, *d_src = NULL;
     CHECK_CUDA(cudaMalloc((void **)&d_pool, pool_len));
-    for (int order = KVS_PAGE_MAJOR; order <= KVS_REGION_MAJOR; order++) {
-        for (uint32_t blocks = 0; blocks <= 8; blocks += 8) {
-            kvs__scatter_t *s = make(blocks);
+    for (int pass = 0; pass < 4 * NPAGES_RUNS; pass++) {
+        int order = KVS_PAGE_MAJOR + pass % 2, aligned = pass / 2 % 2;
+        const pages_run_t *run = &kPagesRuns[pass / 4];
+        {
+            kvs__scatter_t *s = make_pages(run->blocks, run->persistent);
+            const size_t kv = aligned ? 4096 : 3000, big = (80u << 10) + (aligned ? 16 : 5);
             memset(h_ref, GUARD_BYTE, pool_len);
             CHECK_CUDA(cudaMemset(d_pool, GUARD_BYTE, pool_len));
-            kvs_page_region_t rg[3] = {{d_pool, 3000, 8192, P},
-                                       {d_pool + 4096, 3000, 8192, P},
+            kvs_page_region_t rg[3] = {{d_pool, kv, 8192, P},
+                                       {d_pool + 4096, kv, 8192, P},
                                        {d_pool + P * 8192 + 3, big, 96u << 10, P - 1}};
             kvs_page_region_t hrg[3];
             for (int r = 0; r < 3; r++)
@@ -566,7 +585,8 @@ static void test_page_table_kernel(void)
                 uint64_t np = 1 + kvs_test_rand() % 5;
                 keys[k] = (kvs__pt_pages_t){perm + used, np};
                 used += (uint32_t)np;
-                off[k] = pos + kvs_test_rand() % 7; /* odd source offsets */
+                off[k] = aligned ? KVS_ALIGN_UP(pos, 16)
+                                 : pos + kvs_test_rand() % 7; /* odd source offsets */
                 pos = off[k] + np * row;
             }
             CHECK(used <= P - 1);
@@ -612,7 +632,8 @@ static void test_page_table_kernel(void)
 
 /* Many small pages (16,384 units of 512 bytes, region-major over two regions): on a bounded grid
  * of 8 blocks every warp takes 32-unit chunks, so the chunk mapping and its shuffles run; the
- * full grid runs a warp per unit. Compared byte for byte with the host copy of the plan. */
+ * full grid runs each page kernel. Compared byte for
+ * byte with the host copy of the plan. */
 static void test_page_table_kernel_many_small_pages(void)
 {
     enum { P = 8192, NK = 16, PER = 512 };
@@ -637,8 +658,8 @@ static void test_page_table_kernel_many_small_pages(void)
         h_src[b] = (uint8_t)(kvs_test_rand() >> 24);
     CHECK_CUDA(cudaMalloc((void **)&d_src, src_len));
     CHECK_CUDA(cudaMemcpy(d_src, h_src, src_len, cudaMemcpyHostToDevice));
-    for (uint32_t blocks = 0; blocks <= 8; blocks += 8) {
-        kvs__scatter_t *s = make(blocks);
+    for (int run = 0; run < NPAGES_RUNS; run++) {
+        kvs__scatter_t *s = make_pages(kPagesRuns[run].blocks, kPagesRuns[run].persistent);
         memset(h_ref, GUARD_BYTE, pool_len);
         CHECK_CUDA(cudaMemset(d_pool, GUARD_BYTE, pool_len));
         kvs_page_region_t rg[2] = {{d_pool, 512, 512, P}, {d_pool + (size_t)P * 512, 512, 512, P}};
