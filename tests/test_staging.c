@@ -248,9 +248,9 @@ static void test_staging_seven_keys_four_fills(void)
     server_stop(&st.srv);
 }
 
-/* With MC_STORE_GPU_STAGING_HALF_FILLS=1, keys that all fit half the buffer fill halves in turn
- * over shm (one fill's receive overlapping the previous fill's scatter); one larger key, tcp, or
- * the default (off) make fills take the whole buffer. */
+/* By default (and with MC_STORE_GPU_STAGING_HALF_FILLS=1), keys that all fit half the buffer fill
+ * halves in turn over shm (one fill's receive overlapping the previous fill's scatter); one larger
+ * key, tcp, or MC_STORE_GPU_STAGING_HALF_FILLS=0 make fills take the whole buffer. */
 static void test_staging_half_buffer_fills(void)
 {
     store_t st;
@@ -287,13 +287,19 @@ static void test_staging_half_buffer_fills(void)
     CHECK_EQ_U64(s.fills, 2);
     CHECK_EQ_U64(s.tcp_transfers, 6);
     kvs_client_close(c);
-    /* Off (the default): whole-buffer fills over shm too. */
-    unsetenv("MC_STORE_GPU_STAGING_HALF_FILLS");
+    /* Off: whole-buffer fills over shm too. */
+    setenv("MC_STORE_GPU_STAGING_HALF_FILLS", "0", 1);
     c = staged_client(&st, 5000, NULL);
     read_all_exact(c, keys, sizes, 6);
     s = stats(c);
     CHECK_EQ_U64(s.fills, 2);
     CHECK_EQ_U64(s.shm_transfers, 6);
+    kvs_client_close(c);
+    /* Unset: the default, half fills. */
+    unsetenv("MC_STORE_GPU_STAGING_HALF_FILLS");
+    c = staged_client(&st, 5000, NULL);
+    read_all_exact(c, keys, sizes, 6);
+    CHECK_EQ_U64(stats(c).fills, 3);
     kvs_client_close(c);
     server_stop(&st.srv);
 }
@@ -967,7 +973,8 @@ static void pt_check_pool(const kvs_page_region_t *rg, size_t nr, kvs_page_order
 
 /* The page scatter's plan (no fragment list on the staged path): K and V halves of one tensor
  * interleaved at one stride stage (they share no byte); pages over 64 KiB are cut into slices;
- * keys spread over two fills; a key whose receive fails is skipped within its fill's launches,
+ * keys spread over two whole-buffer fills; a key whose receive fails is skipped within its fill's
+ * launches,
  * its pages untouched; regions that do share bytes, and a page named twice among sparse ids (the
  * sorted check), fall back. Stats name the staging device, the last call's fills and the plan
  * time overlapped with the first fill. */
@@ -975,7 +982,9 @@ static void test_staging_page_table_plan(void)
 {
     store_t st;
     store_start(&st, NULL);
+    setenv("MC_STORE_GPU_STAGING_HALF_FILLS", "0", 1); /* two keys a fill, so one can fail */
     kvs_client_t *c = staged_client(&st, 5000, NULL);
+    unsetenv("MC_STORE_GPU_STAGING_HALF_FILLS");
     enum { P = 16, NP = 3, NK = 4 };
     const size_t big = (80u << 10) + 5, kv = 3000;
     size_t pool_len = P * 8192 + P * (96u << 10);

@@ -66,7 +66,7 @@ const char *kvs__staging_fallback_name(kvs__fallback_t f)
 
 int kvs__staging_config_init(kvs__staging_config_t *cfg)
 {
-    *cfg = (kvs__staging_config_t){.buffer_bytes = DEFAULT_BUFFER_BYTES};
+    *cfg = (kvs__staging_config_t){.buffer_bytes = DEFAULT_BUFFER_BYTES, .half_fills = true};
     int rc = KVS_OK;
     const char *mode = getenv("MC_STORE_GPU_STAGING");
     if (mode != NULL && strcasecmp(mode, "auto") == 0)
@@ -725,14 +725,15 @@ static void run_fill(kvs__staging_t *st, call_plan_t *cp, uint32_t a, uint32_t b
 }
 
 /* Places the keys in fills: greedy, in call order, a key that does not fit closing its fill.
- * Half fills (opt-in, MC_STORE_GPU_STAGING_HALF_FILLS=1): when every key fits half the buffer and
- * is read by a transport whose submissions cost no ramp-up (shm), fills take half each, in turn,
- * so a fill's receive overlaps the previous fill's scatter (DESIGN §1 allows reusing parts of the
- * buffer so). Otherwise, and by default, fills take the whole buffer one after another. On the
- * H200 (docs/store_bench.md) half fills moved 96 x 12 MiB over shm from 1.19x to 1.17x of the H2D
- * limit but 1536 x 384 KiB from 1.29x to 1.41x (twice the fills, each with its own synchronised
- * copy batch); over tcp every fill ends in a drain where connections idle, and halving fills
- * doubled those (0.83x -> 0.88x of raw tcp), so tcp never takes them. */
+ * Half fills (the default; MC_STORE_GPU_STAGING_HALF_FILLS=0 turns them off): when every key fits
+ * half the buffer and is read by a transport whose submissions cost no ramp-up (shm), fills take
+ * half each, in turn, so a fill's receive overlaps the previous fill's scatter (DESIGN §1 allows
+ * reusing parts of the buffer so). Otherwise fills take the whole buffer one after another. On
+ * the H200 (docs/store_bench.md, run 4) half fills took shm page-table reads from 1.06x to 1.04x
+ * of the H2D limit (96 x 12 MiB) and from 1.17x to 1.15x (1536 x 384 KiB), once shm issued its
+ * copies at submit on pooled streams; before that, each extra fill's stream set-up made them
+ * lose at 1536 x 384 KiB (1.29x -> 1.41x). Over tcp every fill ends in a drain where connections
+ * idle, and halving fills doubled those (0.83x -> 0.88x of raw tcp), so tcp never takes them. */
 static void plan_fills(const kvs__staging_t *st, call_plan_t *cp)
 {
     cp->half = st->cfg.buffer_bytes / 2 / KVS_STAGING_ALIGN * KVS_STAGING_ALIGN;

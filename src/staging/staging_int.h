@@ -26,7 +26,7 @@ typedef struct {
     bool adaptive;         /* MC_STORE_GPU_STAGING=auto: staging_policy.c chooses per call */
     uint64_t buffer_bytes; /* MC_STORE_GPU_STAGING_BUFFER_BYTES (default 256 MiB) */
     uint64_t busy_wait_us; /* MC_STORE_GPU_STAGING_BUSY_WAIT_US (default 0) */
-    bool half_fills;       /* MC_STORE_GPU_STAGING_HALF_FILLS (default off): see staging.c */
+    bool half_fills;       /* MC_STORE_GPU_STAGING_HALF_FILLS (default on): see staging.c */
     const char *backend;   /* MC_STORE_GPU_STAGING_BACKEND: "host", or NULL for the GPU one */
 } kvs__staging_config_t;
 
