@@ -27,8 +27,8 @@
 #                  client metrics are refused with a message; `pip install --no-build-isolation`
 #                  into a venv picks the CUDA build, and a round trip runs from outside the tree
 #   pages          the page-table form (issue 30): the page kernel's test and memcheck, `bench
-#                  scatter` of equal pages (descriptors, page table, contiguous), `bench store`
-#                  with page-table staged reads, and bench/pages_torch.py (Python page-table
+#                  scatter` of equal pages (descriptors, page table, reference copy, contiguous),
+#                  `bench store` with page-table staged reads, and bench/pages_torch.py (Python page-table
 #                  read against batch_get_into + index_copy_) over shm and tcp
 #   policy         bench/policy_matrix.py: the adaptive mode (MC_STORE_GPU_STAGING=auto) against
 #                  direct, grouped and staged over page sizes x object sizes x shm and tcp
@@ -138,7 +138,7 @@ for suite in "$@"; do
             --error-exitcode 3 build-gpu/tests/test_gpu_scatter test_page_table_kernel
         step pages_staging_test build-gpu/tests/test_gpu_staging
         step pages_scatter_bench build-gpu/kvstash bench scatter --bytes 256MiB \
-            --sets 4KiB,8KiB,16KiB,64KiB --methods kvstash,pages,contiguous \
+            --sets 4KiB,8KiB,16KiB,64KiB --methods kvstash,pages,reference,contiguous \
             --csv "$out/pages_scatter.csv"
         step pages_store_bench build-gpu/kvstash bench store --readers 1 --threads 0 \
             --rounds "${PAGES_ROUNDS:-3}" --csv "$out/pages_store.csv" \
