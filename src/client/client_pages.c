@@ -65,15 +65,15 @@ static int pages_check(const char *op, size_t n, const kvs_page_region_t regions
 bool kvs__pages_fragments(const kvs__page_layout_t *L, const uint32_t *ids, size_t npages,
                           struct iovec *out)
 {
-    if (kvs__pt_ids_max(ids, npages) > L->max_id) /* as checked: they may have changed since */
-        return false;
     bool pm = L->order == KVS_PAGE_MAJOR;
     size_t outer = pm ? npages : L->nregions, inner = pm ? L->nregions : npages;
     for (size_t a = 0; a < outer; a++) {
         for (size_t b = 0; b < inner; b++) {
             const kvs_page_region_t *g = &L->regions[pm ? b : a];
-            *out++ = (struct iovec){(char *)g->base + (size_t)ids[pm ? a : b] * g->stride,
-                                    g->page_bytes};
+            uint32_t id = ids[pm ? a : b]; /* read once: the check holds for the address made */
+            if (id > L->max_id)            /* as checked: the caller may have changed them since */
+                return false;
+            *out++ = (struct iovec){(char *)g->base + (size_t)id * g->stride, g->page_bytes};
         }
     }
     return true;

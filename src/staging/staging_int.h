@@ -192,7 +192,9 @@ int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n,
 /* Whether two regions' pages (ids below np) may share a byte (conservative: see the code). */
 bool kvs__pt_regions_overlap(const kvs__page_layout_t *L, uint64_t np);
 /* Whether the keys name a page id twice: with `seen`, np bytes, or a bitmap `bm` of np bits (every
- * id below np), or by sorting a copy of the ids in `tmp` (room for all of them). */
+ * id below np), or by sorting a copy of the ids in `tmp` (room for all of them). The first two
+ * also answer true for an id of np or more (the caller changed it after the call checked it),
+ * never indexing past their map. */
 bool kvs__pt_ids_repeat(const kvs__staged_key_t *keys, uint32_t n, uint64_t *bm, uint64_t np);
 bool kvs__pt_ids_repeat_bytes(const kvs__staged_key_t *keys, uint32_t n, uint8_t *seen,
                               uint64_t np);

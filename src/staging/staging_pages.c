@@ -78,7 +78,8 @@ uint32_t kvs__pt_ids_max(const uint32_t *ids, uint64_t n)
     uint32_t lane[16] = {0}, m = 0;
     uint64_t j = 0;
     for (; j + 16 <= n; j += 16) {
-        __builtin_prefetch(ids + j + 2048);
+        if (j + 2048 < n)
+            __builtin_prefetch(ids + j + 2048);
         for (unsigned q = 0; q < 16; q++)
             lane[q] = ids[j + q] > lane[q] ? ids[j + q] : lane[q];
     }
@@ -98,8 +99,11 @@ bool kvs__pt_ids_repeat_bytes(const kvs__staged_key_t *keys, uint32_t n, uint8_t
     for (uint32_t i = 0; i < n && !again; i++) {
         const uint32_t *ids = keys[i].pages.ids;
         for (uint64_t j = 0; j < keys[i].pages.npages; j++) {
-            again |= seen[ids[j]];
-            seen[ids[j]] = 1;
+            uint32_t id = ids[j]; /* the caller's memory: read once, bounded */
+            if (id >= np)
+                return true; /* changed since the call checked it: do not stage */
+            again |= seen[id];
+            seen[id] = 1;
         }
     }
     return again != 0;
@@ -111,7 +115,10 @@ bool kvs__pt_ids_repeat(const kvs__staged_key_t *keys, uint32_t n, uint64_t *bm,
     for (uint32_t i = 0; i < n; i++) {
         const uint32_t *ids = keys[i].pages.ids;
         for (uint64_t j = 0; j < keys[i].pages.npages; j++) {
-            uint64_t w = ids[j] >> 6, bit = 1ull << (ids[j] & 63);
+            uint32_t id = ids[j]; /* the caller's memory: read once, bounded */
+            if (id >= np)
+                return true; /* changed since the call checked it: do not stage */
+            uint64_t w = id >> 6, bit = 1ull << (id & 63);
             if (bm[w] & bit)
                 return true;
             bm[w] |= bit;
