@@ -81,7 +81,8 @@ typedef struct {
     /* Waits for every request or the deadline (kvs__now_ns clock). At the deadline the rest
      * are cancelled and get TIMED_OUT; when it returns, no transfer of the batch can still
      * touch local memory. Frees the batch. Returns OK if all requests succeeded, else the
-     * first failure. */
+     * first failure. (shm: a copy to or from GPU memory cannot be cancelled once issued, at
+     * submit or in the wait; the wait then lasts until it ends, and the request succeeds.) */
     int (*wait)(kvs_transport_t *t, kvs_batch_t *batch, uint64_t deadline_ns);
     void (*destroy)(kvs_transport_t *t);
 } kvs_transport_ops_t;

@@ -69,9 +69,13 @@ struct kvs_batch {
     uint32_t n;
     shm_seg_t **segs;
     streams_t streams; /* its GPU copies, issued at submit and waited for by shm_wait */
+    bool deferred;     /* no stream was free at submit: the copies are issued by shm_wait */
 };
 
-/* Idle copy streams kept per device (creating and destroying one per batch cost tens of us). */
+/* Copy streams per device that batches take at submit, kept idle between batches (creating and
+ * destroying one per batch cost tens of us). A batch submitted while all are taken (a direct
+ * read submits one batch per key before it waits for any) issues its copies in its wait, as
+ * every batch once did, on a stream taken then. */
 #define IDLE_STREAMS 4
 
 typedef struct {
@@ -85,9 +89,11 @@ typedef struct {
     shm_seg_t *segs;
     kvs__gpu_stream_t *idle[16][IDLE_STREAMS]; /* under lock */
     uint32_t nidle[16];
+    uint32_t nlive[16]; /* streams alive, idle or taken */
 } shm_transport_t;
 
 static void gpu_issue(shm_transport_t *t, kvs_batch_t *b, uint64_t deadline_ns);
+static bool streams_reserve(shm_transport_t *t, kvs_batch_t *b);
 
 const char *kvs__shm_dir(void)
 {
@@ -661,34 +667,69 @@ static int shm_submit(kvs_transport_t *base, kvs_xfer_req_t *reqs, uint32_t n, u
             segs[i] = g;
         pthread_mutex_unlock(&t->lock);
     }
-    gpu_issue(t, b, deadline_ns);
+    b->deferred = !streams_reserve(t, b);
+    if (!b->deferred)
+        gpu_issue(t, b, deadline_ns);
     *batch_p = b;
     return KVS_OK;
 }
 
-/* A copy stream of device `dev`: an idle one, else a new one. */
-static kvs__gpu_stream_t *stream_take(shm_transport_t *t, uint32_t dev)
+/* A copy stream of device `dev`: an idle one, else a new one; `bounded` (at submit): none rather
+ * than more than IDLE_STREAMS alive. */
+static kvs__gpu_stream_t *stream_take(shm_transport_t *t, uint32_t dev, bool bounded)
 {
     kvs__gpu_stream_t *s = NULL;
     pthread_mutex_lock(&t->lock);
+    bool create = false;
     if (t->nidle[dev] > 0)
         s = t->idle[dev][--t->nidle[dev]];
+    else if (!bounded || t->nlive[dev] < IDLE_STREAMS) {
+        t->nlive[dev]++;
+        create = true;
+    }
     pthread_mutex_unlock(&t->lock);
-    if (s == NULL && kvs__gpu_stream_create((int)dev, &s) != KVS_OK)
+    if (create && kvs__gpu_stream_create((int)dev, &s) != KVS_OK) {
         s = NULL;
+        pthread_mutex_lock(&t->lock);
+        t->nlive[dev]--;
+        pthread_mutex_unlock(&t->lock);
+    }
     return s;
 }
 
-/* Returns a stream whose work has ended (synchronised without error). */
-static void stream_give(shm_transport_t *t, uint32_t dev, kvs__gpu_stream_t *s)
+/* Returns a stream whose work has ended; `ok`: synchronised without error (else it is not kept:
+ * its context may be unusable). */
+static void stream_give(shm_transport_t *t, uint32_t dev, kvs__gpu_stream_t *s, bool ok)
 {
     pthread_mutex_lock(&t->lock);
-    if (t->nidle[dev] < IDLE_STREAMS) {
+    if (ok && t->nidle[dev] < IDLE_STREAMS) {
         t->idle[dev][t->nidle[dev]++] = s;
         s = NULL;
+    } else {
+        t->nlive[dev]--;
     }
     pthread_mutex_unlock(&t->lock);
     kvs__gpu_stream_destroy(s);
+}
+
+/* Takes, at submit, a stream for every device the batch's GPU requests use; false (none kept)
+ * when one is not free. */
+static bool streams_reserve(shm_transport_t *t, kvs_batch_t *b)
+{
+    for (uint32_t i = 0; i < b->n; i++) {
+        uint32_t dev = b->reqs[i].gpu - 1;
+        if (b->segs[i] == NULL || b->reqs[i].gpu == 0 || dev >= KVS_ARRAY_SIZE(b->streams.s) ||
+            b->streams.s[dev] != NULL)
+            continue;
+        if ((b->streams.s[dev] = stream_take(t, dev, true)) == NULL) {
+            for (uint32_t d = 0; d < KVS_ARRAY_SIZE(b->streams.s); d++)
+                if (b->streams.s[d] != NULL)
+                    stream_give(t, d, b->streams.s[d], true);
+            memset(&b->streams, 0, sizeof(b->streams));
+            return false;
+        }
+    }
+    return true;
 }
 
 /* Registers the chunks of the mapping that [off, off + len) touches, within the pin cap. A chunk
@@ -729,7 +770,7 @@ static int gpu_copy(shm_transport_t *t, shm_seg_t *g, kvs_xfer_req_t *r, streams
         return KVS_INVALID_PARAMS;
     bool rd = r->op == KVS_XFER_READ;
     pin_range(t, g, rd, r->offset, r->length);
-    if (st->s[dev] == NULL && (st->s[dev] = stream_take(t, dev)) == NULL)
+    if (st->s[dev] == NULL && (st->s[dev] = stream_take(t, dev, false)) == NULL)
         return KVS_TRANSFER_FAIL;
     /* A copy may not span two registrations: split at chunk boundaries. */
     char *base = rd ? g->ro : g->rw;
@@ -810,11 +851,13 @@ static int shm_wait(kvs_transport_t *base, kvs_batch_t *b, uint64_t deadline_ns)
     if (t == NULL || b == NULL)
         return KVS_INVALID_PARAMS;
     int rc = KVS_OK;
+    if (b->deferred)
+        gpu_issue(t, b, deadline_ns);
     for (uint32_t i = 0; i < b->n; i++) {
         kvs_xfer_req_t *r = &b->reqs[i];
         shm_seg_t *g = b->segs[i];
         if (g == NULL || r->gpu != 0)
-            continue; /* refused at submit, or a GPU copy (issued at submit) */
+            continue; /* refused at submit, or a GPU copy (issued above or at submit) */
         if (kvs__now_ns() >= deadline_ns) {
             r->status = KVS_TIMED_OUT;
         } else {
@@ -835,14 +878,13 @@ static int shm_wait(kvs_transport_t *base, kvs_batch_t *b, uint64_t deadline_ns)
         kvs__gpu_stream_t *s = b->streams.s[d];
         if (s == NULL)
             continue;
-        if (kvs__gpu_sync(s) != KVS_OK) {
+        bool ok = kvs__gpu_sync(s) == KVS_OK;
+        if (!ok) {
             for (uint32_t i = 0; i < b->n; i++)
                 if (b->reqs[i].gpu == d + 1 && b->reqs[i].status == KVS_OK)
                     b->reqs[i].status = KVS_TRANSFER_FAIL;
-            kvs__gpu_stream_destroy(s); /* its context may be unusable: not kept */
-        } else {
-            stream_give(t, d, s);
         }
+        stream_give(t, d, s, ok);
     }
     /* Written bytes count only if their owner is alive now, after they were written. */
     for (uint32_t i = 0; i < b->n; i++) {
