@@ -6,7 +6,6 @@
 #include <ctype.h>
 #include <pthread.h>
 #include <errno.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,20 +15,20 @@
 
 /* Random values come from the kernel's generator in pools of RANDOM_POOL per getrandom call, one
  * pool per thread: a master grants a lease id per key looked up, and one system call per id took
- * a third of a 1536-key lookup. A forked child never reuses its parent's pool (the values would
- * repeat in both processes): fork bumps a generation that every pool is checked against. */
+ * a third of a 1536-key lookup. A forked child must neither reuse nor hold its parent's pool (the
+ * values would repeat in both processes, or the child would know the parent's next ids): fork
+ * empties the pool in the child, on the one thread that survives it. */
 #define RANDOM_POOL 256
 
-static atomic_uint random_gen;
 static pthread_once_t random_once = PTHREAD_ONCE_INIT;
 static _Thread_local struct {
     uint64_t v[RANDOM_POOL];
-    unsigned left, gen;
+    unsigned left;
 } random_pool;
 
 static void random_forked(void)
 {
-    atomic_fetch_add(&random_gen, 1);
+    memset(&random_pool, 0, sizeof(random_pool));
 }
 
 static void random_init(void)
@@ -52,17 +51,14 @@ static uint64_t random_fallback(void)
 uint64_t kvs__random_u64(void)
 {
     pthread_once(&random_once, random_init);
-    unsigned gen = atomic_load_explicit(&random_gen, memory_order_relaxed);
     for (;;) {
-        if (random_pool.left == 0 || random_pool.gen != gen) {
-            random_pool.left = 0;
+        if (random_pool.left == 0) {
             ssize_t n = getrandom(random_pool.v, sizeof(random_pool.v), 0);
             if (n < 0 && errno != EINTR && errno != EAGAIN)
                 return random_fallback();
             if (n < (ssize_t)sizeof(uint64_t))
                 continue; /* interrupted: again */
             random_pool.left = (unsigned)((size_t)n / sizeof(uint64_t));
-            random_pool.gen = gen;
         }
         uint64_t v = random_pool.v[--random_pool.left];
         random_pool.v[random_pool.left] = 0; /* a value handed out is not kept */
