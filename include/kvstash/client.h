@@ -510,7 +510,7 @@ double kvs_histogram_quantile_us(const kvs_histogram_t *h, double q);
     X(COUNTER, NONE, auto_explored, auto_explored, "",                                             \
       "Adaptive calls that tried an unmeasured mode")                                              \
     X(COUNTER, NONE, auto_calibrations, auto_calibrations, "", "Adaptive mode calibrations")       \
-    /* The master lookup RPCs of read calls (what plan_ns_total leaves out), with the wait. */     \
+    /* The master lookup RPCs of read calls, from sending one to its answer.                  */   \
     X(COUNTER, NS, get_lookup_ns, read_lookup, "", "Master lookup time of read calls")
 
 #define KVS_STATS_TYPE_COUNTER uint64_t
