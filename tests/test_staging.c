@@ -1235,6 +1235,36 @@ static void test_page_id_max_and_repeats(void)
     CHECK(iov[20].iov_base == pool + 5 * 16 && iov[20].iov_len == 16);
 }
 
+/* The scatter's launch options (issue 29): defaults, values, and malformed values refused with
+ * the default kept; a malformed one is also told at client setup. */
+static void test_scatter_options(void)
+{
+    kvs__scatter_options_t o;
+    unsetenv("MC_STORE_GPU_STAGING_SCATTER_BLOCKS");
+    unsetenv("MC_STORE_GPU_STAGING_SCATTER_PRIORITY");
+    CHECK_STATUS(kvs__staging_scatter_options(&o), KVS_OK);
+    CHECK(o.blocks == 0 && !o.high_priority);
+    setenv("MC_STORE_GPU_STAGING_SCATTER_BLOCKS", "16", 1);
+    setenv("MC_STORE_GPU_STAGING_SCATTER_PRIORITY", "HIGH", 1);
+    CHECK_STATUS(kvs__staging_scatter_options(&o), KVS_OK);
+    CHECK(o.blocks == 16 && o.high_priority);
+    setenv("MC_STORE_GPU_STAGING_SCATTER_PRIORITY", "normal", 1);
+    CHECK_STATUS(kvs__staging_scatter_options(&o), KVS_OK);
+    CHECK(o.blocks == 16 && !o.high_priority);
+    setenv("MC_STORE_GPU_STAGING_SCATTER_BLOCKS", "70000", 1);
+    setenv("MC_STORE_GPU_STAGING_SCATTER_PRIORITY", "urgent", 1);
+    CHECK_STATUS(kvs__staging_scatter_options(&o), KVS_INVALID_PARAMS);
+    CHECK(o.blocks == 0 && !o.high_priority);
+    CHECK(strstr(kvs_last_error(), "MC_STORE_GPU_STAGING_SCATTER_PRIORITY=urgent") != NULL);
+    setenv("MC_STORE_GPU_STAGING", "1", 1);
+    kvs__staging_config_t cfg;
+    CHECK_STATUS(kvs__staging_config_init(&cfg), KVS_INVALID_PARAMS);
+    unsetenv("MC_STORE_GPU_STAGING_SCATTER_BLOCKS");
+    unsetenv("MC_STORE_GPU_STAGING_SCATTER_PRIORITY");
+    CHECK_STATUS(kvs__staging_config_init(&cfg), KVS_OK);
+    unsetenv("MC_STORE_GPU_STAGING");
+}
+
 /* The adaptive policy alone, on synthetic shapes and measurements (no timing): the model picks
  * staged where per-fragment costs dominate and direct where a fill costs more; a plausible mode
  * a shape has not measured is tried once; measurements then decide, and a shape measured slower
@@ -1405,6 +1435,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_staging_adjacent_keys_are_one_transfer),
         KVS_TEST_CASE(test_page_ids_rechecked_where_used),
         KVS_TEST_CASE(test_page_id_max_and_repeats),
+        KVS_TEST_CASE(test_scatter_options),
         KVS_TEST_CASE(test_policy_model_and_measurements),
         KVS_TEST_CASE(test_staging_auto_mode),
     };

@@ -46,11 +46,25 @@ typedef struct {
 
 static device_t devices[MAX_DEVICES];
 static pthread_once_t devices_once = PTHREAD_ONCE_INIT;
+static kvs__scatter_options_t scatter_opts; /* read once, for every lane */
 
 static void devices_init(void)
 {
     for (int i = 0; i < MAX_DEVICES; i++)
         pthread_mutex_init(&devices[i].lock, NULL);
+    if (kvs__staging_scatter_options(&scatter_opts) != KVS_OK)
+        kvs_warn("staging: %s", kvs_last_error());
+}
+
+/* A lane's stream: non-blocking, at the greatest priority when so configured. */
+static cudaError_t lane_stream(cudaStream_t *s_p)
+{
+    int least = 0, greatest = 0;
+    if (!scatter_opts.high_priority)
+        return cudaStreamCreateWithFlags(s_p, cudaStreamNonBlocking);
+    cudaError_t e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    return e != cudaSuccess ? e
+                            : cudaStreamCreateWithPriority(s_p, cudaStreamNonBlocking, greatest);
 }
 
 static int cuda_domain_of(int reg_domain)
@@ -126,14 +140,14 @@ static int lane_take(int device, lane_t **l_p)
     if (l == NULL)
         return KVS_NO_MEMORY;
     l->device = device;
-    kvs__scatter_config_t cfg = {.device = device, .max_blocks = 0};
+    kvs__scatter_config_t cfg = {.device = device, .max_blocks = scatter_opts.blocks};
     int rc = kvs__scatter_create(&cfg, &l->ctx);
     if (rc == KVS_OK) {
         int prev = 0;
         cudaGetDevice(&prev);
         cudaError_t e = cudaSetDevice(device);
         if (e == cudaSuccess)
-            e = cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking);
+            e = lane_stream(&l->stream);
         if (e == cudaSuccess)
             e = cudaEventCreateWithFlags(&l->done, cudaEventDisableTiming);
         cudaSetDevice(prev);

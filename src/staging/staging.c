@@ -64,6 +64,30 @@ const char *kvs__staging_fallback_name(kvs__fallback_t f)
     return (unsigned)f < KVS_FALLBACK_COUNT_ ? fallback_names[f] : "unknown";
 }
 
+int kvs__staging_scatter_options(kvs__scatter_options_t *o)
+{
+    *o = (kvs__scatter_options_t){0, false};
+    int rc = KVS_OK;
+    uint64_t blocks = 0;
+    if (kvs__env_u64("MC_STORE_GPU_STAGING_SCATTER_BLOCKS", 65535, &blocks) != KVS_OK)
+        rc = kvs__fail(KVS_INVALID_PARAMS,
+                       "MC_STORE_GPU_STAGING_SCATTER_BLOCKS wants 0 (a full grid) to 65535 "
+                       "blocks; a full grid is used");
+    else
+        o->blocks = (uint32_t)blocks;
+    const char *prio = getenv("MC_STORE_GPU_STAGING_SCATTER_PRIORITY");
+    if (prio != NULL && *prio != '\0' && strcasecmp(prio, "normal") != 0) {
+        if (strcasecmp(prio, "high") == 0)
+            o->high_priority = true;
+        else
+            rc = kvs__fail(KVS_INVALID_PARAMS,
+                           "MC_STORE_GPU_STAGING_SCATTER_PRIORITY=%s is not 'normal' or 'high'; "
+                           "normal is used",
+                           prio);
+    }
+    return rc;
+}
+
 int kvs__staging_config_init(kvs__staging_config_t *cfg)
 {
     *cfg = (kvs__staging_config_t){.buffer_bytes = DEFAULT_BUFFER_BYTES, .half_fills = true};
@@ -91,6 +115,9 @@ int kvs__staging_config_init(kvs__staging_config_t *cfg)
             rc = KVS_INVALID_PARAMS;
         }
     }
+    kvs__scatter_options_t so; /* read here too, so that a malformed one is told at setup */
+    if (cfg->enabled && kvs__staging_scatter_options(&so) != KVS_OK)
+        rc = KVS_INVALID_PARAMS;
     if (rc != KVS_OK)
         kvs__fail(rc, "a MC_STORE_GPU_STAGING* variable is malformed; its default is used");
     return rc;

@@ -33,6 +33,19 @@ typedef struct {
 /* Reads the MC_STORE_GPU_STAGING* variables (once, at client setup). */
 int kvs__staging_config_init(kvs__staging_config_t *cfg);
 
+/* How the CUDA backend launches its scatters beside other GPU work (issue 29), for the process:
+ * its lanes are shared by every client. */
+typedef struct {
+    uint32_t blocks;    /* MC_STORE_GPU_STAGING_SCATTER_BLOCKS: at most this many blocks per
+                         * launch (persistent warps); 0 (default) fills the GPU */
+    bool high_priority; /* MC_STORE_GPU_STAGING_SCATTER_PRIORITY=high: the scatter streams take
+                         * the device's greatest stream priority (default normal) */
+} kvs__scatter_options_t;
+
+/* Reads those two variables: KVS_INVALID_PARAMS (with the reason) for a malformed one, whose
+ * default is kept. */
+int kvs__staging_scatter_options(kvs__scatter_options_t *o);
+
 /* Why a call did not stage. The first reason found is counted. */
 #define KVS_STAGING_FALLBACKS(X)                                                                   \
     X(busy)                                                                                        \
