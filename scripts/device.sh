@@ -32,13 +32,18 @@
 #                  read against batch_get_into + index_copy_) over shm and tcp
 #   policy         bench/policy_matrix.py: the adaptive mode (MC_STORE_GPU_STAGING=auto) against
 #                  direct, grouped and staged over page sizes x object sizes x shm and tcp
+#   ttft           bench/ttft/ttft.py (issue 29): TTFT of Qwen3-30B-A3B's shapes (random weights) at 1K,
+#                  8K and 24K input tokens, recompute / load direct / load staged, over shm and tcp,
+#                  with the greedy-token check; $TTFT_ARGS adds options
+#   interference   bench/interference.py: a bf16 GEMM loop beside staged reads, scatter grid sizes
+#                  full/32/16/8 at normal and high stream priority; $INTERFERENCE_ARGS adds options
 # $SCATTER_ARGS adds options to `kvstash bench scatter`.
 # Every suite runs even when an earlier one failed; the exit status says whether all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-build-gpu/out}
 mkdir -p "$out"
-(($#)) || { sed -n '2,36p' "$0"; exit 2; }
+(($#)) || { sed -n '2,41p' "$0"; exit 2; }
 {
     date -u +"%Y-%m-%dT%H:%M:%SZ"
     # (no commit line: the device machine's copy of .git may lag behind the tree it runs)
@@ -153,6 +158,18 @@ for suite in "$@"; do
         PYTHONPATH=$PWD/build-gpu/python step policy_matrix python3 bench/policy_matrix.py \
             --server build-gpu/kvstash-server --markdown "$out/policy.md" --csv "$out/policy.csv" \
             --plot "$out/policy.png" ${POLICY_ARGS:-}
+        ;;
+    ttft)
+        # shellcheck disable=SC2086 # TTFT_ARGS is a list of options
+        PYTHONPATH=$PWD/build-gpu/python step ttft python3 bench/ttft/ttft.py \
+            --server build-gpu/kvstash-server --markdown "$out/ttft.md" --json "$out/ttft.json" \
+            ${TTFT_ARGS:-}
+        ;;
+    interference)
+        # shellcheck disable=SC2086 # INTERFERENCE_ARGS is a list of options
+        PYTHONPATH=$PWD/build-gpu/python step interference python3 bench/interference.py \
+            --server build-gpu/kvstash-server --markdown "$out/interference.md" \
+            ${INTERFERENCE_ARGS:-}
         ;;
     store)
         # shellcheck disable=SC2086 # STORE_ARGS is a list of options
