@@ -47,6 +47,36 @@ static void report(const char *what, int64_t rc, uint64_t ms, uint64_t deadline_
     CHECK_CMP_U64(ms, <=, deadline_ms + SLACK_MS);
 }
 
+/* Standard error into a file while `fd_p` holds it, so that a case can check what was logged. */
+static int stderr_capture_start(int *saved_p)
+{
+    char path[] = "/tmp/kvs-deadlines-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    unlink(path);
+    fflush(stderr);
+    *saved_p = dup(2);
+    CHECK(*saved_p >= 0);
+    CHECK_EQ_INT(dup2(fd, 2), 2);
+    return fd;
+}
+
+/* Restores standard error, echoes what was logged meanwhile, and returns it (malloc'd). */
+static char *stderr_capture_end(int fd, int saved)
+{
+    fflush(stderr);
+    CHECK_EQ_INT(dup2(saved, 2), 2);
+    close(saved);
+    off_t n = lseek(fd, 0, SEEK_END);
+    CHECK(n >= 0);
+    char *text = calloc((size_t)n + 1, 1);
+    CHECK(text != NULL);
+    CHECK_EQ_INT((int)pread(fd, text, (size_t)n, 0), (int)n);
+    close(fd);
+    fputs(text, stderr);
+    return text;
+}
+
 static kvs_client_t *open_client(const char *master, const char *protocol)
 {
     return client_open_timeouts(master, protocol, DEADLINE_MS, DEADLINE_MS);
@@ -261,7 +291,13 @@ static void test_stopped_owner(void)
             CHECK_STATUS((int)rc, KVS_TIMED_OUT);
         }
         printf("protocol %s, owner stopped, new client:\n", protocol);
+        int saved = -1, fd = stderr_capture_start(&saved);
         run_all_calls(&kf, false);
+        char *logged = stderr_capture_end(fd, saved);
+        /* Its handshakes were cut by the calls' own deadlines: the owner closed nothing, and the
+         * log must not send an operator after TLS settings (it did: the cut read as a close). */
+        CHECK(strstr(logged, "closed the connection during HELLO") == NULL);
+        free(logged);
         CHECK_EQ_INT(kill(sp.owner.pid, SIGCONT), 0);
         calls_free(&k);
         calls_free(&kf);

@@ -167,6 +167,8 @@ int kvs__client_handshake(const kvs__io_t *io, const kvs__handshake_t *hs, uint6
         snprintf(why, sizeof(why), "it does not authenticate, and this process has a token");
         rc = KVS_AUTH_FAILED;
     }
+    if (rc == KVS_IO_ERROR && hs->cut != NULL && hs->cut(hs->cut_arg))
+        rc = KVS_TIMED_OUT; /* our own shutdown, not the peer closing: no TLS hint */
     if (rc == KVS_OK) {
         h.auth_nonce = h.auth_proof = (kvs__blob_t){NULL, 0}; /* pointed into rsp */
         *rsp_p = h;

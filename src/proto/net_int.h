@@ -91,14 +91,18 @@ typedef struct {
     const char *tenant;      /* the keys' namespace (NULL: the default) */
     uint64_t client_id;      /* 0 on first contact, else the id the master gave before */
     const char *peer;        /* "the master at HOST:PORT", for messages */
+    /* Whether the caller shut the socket down itself (a cancelled wait does): an I/O error is
+     * then the caller's time-out, not the peer's doing. NULL: never. */
+    bool (*cut)(const void *arg);
+    const void *cut_arg;
 } kvs__handshake_t;
 
 /* Client: says HELLO on a connected non-blocking connection (plain or TLS) and, when the server
  * asks for it, proves the secret (AUTH), all before the deadline. The server must prove it first; a
  * client with a secret refuses a server without one. *rsp_p gets the HELLO reply (its client_id the
  * one AUTH bound, and its nonce and proof cleared). AUTH_FAILED, INVALID_VERSION, the server's
- * refusal, or a transport error (IO_ERROR, TIMED_OUT); failures other than transport ones are
- * logged with the reason. */
+ * refusal, or a transport error (IO_ERROR, TIMED_OUT; TIMED_OUT also when hs->cut says the caller
+ * cut the socket); failures other than transport ones are logged with the reason. */
 int kvs__client_handshake(const kvs__io_t *io, const kvs__handshake_t *hs, uint64_t deadline_ns,
                           kvs__hello_rsp_t *rsp_p);
 

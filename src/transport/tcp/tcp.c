@@ -292,6 +292,18 @@ static int conn_connect(tcp_conn_t *c, chunk_t *const *win, uint32_t n, uint64_t
     return rc;
 }
 
+typedef struct {
+    chunk_t *const *win;
+    uint32_t n;
+} window_t;
+
+/* The handshake's cut test: a cancelled wait shuts opening_fd down (conn_cancel). */
+static bool handshake_cut(const void *arg)
+{
+    const window_t *w = arg;
+    return window_cancelled(w->win, w->n);
+}
+
 static int conn_open(tcp_conn_t *c, chunk_t *const *win, uint32_t n)
 {
     tcp_transport_t *t = c->ep->t;
@@ -309,7 +321,9 @@ static int conn_open(tcp_conn_t *c, chunk_t *const *win, uint32_t n)
                            .server_name = c->ep->name,
                            .node = "tcp",
                            .client_id = 0,
-                           .peer = peer};
+                           .peer = peer,
+                           .cut = handshake_cut,
+                           .cut_arg = &(window_t){win, n}};
     kvs__hello_rsp_t hr;
     kvs__io_t io = {fd, NULL};
     int rc = t->tls != NULL ? kvs__tls_handshake(t->tls, fd, deadline, &io) : KVS_OK;
