@@ -96,23 +96,35 @@ class PagedPool:
         self.layers = [torch.zeros(shape, device=device, dtype=dtype)
                        for _ in range(c["num_hidden_layers"])]
         self.pages = pages
-        self.free = list(range(pages))
         self.gen = torch.Generator().manual_seed(seed)
+        self.free = torch.randperm(pages, generator=self.gen).tolist()
 
     def page_bytes(self):
         return self.layers[0][0, 0].numel() * self.layers[0].element_size()
 
     def alloc(self, n):
+        """n pages off the free list, which release keeps in random order: O(n)."""
         if n > len(self.free):
             raise RuntimeError(f"the KV pool has {len(self.free)} free pages, {n} wanted")
-        pick = torch.randperm(len(self.free), generator=self.gen)[:n].tolist()
-        taken = [self.free[i] for i in pick]
-        chosen = set(pick)
-        self.free = [p for i, p in enumerate(self.free) if i not in chosen]
+        taken = self.free[len(self.free) - n:]
+        del self.free[len(self.free) - n:]
         return taken
 
-    def release(self, ids):
+    def release(self, ids, poison=False):
+        """Returns pages (outside any timed part: it reshuffles the free list). poison fills them
+        with NaN first, so that a later load that leaves a page unwritten cannot pass."""
+        if poison:
+            idx = torch.tensor(ids, device=self.layers[0].device)
+            for t in self.layers:
+                t.index_fill_(1, idx, float("nan"))
         self.free.extend(ids)
+        order = torch.randperm(len(self.free), generator=self.gen).tolist()
+        self.free = [self.free[i] for i in order]
+
+    def gather(self, ids):
+        """The pages' K and V of every layer, as one contiguous tensor (a copy)."""
+        idx = torch.tensor(ids, device=self.layers[0].device)
+        return torch.stack([t.index_select(1, idx) for t in self.layers])
 
     def regions(self, page_region):
         """The store's regions, K then V of each layer: (base, page_bytes, stride, npages)."""
@@ -167,8 +179,16 @@ class Qwen3Moe:
         freqs = torch.cat([torch.outer(pos, inv)] * 2, dim=-1)
         self.cos = freqs.cos().float().to(self.device)
         self.sin = freqs.sin().float().to(self.device)
+        self.expert_ids = torch.arange(e, device=self.device)
         self.grouped_mm = self._probe_grouped_mm()
         self.sdpa = hasattr(F, "scaled_dot_product_attention")
+        try:  # the long causal chunk must take a fused kernel: the math one would need the
+            # whole score matrix (24K x 24K x 32 heads)
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            self.fused_only = lambda: sdpa_kernel([SDPBackend.FLASH_ATTENTION,
+                                                   SDPBackend.EFFICIENT_ATTENTION])
+        except ImportError:
+            self.fused_only = None
 
     def _probe_grouped_mm(self):
         """torch._grouped_mm (one launch for all experts) where this torch and device have it,
@@ -184,15 +204,15 @@ class Qwen3Moe:
         except Exception:  # noqa: BLE001 (not on this device or build: loop instead)
             return False
 
-    def _experts(self, xs, w, counts, offs):
+    def _experts(self, xs, w, offs):
         if self.grouped_mm:
             return torch._grouped_mm(xs, w, offs=offs)
         out = torch.empty(xs.shape[0], w.shape[2], device=xs.device, dtype=xs.dtype)
         start = 0
-        for e, n in enumerate(counts.tolist()):
-            if n:
-                out[start:start + n] = xs[start:start + n] @ w[e]
-            start += n
+        for e, end in enumerate(offs.tolist()):
+            if end > start:
+                out[start:end] = xs[start:end] @ w[e]
+            start = end
         return out
 
     def _moe(self, x, L):
@@ -203,12 +223,13 @@ class Qwen3Moe:
         if c["norm_topk_prob"]:
             w = w / w.sum(dim=-1, keepdim=True)
         flat = ids.reshape(-1)
-        _, order = torch.sort(flat, stable=True)
+        sorted_ids, order = torch.sort(flat, stable=True)
         xs = x[order // k]
-        counts = torch.bincount(flat, minlength=c["num_experts"])
-        offs = counts.cumsum(0).to(torch.int32)
-        gate, up = self._experts(xs, L["w_gu"], counts, offs).chunk(2, dim=-1)
-        y = self._experts(F.silu(gate) * up, L["w_down"], counts, offs)
+        # Each expert's end in the sorted rows, without a host sync (bincount reads back its
+        # range on CUDA).
+        offs = torch.searchsorted(sorted_ids, self.expert_ids, right=True).to(torch.int32)
+        gate, up = self._experts(xs, L["w_gu"], offs).chunk(2, dim=-1)
+        y = self._experts(F.silu(gate) * up, L["w_down"], offs)
         out = torch.empty_like(y)
         out[order] = y  # distinct rows: deterministic
         out = out.view(x.shape[0], k, -1).float() * w.unsqueeze(-1)
@@ -221,7 +242,10 @@ class Qwen3Moe:
         qh = q.transpose(0, 1).unsqueeze(0)
         kh = K.repeat_interleave(rep, dim=1).transpose(0, 1).unsqueeze(0)
         vh = V.repeat_interleave(rep, dim=1).transpose(0, 1).unsqueeze(0)
-        if self.sdpa:
+        if self.sdpa and causal and self.fused_only is not None and q.is_cuda:
+            with self.fused_only():
+                o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+        elif self.sdpa:
             o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal)
         else:  # old torch (CI's Debian 1.13): the same arithmetic, unfused
             s = (qh.float() @ kh.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])

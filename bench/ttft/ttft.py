@@ -18,10 +18,12 @@ first token. TTFT runs from the request's start to that token (CUDA synchronised
 part is the time to the end of the recompute or of the store's read. The owner is a separate
 kvstash-server process; each transport (shm, tcp) has a direct and a staged client.
 
-Correctness: every mode's first request of each length and transport decodes --decode tokens
-greedily, and they must equal the tokens of the request that stored the KV; the run fails
-otherwise. The stored request computed the prefix in the same chunk as recompute does, so
-identical bytes give identical tokens (the model's kernels are deterministic for fixed shapes).
+Correctness: in the warm-up round every mode, length and transport is checked against the
+request that stored the KV, outside the timed part: the prefix's pages byte for byte, the first
+token's logits bit for bit, and --decode greedy tokens; the run fails on any difference. Freed
+pages are filled with NaN first, so a page a load leaves unwritten cannot pass. The storing
+request computed the prefix in the same chunk as recompute does, so recompute must match too
+(the model's kernels are deterministic for fixed shapes).
 
     PYTHONPATH=build-gpu/python python3 bench/ttft/ttft.py --server build-gpu/kvstash-server \
         --lengths 1024,8192,24576 --rounds 5 --markdown out/ttft.md
@@ -122,6 +124,7 @@ class Bench:
         self.pool = PagedPool(cfg, pages, self.device, self.dtype, seed=a.seed + 1)
         self.regions = self.pool.regions(kvstash.page_region)
         self.key_bytes_per_page = self.pool.page_bytes() * len(self.regions)
+        self.ref = {}
         self.prompts = {n: Prompt(n, cfg["vocab_size"], a.seed + 2 + i, f"{a.seed}-{n}")
                         for i, n in enumerate(a.lengths)}
 
@@ -136,16 +139,15 @@ class Bench:
 
     def finish(self, prompt, table, decode):
         """The remaining tokens' prefill and the first token; with decode, the greedy tokens
-        after it (outside the TTFT)."""
+        after it (outside the TTFT). Returns the tokens and the first token's logits."""
         toks = prompt.tokens.to(self.device)
         logits = self.model.forward(toks[prompt.cached:], prompt.cached, self.pool, table)
-        first = int(logits.argmax())  # synchronises
-        out = [first]
+        out = [int(logits.argmax())]  # synchronises
         for i in range(1, decode):
             t = torch.tensor([out[-1]], device=self.device)
             out.append(int(self.model.forward(t, prompt.length + i - 1, self.pool,
                                               table).argmax()))
-        return out
+        return out, logits
 
     def recompute_prefix(self, prompt, table):
         self.model.forward(prompt.tokens[:prompt.cached].to(self.device), 0, self.pool, table)
@@ -155,15 +157,33 @@ class Bench:
         pages to the store, frees its pages."""
         ids, table = self.new_table(prompt)
         self.recompute_prefix(prompt, table)
-        tokens = self.finish(prompt, table, self.a.decode)
+        tokens, logits = self.finish(prompt, table, self.a.decode)
         sync(self.device)
         t0 = time.perf_counter()
         res = store.batch_put_from_pages(prompt.keys, self.regions, prompt.page_ids(ids), "page")
         put_ms = (time.perf_counter() - t0) * 1e3
         if any(r != 0 for r in res):
             raise RuntimeError(f"batch_put_from_pages: {sorted(set(res))}")
-        self.pool.release(ids)
+        self.ref[prompt.length] = (self.pool.gather(ids[:prompt.cached // PAGE_TOKENS]), logits,
+                                   tokens)
+        self.pool.release(ids, poison=True)
         return tokens, put_ms
+
+    def check(self, prompt, ids, logits, tokens):
+        """Round 0's checks against the storing request, outside the timed part: the prefix's
+        pages byte for byte (the store's bytes, and recompute's determinism), the first token's
+        logits bit for bit, then the greedy tokens. Returns what differed ('' when nothing)."""
+        pages, ref_logits, ref_tokens = self.ref[prompt.length]
+        got = self.pool.gather(ids[:prompt.cached // PAGE_TOKENS])
+        # Compared as bytes: NaN (a poisoned page left unwritten) never equals, and -0.0 != 0.0.
+        if not torch.equal(got.view(torch.uint8), pages.view(torch.uint8)):
+            bad = (got.view(torch.uint8) != pages.view(torch.uint8)).flatten(3).any(-1)
+            return f"prefix KV differs in {int(bad.sum())} (layer, K/V, page) pages"
+        if not torch.equal(logits.view(torch.int32), ref_logits.view(torch.int32)):  # float32
+            return "first-token logits differ"
+        if tokens != ref_tokens:
+            return f"greedy tokens differ: {tokens} != {ref_tokens}"
+        return ""
 
     def request(self, prompt, mode, store, decode):
         """One request in `mode`: (ttft ms, load ms, greedy tokens or None)."""
@@ -180,11 +200,12 @@ class Bench:
                 raise RuntimeError(f"{mode}: batch_get_into_pages returned {res[:4]}...")
         sync(self.device)
         t1 = time.perf_counter()
-        tokens = self.finish(prompt, table, decode)
+        tokens, logits = self.finish(prompt, table, decode)
         t2 = time.perf_counter()
-        self.pool.release(ids)
+        why = self.check(prompt, ids, logits, tokens) if decode else None
+        self.pool.release(ids, poison=bool(decode))
         # With decode the time to t2 holds the later tokens too: not a TTFT.
-        return (t2 - t0) * 1e3, (t1 - t0) * 1e3, tokens if decode else None
+        return (t2 - t0) * 1e3, (t1 - t0) * 1e3, why
 
     def pinned_h2d_ms(self, nbytes):
         """One pinned host-to-device copy of nbytes: the limit of a load of that many."""
@@ -229,6 +250,8 @@ def parse_args(argv=None):
         ap.error(f"lengths must exceed {PAGE_TOKENS} tokens (one page stays uncached)")
     if a.decode < 1:
         ap.error("--decode must be at least 1")
+    if a.rounds < 1:
+        ap.error("--rounds must be at least 1 (round 0 only warms up and checks)")
     return a
 
 
@@ -252,7 +275,8 @@ def main():
           f"{dev_name}; experts {'torch._grouped_mm' if b.model.grouped_mm else 'a loop'}",
           flush=True)
     total = sum(p.cached for p in b.prompts.values()) * kvt
-    proc, master = start_server(a.server, str(total + (256 << 20)))
+    # Room below the master's eviction watermark (0.90): no stored key may be evicted.
+    proc, master = start_server(a.server, str(int(total / 0.85) + (256 << 20)))
     try:
         return run(a, b, cfg, kvt, master, dev_name, source)
     finally:
@@ -275,6 +299,9 @@ def run(a, b, cfg, kvt, master, dev_name, source):
         want[n], puts[n] = b.store_prompt(writer, p)
         print(f"stored {n} tokens: {len(p.keys)} keys, {p.cached * kvt / 2**20:.1f} MiB in "
               f"{puts[n]:.0f} ms; greedy tokens {want[n][:8]}...", flush=True)
+    keys = [k for p in b.prompts.values() for k in p.keys]
+    if writer.batch_is_exist(keys) != [1] * len(keys):
+        raise RuntimeError("stored keys are missing (evicted?): the segment is too small")
     cells = [(proto, n, m) for proto in a.protocols for n in a.lengths for m in a.modes]
     ttft = {c: [] for c in cells}
     load = {c: [] for c in cells}
@@ -290,13 +317,13 @@ def run(a, b, cfg, kvt, master, dev_name, source):
                 modes = a.modes[r % len(a.modes):] + a.modes[:r % len(a.modes)]
                 for m in modes:
                     store = stores.get((proto, m))
-                    t, ld, toks = b.request(p, m, store, a.decode if r == 0 else 0)
+                    t, ld, why = b.request(p, m, store, a.decode if r == 0 else 0)
                     if r == 0:
-                        ok = toks == want[n]
-                        print(f"check {proto} {n} {m}: {'same' if ok else 'DIFFERENT'} "
-                              f"{a.decode} greedy tokens", flush=True)
-                        if not ok:
-                            mismatch.append((proto, n, m, toks, want[n]))
+                        print(f"check {proto} {n} {m}: " + (
+                            f"same prefix KV bytes, first-token logits and {a.decode} greedy "
+                            "tokens" if not why else "DIFFERENT: " + why), flush=True)
+                        if why:
+                            mismatch.append((proto, n, m, why))
                     else:
                         ttft[(proto, n, m)].append(t)
                         load[(proto, n, m)].append(ld)
@@ -316,8 +343,8 @@ def run(a, b, cfg, kvt, master, dev_name, source):
     for s in list(stores.values()) + [writer]:
         s.close()
     if mismatch:
-        for proto, n, m, got, exp in mismatch:
-            print(f"FAILED: {proto} {n} tokens {m}: {got} != {exp}")
+        for proto, n, m, why in mismatch:
+            print(f"FAILED: {proto} {n} tokens {m}: {why}")
         return 1
     return 0
 
@@ -350,7 +377,8 @@ def report(a, b, cfg, kvt, dev_name, source, ttft, load, h2d, puts, mismatch):
             lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     lines.append(f"Greedy check: {a.decode} tokens per mode, length and transport: "
-                 + ("all identical to the storing request's" if not mismatch
+                 + ("prefix KV bytes, first-token logits and tokens all identical to the "
+                    "storing request's" if not mismatch
                     else f"{len(mismatch)} DIFFERENT"))
     lines.append("Stores (batch_put_from_pages, not in TTFT): "
                  + ", ".join(f"{n} tokens {ms:.0f} ms" for n, ms in puts.items()))
