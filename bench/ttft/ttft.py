@@ -6,10 +6,12 @@ whole 16-token pages of it to kvstash (batch_put_from_pages, 256 tokens a key, t
 partial), and frees the pool's pages. Later requests with the same prompt then take a mode:
 
   recompute    no cache: a prefill of the cached prefix
-  direct       batch_get_into_pages of the prefix's keys into fresh, randomly permuted pages
-               (one copy per page: MC_STORE_GPU_STAGING=0)
+  direct       batch_get_into_multi_buffers of the prefix's keys into fresh, randomly permuted
+               pages, a pointer per page and region (one copy per page: MC_STORE_GPU_STAGING=0)
   staged       the same call with MC_STORE_GPU_STAGING=1 (one contiguous GPU buffer per fill,
                one scatter kernel per fill)
+  *-pages      direct-pages, staged-pages: batch_get_into_pages, the regions named once and
+               page ids per key, instead of pointers
   pinned H2D   not a request: one pinned host tensor of the prefix's KV bytes copied to the
                device, the limit for the load
 
@@ -149,6 +151,14 @@ class Bench:
                                               table).argmax()))
         return out, logits
 
+    def pointers(self, per_key_ids):
+        """Per key, the address and size of each page of every region in turn (the page-table
+        form's 'page' order, which the keys were stored in)."""
+        regs = [(base, stride) for base, _, stride, _ in self.regions]
+        page = self.pool.page_bytes()
+        ptrs = [[base + i * stride for i in ids for base, stride in regs] for ids in per_key_ids]
+        return ptrs, [[page] * len(p) for p in ptrs]
+
     def recompute_prefix(self, prompt, table):
         self.model.forward(prompt.tokens[:prompt.cached].to(self.device), 0, self.pool, table)
 
@@ -193,8 +203,12 @@ class Bench:
         if mode == "recompute":
             self.recompute_prefix(prompt, table)
         else:
-            res = store.batch_get_into_pages(prompt.keys, self.regions, prompt.page_ids(ids),
-                                             "page")
+            if mode.endswith("-pages"):
+                res = store.batch_get_into_pages(prompt.keys, self.regions,
+                                                 prompt.page_ids(ids), "page")
+            else:  # Mooncake's call: a pointer and a size per page and region
+                ptrs, sizes = self.pointers(prompt.page_ids(ids))
+                res = store.batch_get_into_multi_buffers(prompt.keys, ptrs, sizes)
             want = [n * self.key_bytes_per_page for n in prompt.key_pages]
             if res != want:
                 raise RuntimeError(f"{mode}: batch_get_into_pages returned {res[:4]}...")
@@ -229,7 +243,10 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=5,
                     help="timed rounds (after one warm-up round that also checks tokens)")
     ap.add_argument("--protocols", default="shm,tcp")
-    ap.add_argument("--modes", default="recompute,direct,staged")
+    ap.add_argument("--modes", default="recompute,direct,staged,staged-pages",
+                    help="recompute; direct and staged read with batch_get_into_multi_buffers "
+                    "(a pointer per page), direct-pages and staged-pages with "
+                    "batch_get_into_pages (page ids)")
     ap.add_argument("--decode", type=int, default=32, help="greedy tokens checked per mode")
     ap.add_argument("--model", default="qwen3-30b-a3b", choices=["qwen3-30b-a3b", "tiny"])
     ap.add_argument("--layers", type=int, help="override the layer count (a smaller model)")
@@ -244,7 +261,7 @@ def parse_args(argv=None):
     a.protocols = a.protocols.split(",")
     a.modes = a.modes.split(",")
     for m in a.modes:
-        if m not in ("recompute", "direct", "staged"):
+        if m not in ("recompute", "direct", "staged", "direct-pages", "staged-pages"):
             ap.error(f"unknown mode {m}")
     if min(a.lengths) <= PAGE_TOKENS:
         ap.error(f"lengths must exceed {PAGE_TOKENS} tokens (one page stays uncached)")
@@ -263,7 +280,7 @@ def main():
     cfg, source = build_config(stated)
     if max(a.lengths) + a.decode > cfg["max_position_embeddings"]:
         sys.exit("a length past the model's max_position_embeddings")
-    if "staged" in a.modes and not a.device.startswith("cuda"):
+    if any(m.startswith("staged") for m in a.modes) and not a.device.startswith("cuda"):
         sys.exit("staged loads need a CUDA device (--device cuda)")
     b = Bench(a, cfg)
     kvt = kv_bytes_per_token(cfg, b.dtype)
@@ -289,8 +306,8 @@ def run(a, b, cfg, kvt, master, dev_name, source):
     for proto in a.protocols:
         for mode in a.modes:
             if mode != "recompute":
-                stores[(proto, mode)] = open_store(master, "1" if mode == "staged" else "0",
-                                                   proto)
+                stores[(proto, mode)] = open_store(
+                    master, "1" if mode.startswith("staged") else "0", proto)
                 b.register(stores[(proto, mode)])
     writer = open_store(master, "0", a.protocols[0])
     b.register(writer)
@@ -352,16 +369,20 @@ def run(a, b, cfg, kvt, master, dev_name, source):
 def report(a, b, cfg, kvt, dev_name, source, ttft, load, h2d, puts, mismatch):
     med = {k: statistics.median(v) for k, v in ttft.items() if v}
     lmed = {k: statistics.median(v) for k, v in load.items() if v}
+    direct = next((m for m in ("direct", "direct-pages") if m in a.modes), None)
+    # Each staged mode against the direct one and recompute, and its load against the limit.
+    ratios = [(s, base) for s in a.modes if s.startswith("staged")
+              for base in (direct, "recompute") if base in a.modes]
     lines = [f"\nTTFT, {dev_name}, {a.model} ({cfg['num_hidden_layers']} layers, "
              f"{param_count(cfg) / 1e9:.1f} B parameters, {a.dtype}, {source}), KV {kvt} B per "
              f"token, {a.rounds} rounds after a warm-up, medians in ms",
              "",
              "| transport | input tokens | cached tokens | KV loaded (MiB) | "
              + " | ".join(f"{m} TTFT (load)" for m in a.modes) + " | pinned H2D | "
-             + ("staged / direct | staged / recompute | staged load / pinned H2D |"
-                if {"staged", "direct", "recompute"} <= set(a.modes) else ""),
-             "|---|---|---|---|" + "---|" * len(a.modes) + "---|"
-             + ("---|---|---|" if {"staged", "direct", "recompute"} <= set(a.modes) else "")]
+             + "".join(f"{s} / {base} | " for s, base in ratios)
+             + "".join(f"{s} load / pinned H2D | " for s in a.modes if s.startswith("staged")),
+             "|---|---|---|---|" + "---|" * (len(a.modes) + 1 + len(ratios))
+             + "---|" * sum(m.startswith("staged") for m in a.modes)]
     for proto in a.protocols:
         for n in a.lengths:
             p = b.prompts[n]
@@ -369,11 +390,8 @@ def report(a, b, cfg, kvt, dev_name, source, ttft, load, h2d, puts, mismatch):
             row = [proto, str(n), str(p.cached), f"{p.cached * kvt / 2**20:.0f}"]
             row += [f"{med[(proto, n, m)]:.1f} ({lmed[(proto, n, m)]:.1f})" for m in a.modes]
             row.append(f"{hm:.2f}")
-            if {"staged", "direct", "recompute"} <= set(a.modes):
-                s = med[(proto, n, "staged")]
-                row += [f"{s / med[(proto, n, 'direct')]:.3f}",
-                        f"{s / med[(proto, n, 'recompute')]:.3f}",
-                        f"{lmed[(proto, n, 'staged')] / hm:.3f}"]
+            row += [f"{med[(proto, n, s)] / med[(proto, n, base)]:.3f}" for s, base in ratios]
+            row += [f"{lmed[(proto, n, s)] / hm:.3f}" for s in a.modes if s.startswith("staged")]
             lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     lines.append(f"Greedy check: {a.decode} tokens per mode, length and transport: "

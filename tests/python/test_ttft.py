@@ -1,5 +1,5 @@
 """bench/ttft/ttft.py on the CPU with a tiny model of the same code: recompute and direct loads
-match the storing request (prefix KV bytes, first-token logits, greedy tokens) over tcp and shm,
+(batch_get_into_multi_buffers, and batch_get_into_pages) match the storing request (prefix KV bytes, first-token logits, greedy tokens) over tcp and shm,
 and the check is not blind: one stored page with other bytes, and two pages swapped, are both
 caught. The staged mode, SDPA, torch._grouped_mm and transformers' config run only on the H200
 (scripts/device.sh ttft): Debian's torch 1.13 has none of them."""
@@ -17,7 +17,7 @@ except ImportError:  # pragma: no cover - depends on the interpreter
 
 BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "ttft")
 TINY_ARGS = ["--model", "tiny", "--device", "cpu", "--dtype", "fp32", "--lengths", "100,600",
-             "--modes", "recompute,direct", "--decode", "16"]
+             "--modes", "recompute,direct,direct-pages", "--decode", "16"]
 
 
 @unittest.skipIf(torch is None, "needs torch")
@@ -29,7 +29,7 @@ class TtftTest(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
         self.assertIn("all identical to the storing request's", out.stdout)
         self.assertEqual(out.stdout.count(": same prefix KV bytes, first-token logits and 16 "
-                                          "greedy tokens"), 8, out.stdout)
+                                          "greedy tokens"), 12, out.stdout)
         self.assertIn("| tcp | 600 | 592 |", out.stdout)
 
     def test_other_bytes_in_the_store_are_caught(self):
