@@ -658,9 +658,42 @@ static void test_wbuf_alloc_failure(void)
     kvs__wbuf_free(&w);
 }
 
+/* Arenas keep freed chunks for the next one: a chunk comes back zeroed where handed out, the
+ * same memory serves the next arena of its size (no new allocation), and chunks beyond the
+ * largest kept size go back to the C library. */
+static void test_arena_chunks_are_kept_zeroed_and_bounded(void)
+{
+    kvs__arena_t a;
+    kvs__arena_init(&a);
+    uint8_t *p = kvs__arena_alloc(&a, 100000);
+    CHECK(p != NULL);
+    memset(p, 0xA5, 100000);
+    kvs__arena_free(&a);
+    size_t count = kvs__alloc_live_count();
+    kvs__arena_init(&a);
+    uint8_t *q = kvs__arena_alloc(&a, 90000); /* the same 128 KiB class */
+    CHECK(q != NULL);
+    CHECK_EQ_U64(kvs__alloc_live_count(), count); /* a kept chunk, not a new one */
+    for (size_t i = 0; i < 90000; i++) {
+        if (q[i] != 0) {
+            CHECK_EQ_INT(q[i], 0);
+            break;
+        }
+    }
+    kvs__arena_free(&a);
+    /* 8 MiB: beyond the kept sizes, so freed for good. */
+    count = kvs__alloc_live_count();
+    kvs__arena_init(&a);
+    CHECK(kvs__arena_alloc(&a, (size_t)8 << 20) != NULL);
+    CHECK_EQ_U64(kvs__alloc_live_count(), count + 1);
+    kvs__arena_free(&a);
+    CHECK_EQ_U64(kvs__alloc_live_count(), count);
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
+        KVS_TEST_CASE(test_arena_chunks_are_kept_zeroed_and_bounded),
         KVS_TEST_CASE(test_roundtrip_every_record),
         KVS_TEST_CASE(test_truncation_and_trailing_bytes),
         KVS_TEST_CASE(test_newer_peer_field_skipped),

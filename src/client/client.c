@@ -291,6 +291,7 @@ void kvs_client_close(kvs_client_t *c)
     if (c->shm != NULL)
         c->shm->ops->destroy(c->shm);
     kvs__rpc_close(c->rpc);
+    kvs__client_bufs_destroy(c);
     kvs__sessions_destroy(c->sessions);
     kvs__staging_destroy(c->staging);
     for (size_t i = 0; i < c->nregs; i++)
@@ -694,6 +695,52 @@ static void fail_part(kvs__status_list_rsp_t *sl, kvs__placement_rsp_t *pr, uint
     }
 }
 
+/* A batch call's request and reply buffers. One set is kept per client between calls: a
+ * 1536-key lookup's buffers (about 150 KiB) went back to the C library each time, which gave
+ * them to the system, and the next call took a page fault per page. Concurrent calls take
+ * fresh ones; at most BUFS_KEEP_MAX bytes are kept. */
+struct kvs__call_bufs {
+    kvs__wbuf_t req, rsp;
+};
+
+#define BUFS_KEEP_MAX ((size_t)8 << 20)
+
+static struct kvs__call_bufs *bufs_take(kvs_client_t *c)
+{
+    struct kvs__call_bufs *bf = atomic_exchange(&c->spare_bufs, NULL);
+    if (bf == NULL && (bf = kvs__malloc(sizeof(*bf))) != NULL) {
+        kvs__wbuf_init(&bf->req);
+        kvs__wbuf_init(&bf->rsp);
+    }
+    return bf;
+}
+
+static void bufs_free(struct kvs__call_bufs *bf)
+{
+    if (bf == NULL)
+        return;
+    kvs__wbuf_free(&bf->req);
+    kvs__wbuf_free(&bf->rsp);
+    kvs__free(bf);
+}
+
+static void bufs_give(kvs_client_t *c, struct kvs__call_bufs *bf)
+{
+    struct kvs__call_bufs *none = NULL;
+    if (bf->req.cap + bf->rsp.cap <= BUFS_KEEP_MAX) {
+        kvs__wbuf_reset(&bf->req);
+        kvs__wbuf_reset(&bf->rsp);
+        if (atomic_compare_exchange_strong(&c->spare_bufs, &none, bf))
+            return;
+    }
+    bufs_free(bf);
+}
+
+void kvs__client_bufs_destroy(kvs_client_t *c)
+{
+    bufs_free(atomic_exchange(&c->spare_bufs, NULL));
+}
+
 /* One batch call: answers in `sl` (status lists) or `pr` (placements), one entry per element,
  * everything owned by `arena`. A part the master refused or that failed in transport gives
  * its keys that status; the call fails (with the first such status) only if every part did. */
@@ -709,11 +756,12 @@ static int batch_call(kvs_client_t *c, const batch_req_t *b, kvs__arena_t *arena
         pr->objs = kvs__arena_alloc(arena, (size_t)n * sizeof(*pr->objs));
         pr->segs = kvs__arena_alloc(arena, 0);
     }
-    if (sl != NULL ? sl->results == NULL : pr->objs == NULL || pr->segs == NULL)
+    struct kvs__call_bufs *bf =
+        (sl != NULL ? sl->results == NULL : pr->objs == NULL || pr->segs == NULL) ? NULL
+                                                                                  : bufs_take(c);
+    if (bf == NULL)
         return KVS_NO_MEMORY;
-    kvs__wbuf_t req, rsp;
-    kvs__wbuf_init(&req);
-    kvs__wbuf_init(&rsp);
+    kvs__wbuf_t *req = &bf->req, *rsp = &bf->rsp;
     int rc = KVS_OK, first_err = KVS_OK;
     uint32_t parts_ok = 0;
     /* At least one frame: a RELEASE has no keys, only releases. A part that fails fails its
@@ -728,18 +776,18 @@ static int batch_call(kvs_client_t *c, const batch_req_t *b, kvs__arena_t *arena
             fail_part(sl, pr, first, count, rc);
             break;
         }
-        kvs__rpc_begin(c->rpc, &req, b->type);
-        batch_encode(b, first, count, &req);
-        rc = kvs__client_call(c, &req, &rsp, deadline_ns);
+        kvs__rpc_begin(c->rpc, req, b->type);
+        batch_encode(b, first, count, req);
+        rc = kvs__client_call(c, req, rsp, deadline_ns);
         /* The answer is kept in the arena: its strings are borrowed by the decoded parts. */
-        uint8_t *payload = rc == KVS_OK ? kvs__arena_alloc(arena, rsp.len) : NULL;
+        uint8_t *payload = rc == KVS_OK ? kvs__arena_alloc(arena, rsp->len) : NULL;
         if (rc == KVS_OK && payload == NULL)
             rc = KVS_NO_MEMORY;
-        if (rc == KVS_OK && rsp.len > 0)
-            memcpy(payload, rsp.data, rsp.len);
+        if (rc == KVS_OK && rsp->len > 0)
+            memcpy(payload, rsp->data, rsp->len);
         if (rc == KVS_OK && sl != NULL) {
             kvs__status_list_rsp_t part;
-            if (kvs__status_list_rsp_decode(payload, rsp.len, rsp.version, arena, &part) !=
+            if (kvs__status_list_rsp_decode(payload, rsp->len, rsp->version, arena, &part) !=
                     KVS_OK ||
                 (part.status == KVS_OK && part.nresults != count))
                 rc = KVS_PROTOCOL_ERROR;
@@ -747,7 +795,8 @@ static int batch_call(kvs_client_t *c, const batch_req_t *b, kvs__arena_t *arena
                 memcpy(sl->results + first, part.results, (size_t)count * sizeof(*part.results));
         } else if (rc == KVS_OK) {
             kvs__placement_rsp_t part;
-            if (kvs__placement_rsp_decode(payload, rsp.len, rsp.version, arena, &part) != KVS_OK ||
+            if (kvs__placement_rsp_decode(payload, rsp->len, rsp->version, arena, &part) !=
+                    KVS_OK ||
                 (part.status == KVS_OK && part.nobjs != count))
                 rc = KVS_PROTOCOL_ERROR;
             else if ((rc = part.status) == KVS_OK)
@@ -765,8 +814,7 @@ static int batch_call(kvs_client_t *c, const batch_req_t *b, kvs__arena_t *arena
     }
     /* The call fails as a whole only when no part got through. */
     rc = parts_ok > 0 ? KVS_OK : first_err;
-    kvs__wbuf_free(&req);
-    kvs__wbuf_free(&rsp);
+    bufs_give(c, bf);
     return rc;
 }
 

@@ -86,6 +86,8 @@ struct kvs_client {
     char *node;
     uint64_t transfer_timeout_ms;
     kvs__rpc_t *rpc;
+    /* A batch call's request and reply buffers, kept for the next one (see batch_call). */
+    _Atomic(struct kvs__call_bufs *) spare_bufs;
     kvs_transport_t *tcp; /* NULL with protocol "shm" */
     kvs_transport_t *shm; /* NULL with protocol "tcp" */
     uint64_t sweep_ms;    /* how often mapped segments are checked against the master */
@@ -162,6 +164,8 @@ void kvs__pinset_release(kvs_client_t *c, kvs__pinset_t *ps);
 /* One request/response with the master before the call's deadline (kvs__now_ns() clock); counts
  * failures. `req` holds a begun frame. */
 int kvs__client_call(kvs_client_t *c, kvs__wbuf_t *req, kvs__wbuf_t *rsp, uint64_t deadline_ns);
+/* Frees the batch-call buffers the client kept (at close). */
+void kvs__client_bufs_destroy(kvs_client_t *c);
 /* get_size with the caller's deadline. */
 int64_t kvs__client_get_size_until(kvs_client_t *c, const char *key, uint64_t deadline_ns);
 /* A reference to the endpoint `name` of transport `t` (give it back with t->ops->ep_close).
