@@ -149,6 +149,7 @@ static int run(kvs_client_t *c, const bench_opts_t *o)
     double *put_gbps = calloc(o->reps, sizeof(double)), *direct_gbps = calloc(o->reps, 8),
            *grouped_gbps = calloc(o->reps, 8);
     layout_t l = {0};
+    uint64_t get_ns = 0; /* every timed read, for the lookup's share */
     int ret = 1;
     if (!src || !pool || !names || !keys || !srcbufs || !results || !put_results || !put_gbps ||
         !direct_gbps || !grouped_gbps || layout_build(o, pool, &l) != 0) {
@@ -199,6 +200,7 @@ static int run(kvs_client_t *c, const bench_opts_t *o)
             rc = kvs_client_batch_get_into_multi_buffers(c, o->keys, keys, l.bufs, l.nbufs, grouped,
                                                          results);
             t1 = kvs__now_ns();
+            get_ns += t1 - t0;
             if (rc != KVS_OK || verify(o, src, &l, results) != 0) {
                 fprintf(stderr, "kvstash bench client: %s read failed: %s\n",
                         grouped ? "grouped" : "direct", kvs_last_error());
@@ -229,6 +231,12 @@ static int run(kvs_client_t *c, const bench_opts_t *o)
            (unsigned long long)st.get_calls, kvs_histogram_quantile_us(&st.get_latency, 0.5),
            kvs_histogram_quantile_us(&st.get_latency, 0.99),
            (unsigned long long)(st.put_failed_keys + st.get_failed_keys));
+    /* The master's answer is a serial step of every read: what it costs per key. */
+    uint64_t gets = 2ull * o->reps;
+    printf("lookup: %.1f us per read (%.0f ns per key), %.1f%% of the reads' time\n",
+           (double)st.get_lookup_ns / 1e3 / (double)gets,
+           (double)st.get_lookup_ns / (double)gets / o->keys,
+           get_ns ? 100.0 * (double)st.get_lookup_ns / (double)get_ns : 0.0);
     ret = 0;
 out:
     for (uint32_t i = 0; names && i < o->keys; i++)
