@@ -140,6 +140,10 @@ def worker(a):
     g_after = gemm_alone()  # before and after: clock or power drift is not read as loss
     gemm.finish()
     check("after the reads beside the GEMMs")
+    st = store.get_stats()
+    falls = {k: v for k, v in st.items() if k.startswith("fallback_") and v}
+    if falls or not st.get("staged_reads"):  # a fallback reads the same bytes, unstaged
+        raise SystemExit(f"not staged: {st.get('staged_reads')} staged reads, fallbacks {falls}")
     print(json.dumps({"read_alone_ms": statistics.median(alone),
                       "read_together_ms": statistics.median(together),
                       "gemm_alone_tflops": (g_before + g_after) / 2,

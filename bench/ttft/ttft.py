@@ -346,6 +346,19 @@ def run(a, b, cfg, kvt, master, dev_name, source):
                         load[(proto, n, m)].append(ld)
         if r:
             print(f"round {r}/{a.rounds} done", flush=True)
+    # A staged client that fell back would read the same bytes: it must really have staged.
+    for (proto, m), st in stores.items():
+        stats = st.get_stats()
+        falls = {k: v for k, v in stats.items() if k.startswith("fallback_") and v}
+        if m.startswith("staged") and (falls or not stats.get("staged_reads")):
+            mismatch.append((proto, "-", m, f"not staged: {stats.get('staged_reads')} staged "
+                             f"reads, fallbacks {falls}"))
+        elif m.startswith("staged"):
+            print(f"{proto} {m}: {stats['staged_reads']} staged reads, {stats['fills']} fills "
+                  f"({stats['fills'] / stats['staged_reads']:.1f} per read), no fallback",
+                  flush=True)
+        elif stats.get("staged_reads"):
+            mismatch.append((proto, "-", m, "a direct client staged"))
     lines = report(a, b, cfg, kvt, dev_name, source, ttft, load, h2d, puts, mismatch)
     text = "\n".join(lines)
     print(text)
