@@ -10,6 +10,7 @@
 #include "server_fixture.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
@@ -45,36 +46,6 @@ static void report(const char *what, int64_t rc, uint64_t ms, uint64_t deadline_
            (unsigned long long)deadline_ms);
     fflush(stdout);
     CHECK_CMP_U64(ms, <=, deadline_ms + SLACK_MS);
-}
-
-/* Standard error into a file while `fd_p` holds it, so that a case can check what was logged. */
-static int stderr_capture_start(int *saved_p)
-{
-    char path[] = "/tmp/kvs-deadlines-XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    unlink(path);
-    fflush(stderr);
-    *saved_p = dup(2);
-    CHECK(*saved_p >= 0);
-    CHECK_EQ_INT(dup2(fd, 2), 2);
-    return fd;
-}
-
-/* Restores standard error, echoes what was logged meanwhile, and returns it (malloc'd). */
-static char *stderr_capture_end(int fd, int saved)
-{
-    fflush(stderr);
-    CHECK_EQ_INT(dup2(saved, 2), 2);
-    close(saved);
-    off_t n = lseek(fd, 0, SEEK_END);
-    CHECK(n >= 0);
-    char *text = calloc((size_t)n + 1, 1);
-    CHECK(text != NULL);
-    CHECK_EQ_INT((int)pread(fd, text, (size_t)n, 0), (int)n);
-    close(fd);
-    fputs(text, stderr);
-    return text;
 }
 
 static kvs_client_t *open_client(const char *master, const char *protocol)
@@ -291,9 +262,9 @@ static void test_stopped_owner(void)
             CHECK_STATUS((int)rc, KVS_TIMED_OUT);
         }
         printf("protocol %s, owner stopped, new client:\n", protocol);
-        int saved = -1, fd = stderr_capture_start(&saved);
+        kvs_test_stderr_begin();
         run_all_calls(&kf, false);
-        char *logged = stderr_capture_end(fd, saved);
+        char *logged = kvs_test_stderr_end();
         /* Its handshakes were cut by the calls' own deadlines: the owner closed nothing, and the
          * log must not send an operator after TLS settings (it did: the cut read as a close). */
         CHECK(strstr(logged, "closed the connection during HELLO") == NULL);
@@ -305,6 +276,60 @@ static void test_stopped_owner(void)
         kvs_client_close(c);
     }
     split_stop(&sp);
+}
+
+/* The same over TLS: a fresh client's TLS handshake with the stopped owner is cut by the call's
+ * deadline. It is a time-out, and the log must not say the owner lacks TLS (it did). */
+static void test_stopped_owner_tls(void)
+{
+    char token[64];
+    snprintf(token, sizeof(token), "/tmp/kvs-deadlines-token-%d", (int)getpid());
+    int fd = open(token, O_CREAT | O_WRONLY | O_TRUNC, 0600);
+    CHECK(fd >= 0);
+    const char *secret = "deadlines test token, long enough 0123456789";
+    CHECK_EQ_INT((int)write(fd, secret, strlen(secret)), (int)strlen(secret));
+    close(fd);
+    server_t m, o;
+    const char *margs[] = {"--master-only", "--tls", "--auth-token-file", token, NULL};
+    server_start(&m, margs);
+    char master[64];
+    snprintf(master, sizeof(master), "127.0.0.1:%u", (unsigned)m.port);
+    const char *oargs[] = {"--owner-only",      "--master", master,
+                           "--segment-size",    "8MiB",     "--tls",
+                           "--auth-token-file", token,      NULL};
+    server_start(&o, oargs);
+    kvs_client_t *cl[2];
+    for (int i = 0; i < 2; i++) {
+        kvs_client_config_t cfg;
+        CHECK_STATUS(kvs_client_config_init(&cfg), KVS_OK);
+        cfg.master = master;
+        cfg.protocol = "tcp";
+        cfg.tls = true;
+        cfg.auth_token_file = token;
+        cfg.rpc_timeout_ms = cfg.transfer_timeout_ms = DEADLINE_MS;
+        CHECK_STATUS(kvs_client_open(&cfg, &cl[i]), KVS_OK);
+    }
+    static uint8_t src[OBJ];
+    CHECK_STATUS(kvs_client_put(cl[0], "warm", src, OBJ, NULL), KVS_OK);
+    calls_t k;
+    calls_init(&k, cl[1]); /* no connection to the owner yet */
+    stop_peer(o.pid);
+    kvs_test_stderr_begin();
+    uint64_t t0 = kvs__now_ns();
+    int64_t rc = kvs_client_get_into(cl[1], "warm", k.buf, OBJ);
+    uint64_t ms = ms_since(t0);
+    char *logged = kvs_test_stderr_end();
+    report("get_into (TLS, stopped owner, new client)", rc, ms, DEADLINE_MS);
+    CHECK_STATUS((int)rc, KVS_TIMED_OUT);
+    CHECK(strstr(logged, "does not speak TLS") == NULL);
+    free(logged);
+    CHECK_EQ_INT(kill(o.pid, SIGCONT), 0);
+    calls_free(&k);
+    for (int i = 0; i < 2; i++)
+        kvs_client_close(cl[i]);
+    server_stop(&o);
+    server_stop(&m);
+    unlink(token);
 }
 
 /* The owner stopped and its listen backlog filled: a new client's connect gets no answer at all
@@ -489,6 +514,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_stopped_master),
         KVS_TEST_CASE(test_eight_threads_against_a_stopped_master),
         KVS_TEST_CASE(test_stopped_owner),
+        KVS_TEST_CASE(test_stopped_owner_tls),
         KVS_TEST_CASE(test_full_listen_backlog),
         KVS_TEST_CASE(test_slow_resolver),
         KVS_TEST_CASE(test_stopped_owner_stalls_only_its_own_readers),

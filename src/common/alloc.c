@@ -34,6 +34,11 @@ static bool should_fail(void)
     }
 }
 
+bool kvs__alloc_injecting(void)
+{
+    return atomic_load_explicit(&fail_countdown, memory_order_relaxed) >= 0;
+}
+
 void kvs__alloc_inject_failure(long n, bool sticky)
 {
     atomic_store(&fail_sticky, sticky);

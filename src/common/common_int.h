@@ -69,6 +69,8 @@ size_t kvs__alloc_live_count(void);
  * A negative value switches injection off. Failures keep coming until switched off when
  * `sticky` is true, otherwise only one allocation fails. */
 void kvs__alloc_inject_failure(long n, bool sticky);
+/* Whether failures are being injected (memory pools then allocate afresh, so that they fail). */
+bool kvs__alloc_injecting(void);
 
 /* ---- clocks ------------------------------------------------------------------------------ */
 

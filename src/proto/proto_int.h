@@ -232,6 +232,8 @@ typedef struct {
 void kvs__arena_init(kvs__arena_t *a);
 void *kvs__arena_alloc(kvs__arena_t *a, size_t size);
 void kvs__arena_free(kvs__arena_t *a);
+/* Whether freed chunks are kept for later arenas (not under AddressSanitizer). */
+bool kvs__arena_pooling(void);
 
 /* ---- schema ------------------------------------------------------------------------------
  * Every message's struct, codec and descriptor, generated from schema.h by schema_gen.h. */

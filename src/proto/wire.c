@@ -242,8 +242,19 @@ struct kvs__arena_chunk {
  * arrays (a 1536-key lookup: about 300 KiB) went back to the C library after every call, which
  * trimmed them to the system, and the next call took a page fault per page: a quarter of such
  * a lookup's time. Chunks come in power-of-two sizes from 16 KiB to POOL_CHUNK_MAX, one stack
- * per size; larger ones are not kept. A kept chunk's data is poisoned under AddressSanitizer, so
- * a use after its arena's free is still caught. */
+ * per size; larger ones are not kept. Under AddressSanitizer (the sanitizer stage, the fuzzers)
+ * nothing is kept, so that a use after an arena's free still meets freed memory; nor while
+ * allocation failures are being injected, so that every chunk can still fail. */
+#if defined(__SANITIZE_ADDRESS__)
+#define POOL_ON 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define POOL_ON 0
+#endif
+#endif
+#ifndef POOL_ON
+#define POOL_ON 1
+#endif
 #define POOL_CHUNK_MIN_LOG2 14u
 #define POOL_CHUNK_MAX_LOG2 21u /* 2 MiB */
 #define POOL_BYTES_MAX      ((size_t)16 << 20)
@@ -253,18 +264,13 @@ static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 static kvs__arena_chunk_t *pool[POOL_CLASSES];
 static size_t pool_bytes;
 
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/asan_interface.h>
-#define POOL_POISON(p, n)   ASAN_POISON_MEMORY_REGION(p, n)
-#define POOL_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
-#else
-#define POOL_POISON(p, n)   ((void)(p), (void)(n))
-#define POOL_UNPOISON(p, n) ((void)(p), (void)(n))
-#endif
+bool kvs__arena_pooling(void)
+{
+    return POOL_ON;
+}
 
 /* A fork while another thread holds the pool's lock would leave it held in the child: the
- * fork waits for it instead. */
-static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+ * fork waits for it instead. Registered at load, before any thread can fork. */
 static void pool_lock_take(void)
 {
     pthread_mutex_lock(&pool_lock);
@@ -273,15 +279,16 @@ static void pool_lock_give(void)
 {
     pthread_mutex_unlock(&pool_lock);
 }
-static void pool_init(void)
+__attribute__((constructor)) static void pool_init(void)
 {
-    pthread_atfork(pool_lock_take, pool_lock_give, pool_lock_give);
+    if (POOL_ON)
+        pthread_atfork(pool_lock_take, pool_lock_give, pool_lock_give);
 }
 
-/* The pool's class for a chunk of `cap` bytes: -1 when not a pooled size. */
+/* The pool's class for a chunk of `cap` bytes: -1 when not a pooled size (or no pool). */
 static int pool_class(size_t cap)
 {
-    for (unsigned k = 0; k < POOL_CLASSES; k++) {
+    for (unsigned k = 0; POOL_ON && k < POOL_CLASSES; k++) {
         if (cap == (size_t)1 << (POOL_CHUNK_MIN_LOG2 + k))
             return (int)k;
     }
@@ -296,10 +303,9 @@ static kvs__arena_chunk_t *chunk_new(size_t size)
         cap <<= 1;
     if (cap < size)
         cap = size; /* beyond the largest class: an exact, unpooled chunk */
-    int k = pool_class(cap);
+    int k = kvs__alloc_injecting() ? -1 : pool_class(cap);
     kvs__arena_chunk_t *c = NULL;
     if (k >= 0) {
-        pthread_once(&pool_once, pool_init);
         pthread_mutex_lock(&pool_lock);
         c = pool[k];
         if (c != NULL) {
@@ -308,9 +314,7 @@ static kvs__arena_chunk_t *chunk_new(size_t size)
         }
         pthread_mutex_unlock(&pool_lock);
     }
-    if (c != NULL) {
-        POOL_UNPOISON(c->data, cap);
-    } else {
+    if (c == NULL) {
         c = kvs__malloc(sizeof(*c) + cap);
         if (c == NULL)
             return NULL;
@@ -330,7 +334,6 @@ static void chunk_drop(kvs__arena_chunk_t *c)
             c->next = pool[k];
             pool[k] = c;
             pool_bytes += c->cap;
-            POOL_POISON(c->data, c->cap); /* not the header: LeakSanitizer follows its link */
         }
         pthread_mutex_unlock(&pool_lock);
         if (keep)

@@ -33,8 +33,48 @@ uint64_t kvs_test_rand(void)
     return x * 0x2545f4914f6cdd1dull;
 }
 
+static int capture_fd = -1, capture_saved = -1;
+
+void kvs_test_stderr_begin(void)
+{
+    char path[] = "/tmp/kvs-test-stderr-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0)
+        kvs_test_fail(__FILE__, __LINE__, "mkstemp: cannot capture standard error");
+    unlink(path);
+    fflush(stderr);
+    capture_saved = dup(2);
+    if (capture_saved < 0 || dup2(fd, 2) != 2) {
+        close(fd);
+        kvs_test_fail(__FILE__, __LINE__, "dup: cannot capture standard error");
+    }
+    capture_fd = fd;
+}
+
+char *kvs_test_stderr_end(void)
+{
+    if (capture_fd < 0)
+        return NULL;
+    fflush(stderr);
+    dup2(capture_saved, 2);
+    close(capture_saved);
+    int fd = capture_fd;
+    capture_fd = capture_saved = -1;
+    off_t n = lseek(fd, 0, SEEK_END);
+    char *text = calloc(n > 0 ? (size_t)n + 1 : 1, 1);
+    if (text == NULL || (n > 0 && pread(fd, text, (size_t)n, 0) != n)) {
+        close(fd);
+        kvs_test_fail(__FILE__, __LINE__, "cannot read the captured standard error");
+    }
+    close(fd);
+    fputs(text, stderr);
+    fflush(stderr);
+    return text;
+}
+
 void kvs_test_fail(const char *file, int line, const char *fmt, ...)
 {
+    free(kvs_test_stderr_end()); /* a capture in progress: shown, and stderr back */
     va_list ap;
     fprintf(stderr, "FAIL %s at %s:%d: ", current_case, file, line);
     va_start(ap, fmt);

@@ -29,6 +29,11 @@ int kvs_test_main(int argc, char **argv, const kvs_test_case_t *cases, size_t nc
  * program whose cases were all skipped exits with it (CTest's SKIP_RETURN_CODE). */
 #define KVS_TEST_SKIPPED 77
 void kvs_test_skip(const char *why) __attribute__((noreturn));
+/* Standard error into a temporary file until kvs_test_stderr_end, which restores it, echoes
+ * what was written and returns it (malloc'd; the caller frees). A failing CHECK meanwhile
+ * restores it and echoes the capture first, so nothing of the case's output is lost. */
+void kvs_test_stderr_begin(void);
+char *kvs_test_stderr_end(void);
 
 /* A case that needs the servers' test-only fault knobs (KVS_DATA_INJECT_DELAY_US) skips in
  * builds without them (configured without -DKVS_TEST_HOOKS=ON). */

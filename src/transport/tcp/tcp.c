@@ -327,7 +327,9 @@ static int conn_open(tcp_conn_t *c, chunk_t *const *win, uint32_t n)
     kvs__hello_rsp_t hr;
     kvs__io_t io = {fd, NULL};
     int rc = t->tls != NULL ? kvs__tls_handshake(t->tls, fd, deadline, &io) : KVS_OK;
-    if (rc != KVS_OK)
+    if (rc != KVS_OK && handshake_cut(hs.cut_arg))
+        rc = KVS_TIMED_OUT; /* our own cancel shut it, not a peer without TLS */
+    else if (rc != KVS_OK)
         kvs_error("tcp: TLS with %s failed: %s", c->ep->name,
                   rc == KVS_AUTH_FAILED ? "it has another token"
                   : rc == KVS_TIMED_OUT ? "no answer in time"
