@@ -174,7 +174,8 @@ def main():
         return worker(a)
     total = a.keys * a.key_bytes
     # Room below the master's eviction watermark (0.90): no stored key may be evicted.
-    proc, master = start_server(a.server, f"{int(total / 0.85) + (256 << 20)}")
+    proc, master = start_server(a.server, f"{int(total / 0.85) + (256 << 20)}", wait_s=30.0,
+                                extra=("--no-metrics",))
     try:
         src = data(total).cpu().pin_memory()
         w = open_store(master, "0", a.protocol)

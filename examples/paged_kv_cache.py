@@ -25,12 +25,13 @@ import torch
 import kvstash
 
 
-def start_server(path, segment):
+def start_server(path, segment, wait_s=5.0, extra=()):
+    """A kvstash-server with an embedded master on a free port: (process, "host:port")."""
     d = tempfile.mkdtemp()
     port_file = os.path.join(d, "port")
     proc = subprocess.Popen([path, "--port", "0", "--port-file", port_file, "--segment-size",
-                             segment, "--log-level", "warn"], stdout=subprocess.DEVNULL)
-    for _ in range(500):
+                             segment, "--log-level", "warn", *extra], stdout=subprocess.DEVNULL)
+    for _ in range(int(wait_s * 100)):
         if os.path.exists(port_file):
             with open(port_file) as f:
                 port = f.read().strip()

@@ -35,9 +35,7 @@ import hashlib
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 import torch
@@ -45,38 +43,13 @@ import torch
 import kvstash
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_common import open_store, start_server  # noqa: E402
 from qwen3_moe import (PAGE_TOKENS, QWEN3_30B_A3B, TINY, PagedPool, Qwen3Moe,  # noqa: E402
                        build_config, kv_bytes_per_token, param_count)
 
 KEY_TOKENS = 256
 KEY_PAGES = KEY_TOKENS // PAGE_TOKENS
-
-
-def start_server(path, segment):
-    d = tempfile.mkdtemp()
-    port_file = os.path.join(d, "port")
-    proc = subprocess.Popen([path, "--port", "0", "--port-file", port_file, "--segment-size",
-                             segment, "--log-level", "warn", "--no-metrics"], stdout=subprocess.DEVNULL)
-    for _ in range(3000):
-        if os.path.exists(port_file):
-            with open(port_file) as f:
-                port = f.read().strip()
-            if port:
-                return proc, "127.0.0.1:" + port
-        if proc.poll() is not None:
-            raise RuntimeError("kvstash-server exited")
-        time.sleep(0.01)
-    raise RuntimeError("kvstash-server did not start")
-
-
-def open_store(master, staging, protocol):
-    os.environ["MC_STORE_GPU_STAGING"] = staging
-    store = kvstash.MooncakeDistributedStore()
-    rc = store.setup("localhost", "", 0, 0, protocol, "", master)
-    os.environ.pop("MC_STORE_GPU_STAGING", None)
-    if rc != 0:
-        raise RuntimeError(f"setup over {protocol} failed: {rc}")
-    return store
 
 
 def sync(device):
@@ -293,7 +266,8 @@ def main():
           flush=True)
     total = sum(p.cached for p in b.prompts.values()) * kvt
     # Room below the master's eviction watermark (0.90): no stored key may be evicted.
-    proc, master = start_server(a.server, str(int(total / 0.85) + (256 << 20)))
+    proc, master = start_server(a.server, str(int(total / 0.85) + (256 << 20)), wait_s=30.0,
+                                extra=("--no-metrics",))
     try:
         return run(a, b, cfg, kvt, master, dev_name, source)
     finally:
