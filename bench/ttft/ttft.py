@@ -169,8 +169,10 @@ class Bench:
         return ""
 
     def request(self, prompt, mode, store, decode):
-        """One request in `mode`: (ttft ms, load ms, greedy tokens or None)."""
+        """One request in `mode`: (ttft ms, load ms, what differed or None); self.lists_ms holds
+        the part of the load that built the pointer lists (0 for the other modes)."""
         sync(self.device)
+        self.lists_ms = 0.0
         t0 = time.perf_counter()
         ids, table = self.new_table(prompt)
         if mode == "recompute":
@@ -180,7 +182,9 @@ class Bench:
                 res = store.batch_get_into_pages(prompt.keys, self.regions,
                                                  prompt.page_ids(ids), "page")
             else:  # Mooncake's call: a pointer and a size per page and region
+                tl = time.perf_counter()
                 ptrs, sizes = self.pointers(prompt.page_ids(ids))
+                self.lists_ms = (time.perf_counter() - tl) * 1e3
                 res = store.batch_get_into_multi_buffers(prompt.keys, ptrs, sizes)
             want = [n * self.key_bytes_per_page for n in prompt.key_pages]
             if res != want:
@@ -296,6 +300,7 @@ def run(a, b, cfg, kvt, master, dev_name, source):
     cells = [(proto, n, m) for proto in a.protocols for n in a.lengths for m in a.modes]
     ttft = {c: [] for c in cells}
     load = {c: [] for c in cells}
+    lists = {c: [] for c in cells}
     h2d = {n: [] for n in a.lengths}
     mismatch = []
     for r in range(a.rounds + 1):  # round 0 warms up and checks the tokens
@@ -318,6 +323,7 @@ def run(a, b, cfg, kvt, master, dev_name, source):
                     else:
                         ttft[(proto, n, m)].append(t)
                         load[(proto, n, m)].append(ld)
+                        lists[(proto, n, m)].append(b.lists_ms)
         if r:
             print(f"round {r}/{a.rounds} done", flush=True)
     # A staged client that fell back would read the same bytes: it must really have staged.
@@ -333,7 +339,7 @@ def run(a, b, cfg, kvt, master, dev_name, source):
                   flush=True)
         elif stats.get("staged_reads"):
             mismatch.append((proto, "-", m, "a direct client staged"))
-    lines = report(a, b, cfg, kvt, dev_name, source, ttft, load, h2d, puts, mismatch)
+    lines = report(a, b, cfg, kvt, dev_name, source, ttft, load, lists, h2d, puts, mismatch)
     text = "\n".join(lines)
     print(text)
     if a.markdown:
@@ -343,6 +349,7 @@ def run(a, b, cfg, kvt, master, dev_name, source):
         with open(a.json, "w") as f:
             json.dump({"config": cfg, "ttft_ms": {"/".join(map(str, k)): v for k, v in ttft.items()},
                        "load_ms": {"/".join(map(str, k)): v for k, v in load.items()},
+                       "pointer_lists_ms": {"/".join(map(str, k)): v for k, v in lists.items()},
                        "pinned_h2d_ms": h2d, "put_ms": puts}, f, indent=1)
     for s in list(stores.values()) + [writer]:
         s.close()
@@ -353,7 +360,7 @@ def run(a, b, cfg, kvt, master, dev_name, source):
     return 0
 
 
-def report(a, b, cfg, kvt, dev_name, source, ttft, load, h2d, puts, mismatch):
+def report(a, b, cfg, kvt, dev_name, source, ttft, load, lists, h2d, puts, mismatch):
     med = {k: statistics.median(v) for k, v in ttft.items() if v}
     lmed = {k: statistics.median(v) for k, v in load.items() if v}
     direct = next((m for m in ("direct", "direct-pages") if m in a.modes), None)
@@ -380,6 +387,13 @@ def report(a, b, cfg, kvt, dev_name, source, ttft, load, h2d, puts, mismatch):
             row += [f"{med[(proto, n, s)] / med[(proto, n, base)]:.3f}" for s, base in ratios]
             row += [f"{lmed[(proto, n, s)] / hm:.3f}" for s in a.modes if s.startswith("staged")]
             lines.append("| " + " | ".join(row) + " |")
+    pointer_modes = [m for m in a.modes if m in ("direct", "staged")]
+    if pointer_modes:
+        lines.append("")
+        lines.append("Of each load, building the pointer lists in Python (medians, ms): " + "; ".join(
+            f"{proto} {n} {m} {statistics.median(lists[(proto, n, m)]):.1f}"
+            for proto in a.protocols for n in a.lengths for m in pointer_modes
+            if lists[(proto, n, m)]))
     lines.append("")
     lines.append(f"Greedy check: {a.decode} tokens per mode, length and transport: "
                  + ("prefix KV bytes, first-token logits and tokens all identical to the "
