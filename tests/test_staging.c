@@ -1243,12 +1243,16 @@ static void test_scatter_options(void)
     unsetenv("MC_STORE_GPU_STAGING_SCATTER_BLOCKS");
     unsetenv("MC_STORE_GPU_STAGING_SCATTER_PRIORITY");
     CHECK_STATUS(kvs__staging_scatter_options(&o), KVS_OK);
+    /* Chosen from the interference benchmark (docs/scatter.md): a full grid at normal priority. */
     CHECK(o.blocks == 0 && !o.high_priority);
     setenv("MC_STORE_GPU_STAGING_SCATTER_BLOCKS", "16", 1);
     setenv("MC_STORE_GPU_STAGING_SCATTER_PRIORITY", "HIGH", 1);
     CHECK_STATUS(kvs__staging_scatter_options(&o), KVS_OK);
     CHECK(o.blocks == 16 && o.high_priority);
     setenv("MC_STORE_GPU_STAGING_SCATTER_PRIORITY", "normal", 1);
+    CHECK_STATUS(kvs__staging_scatter_options(&o), KVS_OK);
+    CHECK(o.blocks == 16 && !o.high_priority);
+    setenv("MC_STORE_GPU_STAGING_SCATTER_PRIORITY", "", 1); /* empty: the default */
     CHECK_STATUS(kvs__staging_scatter_options(&o), KVS_OK);
     CHECK(o.blocks == 16 && !o.high_priority);
     setenv("MC_STORE_GPU_STAGING_SCATTER_BLOCKS", "70000", 1);
