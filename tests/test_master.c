@@ -6,6 +6,8 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #define MS  KVS_NS_PER_MS
 #define KIB 1024ull
@@ -1054,6 +1056,98 @@ static void test_leases_per_reader(void)
     fx_fini(&f);
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static double thread_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A hot key (a shared prompt prefix) read by many: every lookup holds a lease until its reader
+ * releases it or it ends. A release used to scan all of the key's leases, twice, so R leases
+ * cost O(R) per release and 1536-key lookups slowed from 0.5 to 4-6 ms once each key held 1000.
+ * 50,000 leases released in random order must cost well under a second of CPU (the scan took
+ * seconds), and each release still ends exactly its own lease. */
+static void test_many_leases_on_one_key(void)
+{
+    enum { N = 50000, CLIENTS = 4 };
+    fx_t f;
+    fx_init(&f, 60000);
+    mount(&f, f.client, "s1", "n", 1 << 20);
+    CHECK_STATUS(put_start(&f, "hot", 100), KVS_OK);
+    CHECK_STATUS(END(&f, "hot"), KVS_OK);
+    uint64_t clients[CLIENTS] = {f.client};
+    for (int c = 1; c < CLIENTS; c++)
+        clients[c] = kvs__master_new_client(f.m);
+    uint64_t *ids = malloc(N * sizeof(*ids)), *sorted = malloc(N * sizeof(*sorted));
+    uint32_t *order = malloc(N * sizeof(*order));
+    CHECK(ids != NULL && sorted != NULL && order != NULL);
+    for (uint32_t i = 0; i < N; i++) {
+        ids[i] = lookup_as(&f, clients[i % CLIENTS], "hot");
+        kvs__arena_free(&f.arena); /* each lookup's placement */
+        kvs__arena_init(&f.arena);
+        f.now += 1000; /* 1 us apart */
+    }
+    memcpy(sorted, ids, N * sizeof(*ids));
+    qsort(sorted, N, sizeof(*sorted), cmp_u64);
+    for (uint32_t i = 1; i < N; i++)
+        CHECK(sorted[i] != sorted[i - 1]); /* every grant has an id of its own */
+    uint64_t rng = 12345;
+    for (uint32_t i = 0; i < N; i++)
+        order[i] = i;
+    for (uint32_t i = N - 1; i > 0; i--) { /* a fixed shuffle */
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t j = (uint32_t)((rng >> 33) % (i + 1)), t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    uint32_t keep = order[N / 2]; /* one lease stays */
+    uint64_t before = counter(&f, "lease_releases");
+    double t0 = thread_cpu_s();
+    for (uint32_t q = 0; q < N; q++) {
+        uint32_t i = order[q];
+        if (i == keep)
+            continue;
+        release(&f, clients[(i + 1) % CLIENTS], "hot", ids[i]); /* another client's: nothing */
+        release(&f, clients[i % CLIENTS], "hot", ids[i]);
+        release(&f, clients[i % CLIENTS], "hot", ids[i]); /* twice: nothing more */
+    }
+    double took = thread_cpu_s() - t0;
+    printf("  %d leases on one key: %.1f ms of CPU for %d releases (and twice as many that "
+           "name no lease)\n",
+           N, took * 1e3, N - 1);
+    CHECK_EQ_U64(counter(&f, "lease_releases") - before, N - 1);
+    CHECK(took < 1.0);
+    CHECK_STATUS(REMOVE(&f, "hot", 0), KVS_OBJECT_HAS_LEASE); /* `keep` still holds */
+    release(&f, clients[keep % CLIENTS], "hot", ids[keep]);
+    CHECK_STATUS(REMOVE(&f, "hot", 0), KVS_OK);
+
+    /* A lease on a removed version never ends one on the next version of the same key, even
+     * from the same client. */
+    CHECK_STATUS(put_start(&f, "v", 100), KVS_OK);
+    CHECK_STATUS(END(&f, "v"), KVS_OK);
+    uint64_t old = lookup_as(&f, f.client, "v");
+    CHECK_STATUS(REMOVE(&f, "v", KVS_KEYS_FLAG_FORCE), KVS_OK);
+    CHECK_STATUS(put_start(&f, "v", 100), KVS_OK);
+    CHECK_STATUS(END(&f, "v"), KVS_OK);
+    uint64_t fresh = lookup_as(&f, f.client, "v");
+    CHECK(fresh != old);
+    release(&f, f.client, "v", old);
+    CHECK_STATUS(REMOVE(&f, "v", 0), KVS_OBJECT_HAS_LEASE);
+    release(&f, f.client, "v", fresh);
+    CHECK_STATUS(REMOVE(&f, "v", 0), KVS_OK);
+    free(ids);
+    free(sorted);
+    free(order);
+    fx_fini(&f);
+}
+
 /* Segment ids are random and never reused, so an id names one generation of a segment. */
 static void test_segment_ids_are_never_reused(void)
 {
@@ -1562,6 +1656,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_segment_ids_are_never_reused),
         KVS_TEST_CASE(test_forced_remove_keeps_leased_space),
         KVS_TEST_CASE(test_leases_per_reader),
+        KVS_TEST_CASE(test_many_leases_on_one_key),
         KVS_TEST_CASE(test_pending_remove_waits_for_the_writer),
         KVS_TEST_CASE(test_two_phase_put),
         KVS_TEST_CASE(test_revoke_frees_space),

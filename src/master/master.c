@@ -62,11 +62,13 @@ typedef struct {
     uint64_t end_fence; /* the fence its PUT_END asked for (0: none yet) */
 } mrep_t;
 
-/* One lookup's lease on an object: until it ends or its reader releases it by id. */
+/* One lookup's lease on an object: until it ends or its reader releases it by id. An object's
+ * grants take consecutive ids from a random start (obj_t.lease_next), so an id names one grant
+ * only, never a later one, nor one of another object (or version) under the same key. */
 typedef struct reader {
     uint64_t client_id;
-    uint64_t lease_id; /* random: names this grant only, never a later one */
-    uint64_t until_ns;
+    uint64_t lease_id;
+    uint64_t until_ns; /* 0: released (dropped by the next obj_lease_end) */
 } reader_t;
 
 /* A placement group (put_item.group): its objects go where its latest one went, while there is
@@ -91,9 +93,14 @@ typedef struct obj {
     struct obj *hnext;
     uint64_t hash;
     uint64_t size;
-    uint64_t lease_until_ns; /* the latest end of any reader's lease (see readers) */
-    struct reader *readers;  /* each reader's lease: until it ends or the reader releases */
+    uint64_t lease_until_ns; /* at least the latest end of any reader's lease; exact after
+                              * obj_lease_end (obj_leased), which its readers use */
+    /* Each reader's lease: until it ends or the reader releases it. In grant order, which is id
+     * order (grants append, obj_lease_end keeps the order), so a release finds its grant by a
+     * binary search, and R leases on one hot key cost O(log R) a release, not O(R). */
+    struct reader *readers;
     uint32_t nreaders, cap_readers;
+    uint64_t lease_next; /* the next grant's id (0: none granted yet) */
     uint64_t started_ns;
     uint64_t writer;    /* the client that started the put; only it may end or revoke it */
     uint64_t token;     /* random per put: its writes carry it, fences name it */
@@ -550,17 +557,27 @@ static bool obj_leased(obj_t *o, uint64_t now_ns)
  * 0 on no memory (the lookup then fails for that key). */
 static uint64_t obj_lease(obj_t *o, uint64_t client_id, uint64_t now_ns, uint64_t until_ns)
 {
-    if (o->nreaders == o->cap_readers)
-        obj_lease_end(o, now_ns); /* make room from ended leases first */
+    /* A full array first drops the ended and released leases; it grows unless that freed a
+     * quarter, so that a hot key whose leases end as fast as they come is not compacted at
+     * every grant. */
     if (o->nreaders == o->cap_readers) {
-        uint32_t cap = o->cap_readers ? 2 * o->cap_readers : 2;
-        reader_t *r = kvs__realloc(o->readers, cap * sizeof(*r));
-        if (r == NULL)
-            return 0;
-        o->readers = r;
-        o->cap_readers = cap;
+        obj_lease_end(o, now_ns);
+        if (o->nreaders >= o->cap_readers - o->cap_readers / 4) {
+            if (o->cap_readers > UINT32_MAX / 2)
+                return 0;
+            uint32_t cap = o->cap_readers ? 2 * o->cap_readers : 2;
+            reader_t *r = kvs__realloc(o->readers, cap * sizeof(*r));
+            if (r == NULL)
+                return 0;
+            o->readers = r;
+            o->cap_readers = cap;
+        }
     }
-    uint64_t id = kvs__random_u64();
+    if (o->lease_next == 0)
+        o->lease_next = kvs__random_u64();
+    uint64_t id = o->lease_next++;
+    if (id == 0) /* 0 names no lease */
+        id = o->lease_next++;
     o->readers[o->nreaders++] = (reader_t){client_id, id, until_ns};
     o->lease_until_ns = KVS_MAX(o->lease_until_ns, until_ns);
     return id;
@@ -1752,6 +1769,28 @@ static bool tomb_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id, 
     return false;
 }
 
+/* The live lease `lease_id` of `client_id` on `o`, or NULL. Grants are in id order from
+ * o->lease_next backwards: a binary search on each id's age (lease_next - id, which wraps
+ * like the ids). An id from before the object, or of another one, has no such age here. */
+static reader_t *obj_reader(obj_t *o, uint64_t client_id, uint64_t lease_id)
+{
+    uint64_t age = o->lease_next - lease_id;
+    uint32_t lo = 0, hi = o->nreaders;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        uint64_t a = o->lease_next - o->readers[mid].lease_id;
+        if (a == age) {
+            reader_t *r = &o->readers[mid];
+            return r->client_id == client_id && r->until_ns != 0 ? r : NULL;
+        }
+        if (a > age) /* readers[mid] is older */
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
 int kvs__master_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
                         const kvs__lease_release_t *rel, uint32_t n)
 {
@@ -1762,19 +1801,19 @@ int kvs__master_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
         if (ns_key_check(rel[i].key.ptr, rel[i].key.len) != KVS_OK)
             continue;
         obj_t *o = obj_find(m, rel[i].key, kvs__hash64(rel[i].key.ptr, rel[i].key.len));
-        /* Only the grant the release names, and only the client's own. */
-        bool found = false;
-        for (uint32_t j = 0; o != NULL && j < o->nreaders; j++) {
-            reader_t *r = &o->readers[j];
-            if (r->lease_id == rel[i].lease_id && r->client_id == client_id) {
-                o->readers[j] = o->readers[--o->nreaders];
-                m->c.lease_releases++;
-                found = true;
-                break;
-            }
+        /* Only the grant the release names, and only the client's own. It is marked released
+         * in place (the order stays); trailing released ones go at once, the rest at the next
+         * obj_lease_end. lease_until_ns stays an upper bound until then. */
+        reader_t *r = o != NULL && o->lease_next != 0 && rel[i].lease_id != 0
+                          ? obj_reader(o, client_id, rel[i].lease_id)
+                          : NULL;
+        bool found = r != NULL;
+        if (found) {
+            r->until_ns = 0;
+            m->c.lease_releases++;
+            while (o->nreaders > 0 && o->readers[o->nreaders - 1].until_ns == 0)
+                o->nreaders--;
         }
-        if (o != NULL)
-            obj_lease_end(o, now_ns);
         /* Not on the key's object: a lease on a version removed or replaced since, whose
          * tombstone may end with it. */
         if (!found && m->ntombs > 0)
