@@ -1148,6 +1148,58 @@ static void test_many_leases_on_one_key(void)
     fx_fini(&f);
 }
 
+/* Releases that name no lease on their key's object (a lease that ended, a retired version's,
+ * or none) look for a tombstone holding them. They used to walk every tombstone in limbo, so
+ * with T tombstones a stray release cost O(T): one 64 MiB request of them could stall the
+ * master. Only the key's tombstones are looked at now: 100,000 stray releases among 4000
+ * tombstones cost about what they cost beside one (the walk made it hundreds of times more), and
+ * every tombstone still ends with its own reader's release. */
+static void test_stray_releases_among_many_tombstones(void)
+{
+    enum { T = 4000, N = 100000 };
+    fx_t f;
+    fx_init(&f, 60000);
+    uint64_t s1 = mount(&f, f.client, "s1", "n", 256 << 20);
+    CHECK_STATUS(put_start(&f, "probe", 100), KVS_OK);
+    CHECK_STATUS(END(&f, "probe"), KVS_OK);
+    uint64_t *lease = malloc(T * sizeof(*lease));
+    CHECK(lease != NULL);
+    char key[32];
+    double cost[2] = {0, 0};
+    for (uint32_t i = 0; i < T; i++) {
+        snprintf(key, sizeof(key), "t%u", i);
+        CHECK_STATUS(put_start(&f, key, 100), KVS_OK);
+        CHECK_STATUS(END(&f, key), KVS_OK);
+        lease[i] = lookup_as(&f, f.client, key);
+        CHECK_STATUS(REMOVE(&f, key, KVS_KEYS_FLAG_FORCE), KVS_OK); /* a tombstone */
+        kvs__arena_free(&f.arena);
+        kvs__arena_init(&f.arena);
+        if (i != 0 && i != T - 1)
+            continue;
+        uint64_t rng = 99, before = counter(&f, "lease_releases");
+        double t0 = thread_cpu_s();
+        for (uint32_t q = 0; q < N; q++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            release(&f, f.client, "probe", rng | 1); /* no such lease */
+        }
+        cost[i != 0] = thread_cpu_s() - t0;
+        CHECK_EQ_U64(counter(&f, "lease_releases"), before);
+    }
+    printf("  %d stray releases: %.1f ms of CPU beside 1 tombstone, %.1f ms beside %d\n", N,
+           cost[0] * 1e3, cost[1] * 1e3, T);
+    CHECK(cost[1] < 20 * cost[0] + 0.05);
+    CHECK_EQ_U64(counter(&f, "tombstones"), T);
+    uint64_t all = seg_used(&f, s1);
+    for (uint32_t i = 0; i < T; i++) {
+        snprintf(key, sizeof(key), "t%u", i);
+        release(&f, f.client, key, lease[i]);
+    }
+    CHECK_CMP_U64(seg_used(&f, s1), <, all);
+    CHECK_EQ_U64(seg_used(&f, s1), all / (T + 1)); /* only the probe's space is in use */
+    free(lease);
+    fx_fini(&f);
+}
+
 /* Segment ids are random and never reused, so an id names one generation of a segment. */
 static void test_segment_ids_are_never_reused(void)
 {
@@ -1657,6 +1709,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_forced_remove_keeps_leased_space),
         KVS_TEST_CASE(test_leases_per_reader),
         KVS_TEST_CASE(test_many_leases_on_one_key),
+        KVS_TEST_CASE(test_stray_releases_among_many_tombstones),
         KVS_TEST_CASE(test_pending_remove_waits_for_the_writer),
         KVS_TEST_CASE(test_two_phase_put),
         KVS_TEST_CASE(test_revoke_frees_space),

@@ -138,9 +138,13 @@ typedef struct obj {
  * entries: its space is free again once every one of them has released its lease or seen it
  * end, not only at the latest lease's end. */
 typedef struct tomb {
-    uint32_t refs; /* limbo entries */
-    uint32_t nreaders;
-    uint64_t until_ns; /* the latest end of the readers' leases left */
+    struct tomb *hnext;  /* in m->tombs, by its key's hash */
+    uint64_t hash;       /* its key's */
+    uint64_t lease_next; /* its object's at retirement: its readers' ids lie in order below it */
+    uint32_t refs;       /* limbo entries */
+    uint32_t nreaders;   /* in id order; a released one has until_ns 0 */
+    uint32_t live;       /* not released */
+    uint64_t until_ns;   /* the latest end of the readers' leases left */
     reader_t readers[];
 } tomb_t;
 
@@ -179,6 +183,8 @@ struct kvs__master {
     limbo_t *limbo;
     uint32_t limbo_writers; /* limbo entries still waiting for their writer */
     uint32_t ntombs;        /* tombstones with readers (a release may end one) */
+    tomb_t **tombs;         /* them by key hash, so that a release looks only at its key's */
+    uint32_t ntomb_buckets; /* a power of two */
     client_rec_t *clients;
     uint32_t nclients, cap_clients;
     obj_t **buckets;
@@ -611,6 +617,8 @@ static uint64_t fence_issue(struct seg *sg, uint64_t token, uint64_t epoch)
     return sg->fence_seq;
 }
 
+static void tomb_add(kvs__master_t *m, tomb_t *t);
+
 /* Removes an object whose space a reader may still read or a writer still write: each
  * replica's space waits in limbo for the lease to end (complete objects) or for the owner to
  * fence the put (pending ones). NO_MEMORY, with nothing changed, when that cannot be set up. */
@@ -651,11 +659,14 @@ static int obj_retire(kvs__master_t *m, uint64_t now_ns, obj_t *o, bool writer_d
             return KVS_NO_MEMORY;
         }
         if (tomb != NULL) {
+            /* obj_leased compacted the readers: all live, in id order. */
+            tomb->hash = o->hash;
+            tomb->lease_next = o->lease_next;
             tomb->refs = n;
-            tomb->nreaders = o->nreaders;
+            tomb->nreaders = tomb->live = o->nreaders;
             tomb->until_ns = o->lease_until_ns;
             memcpy(tomb->readers, o->readers, (size_t)o->nreaders * sizeof(reader_t));
-            m->ntombs++;
+            tomb_add(m, tomb);
         }
         for (uint32_t i = 0; i < n; i++) {
             l[i]->seg = o->reps[i].seg;
@@ -728,11 +739,40 @@ static uint64_t limbo_until(const limbo_t *l)
     return l->tomb != NULL ? l->tomb->until_ns : l->until_ns;
 }
 
+/* Indexes a new tombstone; a failed growth keeps the smaller table (longer chains). */
+static void tomb_add(kvs__master_t *m, tomb_t *t)
+{
+    if (m->ntombs >= 4 * m->ntomb_buckets && m->ntomb_buckets <= UINT32_MAX / 2) {
+        uint32_t n = 2 * m->ntomb_buckets;
+        tomb_t **b = kvs__calloc(n, sizeof(*b));
+        for (uint32_t i = 0; b != NULL && i < m->ntomb_buckets; i++) {
+            for (tomb_t *x = m->tombs[i], *next; x != NULL; x = next) {
+                next = x->hnext;
+                x->hnext = b[x->hash & (n - 1)];
+                b[x->hash & (n - 1)] = x;
+            }
+        }
+        if (b != NULL) {
+            kvs__free(m->tombs);
+            m->tombs = b;
+            m->ntomb_buckets = n;
+        }
+    }
+    tomb_t **head = &m->tombs[t->hash & (m->ntomb_buckets - 1)];
+    t->hnext = *head;
+    *head = t;
+    m->ntombs++;
+}
+
 /* Frees a limbo entry (not its space) unlinked from the list. */
 static void limbo_free(kvs__master_t *m, limbo_t *l)
 {
     m->limbo_writers -= !l->writer_done;
     if (l->tomb != NULL && --l->tomb->refs == 0) {
+        tomb_t **pp = &m->tombs[l->tomb->hash & (m->ntomb_buckets - 1)];
+        while (*pp != l->tomb)
+            pp = &(*pp)->hnext;
+        *pp = l->tomb->hnext;
         kvs__free(l->tomb);
         m->ntombs--;
     }
@@ -832,9 +872,12 @@ int kvs__master_create(const kvs__master_config_t *cfg, kvs__master_t **master_p
     m->buckets = kvs__calloc(m->nbuckets, sizeof(*m->buckets));
     m->ngroup_buckets = 64;
     m->groups = kvs__calloc(m->ngroup_buckets, sizeof(*m->groups));
-    if (m->buckets == NULL || m->groups == NULL) {
+    m->ntomb_buckets = 64;
+    m->tombs = kvs__calloc(m->ntomb_buckets, sizeof(*m->tombs));
+    if (m->buckets == NULL || m->groups == NULL || m->tombs == NULL) {
         kvs__free(m->buckets);
         kvs__free(m->groups);
+        kvs__free(m->tombs);
         kvs__free(m);
         return KVS_NO_MEMORY;
     }
@@ -893,6 +936,7 @@ void kvs__master_destroy(kvs__master_t *m)
     }
     kvs__free(m->groups);
     limbo_sweep(m, 0, true);
+    kvs__free(m->tombs); /* emptied by the sweep */
     kvs__free(m->clients);
     for (uint32_t i = 0; i < m->nseg; i++)
         seg_destroy(m->segs[i]);
@@ -1743,52 +1787,62 @@ int kvs__master_put_revoke(kvs__master_t *m, uint64_t now_ns, uint64_t client_id
     return writer_keys(m, now_ns, client_id, req, arena, rsp, op_put_revoke);
 }
 
-/* Drops the lease `lease_id` of `client_id` from the tombstone holding it; true when that
- * tombstone's space may now be free (its last lease left, or its latest one gone). */
-static bool tomb_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id, uint64_t lease_id)
+/* The live lease `lease_id` of `client_id` among rd[0..n), or NULL. Grants are in id order,
+ * the newest just below `next` (the object's lease_next): a binary search on each id's age
+ * (next - id, which wraps like the ids). An id from before the object, or of another one, has
+ * no such age here. */
+static reader_t *reader_find(reader_t *rd, uint32_t n, uint64_t next, uint64_t client_id,
+                             uint64_t lease_id)
 {
-    for (limbo_t *l = m->limbo; l != NULL; l = l->next) {
-        tomb_t *t = l->tomb;
-        if (t == NULL)
-            continue;
-        for (uint32_t j = 0; j < t->nreaders; j++) {
-            if (t->readers[j].lease_id != lease_id || t->readers[j].client_id != client_id)
-                continue;
-            t->readers[j] = t->readers[--t->nreaders];
-            m->c.lease_releases++;
-            uint64_t until = 0;
-            for (uint32_t k = 0; k < t->nreaders; k++) {
-                if (t->readers[k].until_ns > now_ns)
-                    until = KVS_MAX(until, t->readers[k].until_ns);
-            }
-            bool sooner = until < t->until_ns;
-            t->until_ns = until;
-            return sooner;
-        }
-    }
-    return false;
-}
-
-/* The live lease `lease_id` of `client_id` on `o`, or NULL. Grants are in id order from
- * o->lease_next backwards: a binary search on each id's age (lease_next - id, which wraps
- * like the ids). An id from before the object, or of another one, has no such age here. */
-static reader_t *obj_reader(obj_t *o, uint64_t client_id, uint64_t lease_id)
-{
-    uint64_t age = o->lease_next - lease_id;
-    uint32_t lo = 0, hi = o->nreaders;
+    uint64_t age = next - lease_id;
+    uint32_t lo = 0, hi = n;
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
-        uint64_t a = o->lease_next - o->readers[mid].lease_id;
-        if (a == age) {
-            reader_t *r = &o->readers[mid];
-            return r->client_id == client_id && r->until_ns != 0 ? r : NULL;
-        }
-        if (a > age) /* readers[mid] is older */
+        uint64_t a = next - rd[mid].lease_id;
+        if (a == age)
+            return rd[mid].client_id == client_id && rd[mid].until_ns != 0 ? &rd[mid] : NULL;
+        if (a > age) /* rd[mid] is older */
             lo = mid + 1;
         else
             hi = mid;
     }
     return NULL;
+}
+
+/* Drops the lease `lease_id` of `client_id` from the tombstone of key hash `hash` holding it
+ * (a version removed or replaced since); true when that tombstone's space may now be free
+ * sooner (its last lease left, or its latest one gone). Only the key's tombstones are looked
+ * at, each by a binary search: a stray release (of a lease that ended, or of none) costs the
+ * chain of its hash, not a walk of every tombstone. */
+static bool tomb_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id, uint64_t hash,
+                         uint64_t lease_id)
+{
+    for (tomb_t *t = m->tombs[hash & (m->ntomb_buckets - 1)]; t != NULL; t = t->hnext) {
+        reader_t *r = t->hash == hash && t->live > 0
+                          ? reader_find(t->readers, t->nreaders, t->lease_next, client_id, lease_id)
+                          : NULL;
+        if (r == NULL)
+            continue;
+        uint64_t was = r->until_ns;
+        r->until_ns = 0;
+        t->live--;
+        m->c.lease_releases++;
+        while (t->nreaders > 0 && t->readers[t->nreaders - 1].until_ns == 0)
+            t->nreaders--;
+        /* The latest end left: unchanged unless this one held it (or it has passed). */
+        uint64_t until = t->until_ns;
+        if (t->live == 0 || was >= t->until_ns || t->until_ns <= now_ns) {
+            until = 0;
+            for (uint32_t k = 0; k < t->nreaders; k++) {
+                if (t->readers[k].until_ns > now_ns)
+                    until = KVS_MAX(until, t->readers[k].until_ns);
+            }
+        }
+        bool sooner = until < t->until_ns;
+        t->until_ns = until;
+        return sooner;
+    }
+    return false;
 }
 
 int kvs__master_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
@@ -1800,13 +1854,15 @@ int kvs__master_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
     for (uint32_t i = 0; i < n; i++) {
         if (ns_key_check(rel[i].key.ptr, rel[i].key.len) != KVS_OK)
             continue;
-        obj_t *o = obj_find(m, rel[i].key, kvs__hash64(rel[i].key.ptr, rel[i].key.len));
+        uint64_t hash = kvs__hash64(rel[i].key.ptr, rel[i].key.len);
+        obj_t *o = obj_find(m, rel[i].key, hash);
         /* Only the grant the release names, and only the client's own. It is marked released
          * in place (the order stays); trailing released ones go at once, the rest at the next
          * obj_lease_end. lease_until_ns stays an upper bound until then. */
-        reader_t *r = o != NULL && o->lease_next != 0 && rel[i].lease_id != 0
-                          ? obj_reader(o, client_id, rel[i].lease_id)
-                          : NULL;
+        reader_t *r =
+            o != NULL && o->lease_next != 0 && rel[i].lease_id != 0
+                ? reader_find(o->readers, o->nreaders, o->lease_next, client_id, rel[i].lease_id)
+                : NULL;
         bool found = r != NULL;
         if (found) {
             r->until_ns = 0;
@@ -1817,7 +1873,7 @@ int kvs__master_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
         /* Not on the key's object: a lease on a version removed or replaced since, whose
          * tombstone may end with it. */
         if (!found && m->ntombs > 0)
-            swept |= tomb_release(m, now_ns, client_id, rel[i].lease_id);
+            swept |= tomb_release(m, now_ns, client_id, hash, rel[i].lease_id);
     }
     if (swept)
         limbo_sweep(m, now_ns, false);
