@@ -19,12 +19,15 @@ typedef struct {
     uint64_t client;
 } fx_t;
 
+static uint64_t fx_lease_id_start; /* the next fixture's cfg.lease_id_start (0: random) */
+
 static void fx_init(fx_t *f, uint64_t lease_ms)
 {
     kvs__master_config_t cfg;
     unsetenv("KVS_MASTER_LEASE_MS");
     CHECK_STATUS(kvs__master_config_init(&cfg), KVS_OK);
     cfg.lease_ms = lease_ms;
+    cfg.lease_id_start = fx_lease_id_start;
     cfg.heartbeat_timeout_ms = 1000;
     cfg.put_discard_ms = 2000;
     CHECK_STATUS(kvs__master_create(&cfg, &f->m), KVS_OK);
@@ -1109,6 +1112,9 @@ static void test_many_leases_on_one_key(void)
     }
     uint32_t keep = order[N / 2]; /* one lease stays */
     uint64_t before = counter(&f, "lease_releases");
+    for (uint32_t i = 0; i < N; i++) /* every lease released by another client: nothing */
+        release(&f, clients[(i + 1) % CLIENTS], "hot", ids[i]);
+    CHECK_EQ_U64(counter(&f, "lease_releases"), before);
     double t0 = thread_cpu_s();
     for (uint32_t q = 0; q < N; q++) {
         uint32_t i = order[q];
@@ -1128,23 +1134,65 @@ static void test_many_leases_on_one_key(void)
     release(&f, clients[keep % CLIENTS], "hot", ids[keep]);
     CHECK_STATUS(REMOVE(&f, "hot", 0), KVS_OK);
 
-    /* A lease on a removed version never ends one on the next version of the same key, even
-     * from the same client. */
-    CHECK_STATUS(put_start(&f, "v", 100), KVS_OK);
-    CHECK_STATUS(END(&f, "v"), KVS_OK);
-    uint64_t old = lookup_as(&f, f.client, "v");
-    CHECK_STATUS(REMOVE(&f, "v", KVS_KEYS_FLAG_FORCE), KVS_OK);
-    CHECK_STATUS(put_start(&f, "v", 100), KVS_OK);
-    CHECK_STATUS(END(&f, "v"), KVS_OK);
-    uint64_t fresh = lookup_as(&f, f.client, "v");
-    CHECK(fresh != old);
-    release(&f, f.client, "v", old);
-    CHECK_STATUS(REMOVE(&f, "v", 0), KVS_OBJECT_HAS_LEASE);
-    release(&f, f.client, "v", fresh);
-    CHECK_STATUS(REMOVE(&f, "v", 0), KVS_OK);
     free(ids);
     free(sorted);
     free(order);
+    fx_fini(&f);
+}
+
+/* Lease ids run up by one per grant from each object's start and skip 0 (no lease) when they
+ * wrap: grants across the wrap keep distinct ids, and each release still ends its own lease. A
+ * start near 2^64 (a test-only setting; it is random per object otherwise) crosses it. */
+static void test_lease_ids_across_their_wrap(void)
+{
+    fx_lease_id_start = UINT64_MAX - 2;
+    fx_t f;
+    fx_init(&f, 1000);
+    fx_lease_id_start = 0;
+    mount(&f, f.client, "s1", "n", 1 << 20);
+    CHECK_STATUS(put_start(&f, "k", 100), KVS_OK);
+    CHECK_STATUS(END(&f, "k"), KVS_OK);
+    uint64_t id[6];
+    for (int i = 0; i < 6; i++) {
+        id[i] = lookup_as(&f, f.client, "k");
+        for (int j = 0; j < i; j++)
+            CHECK(id[j] != id[i]);
+    }
+    CHECK_EQ_U64(id[0], UINT64_MAX - 2);
+    CHECK_EQ_U64(id[3], 1); /* past UINT64_MAX, 0 skipped */
+    uint64_t before = counter(&f, "lease_releases");
+    const int order[6] = {4, 1, 5, 0, 2, 3};
+    for (int q = 0; q < 6; q++) {
+        CHECK_STATUS(REMOVE(&f, "k", 0), KVS_OBJECT_HAS_LEASE);
+        release(&f, f.client, "k", id[order[q]]);
+        CHECK_EQ_U64(counter(&f, "lease_releases") - before, (uint64_t)q + 1);
+    }
+    CHECK_STATUS(REMOVE(&f, "k", 0), KVS_OK);
+    fx_fini(&f);
+}
+
+/* A full lease array that compaction leaves with room but not a quarter of it grows; when that
+ * growth fails for memory the grant still takes the freed slot (it used to fail the lookup). */
+static void test_lease_grant_survives_a_failed_growth(void)
+{
+    fx_t f;
+    fx_init(&f, 1000);
+    mount(&f, f.client, "s1", "n", 1 << 20);
+    CHECK_STATUS(put_start(&f, "k", 100), KVS_OK);
+    CHECK_STATUS(END(&f, "k"), KVS_OK);
+    uint64_t id[8];
+    for (int i = 0; i < 8; i++) /* the array grows 2, 4, 8: full */
+        id[i] = lookup_as(&f, f.client, "k");
+    release(&f, f.client, "k", id[3]);  /* a released slot mid-array: compaction frees 1 of 8 */
+    kvs__alloc_inject_failure(0, true); /* every allocation fails: the growth too */
+    kvs__str_t k = kvs__str_c("k");
+    kvs__keys_req_t req = {.nkeys = 1, .keys = &k};
+    kvs__placement_rsp_t rsp;
+    int rc = kvs__master_lookup(f.m, f.now, f.client, &req, &f.arena, &rsp);
+    kvs__alloc_inject_failure(-1, false);
+    CHECK_STATUS(rc, KVS_OK);
+    CHECK_STATUS(rsp.objs[0].status, KVS_OK);
+    CHECK(rsp.objs[0].lease_id != 0);
     fx_fini(&f);
 }
 
@@ -1709,6 +1757,8 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_forced_remove_keeps_leased_space),
         KVS_TEST_CASE(test_leases_per_reader),
         KVS_TEST_CASE(test_many_leases_on_one_key),
+        KVS_TEST_CASE(test_lease_ids_across_their_wrap),
+        KVS_TEST_CASE(test_lease_grant_survives_a_failed_growth),
         KVS_TEST_CASE(test_stray_releases_among_many_tombstones),
         KVS_TEST_CASE(test_pending_remove_waits_for_the_writer),
         KVS_TEST_CASE(test_two_phase_put),

@@ -561,28 +561,34 @@ static bool obj_leased(obj_t *o, uint64_t now_ns)
 
 /* A lookup by `client`: a lease of its own on the object until `until_ns`. Returns its id, or
  * 0 on no memory (the lookup then fails for that key). */
-static uint64_t obj_lease(obj_t *o, uint64_t client_id, uint64_t now_ns, uint64_t until_ns)
+static uint64_t obj_lease(const kvs__master_t *m, obj_t *o, uint64_t client_id, uint64_t now_ns,
+                          uint64_t until_ns)
 {
-    /* A full array first drops the ended and released leases; it grows unless that freed a
-     * quarter, so that a hot key whose leases end as fast as they come is not compacted at
-     * every grant. */
+    /* A full array first drops the ended and released leases; it grows when that freed at most
+     * a quarter, so that a hot key whose leases end as fast as they come is not compacted at
+     * every grant. A growth that fails is fine while compaction made room. */
     if (o->nreaders == o->cap_readers) {
         obj_lease_end(o, now_ns);
         if (o->nreaders >= o->cap_readers - o->cap_readers / 4) {
-            if (o->cap_readers > UINT32_MAX / 2)
-                return 0;
             uint32_t cap = o->cap_readers ? 2 * o->cap_readers : 2;
-            reader_t *r = kvs__realloc(o->readers, cap * sizeof(*r));
-            if (r == NULL)
+            reader_t *r = o->cap_readers <= UINT32_MAX / 2
+                              ? kvs__realloc(o->readers, cap * sizeof(*r))
+                              : NULL;
+            if (r != NULL) {
+                o->readers = r;
+                o->cap_readers = cap;
+            } else if (o->nreaders == o->cap_readers) {
                 return 0;
-            o->readers = r;
-            o->cap_readers = cap;
+            }
         }
     }
-    if (o->lease_next == 0)
-        o->lease_next = kvs__random_u64();
+    if (o->lease_next == 0) /* the first grant */
+        o->lease_next = m->cfg.lease_id_start != 0 ? m->cfg.lease_id_start : kvs__random_u64();
+    /* Ids go up by one and skip 0 (no lease) when they wrap, so ages stay in order. */
     uint64_t id = o->lease_next++;
-    if (id == 0) /* 0 names no lease */
+    if (o->lease_next == 0)
+        o->lease_next = 1;
+    if (id == 0)
         id = o->lease_next++;
     o->readers[o->nreaders++] = (reader_t){client_id, id, until_ns};
     o->lease_until_ns = KVS_MAX(o->lease_until_ns, until_ns);
@@ -770,9 +776,10 @@ static void limbo_free(kvs__master_t *m, limbo_t *l)
     m->limbo_writers -= !l->writer_done;
     if (l->tomb != NULL && --l->tomb->refs == 0) {
         tomb_t **pp = &m->tombs[l->tomb->hash & (m->ntomb_buckets - 1)];
-        while (*pp != l->tomb)
+        while (*pp != NULL && *pp != l->tomb) /* every tombstone is indexed (tomb_add) */
             pp = &(*pp)->hnext;
-        *pp = l->tomb->hnext;
+        if (*pp != NULL)
+            *pp = l->tomb->hnext;
         kvs__free(l->tomb);
         m->ntombs--;
     }
@@ -1922,7 +1929,7 @@ int kvs__master_lookup(kvs__master_t *m, uint64_t now_ns, uint64_t client_id,
         d->reps = kvs__arena_alloc(arena, o->nrep * sizeof(*d->reps));
         if (d->reps == NULL)
             return KVS_NO_MEMORY;
-        d->lease_id = obj_lease(o, client_id, now_ns, now_ns + lease_ns);
+        d->lease_id = obj_lease(m, o, client_id, now_ns, now_ns + lease_ns);
         if (d->lease_id == 0) {
             d->status = KVS_NO_MEMORY;
             continue;
@@ -2007,7 +2014,7 @@ static int recover_one(kvs__master_t *m, uint64_t now_ns, seg_t *sg, const kvs__
     }
     obj_t *n = kvs__calloc(1, sizeof(*n) + e->key.len + 1);
     mrep_t *reps = kvs__calloc(1, sizeof(*reps));
-    if (n == NULL || reps == NULL || obj_lease(n, 0, now_ns, until) == 0) {
+    if (n == NULL || reps == NULL || obj_lease(m, n, 0, now_ns, until) == 0) {
         if (n != NULL)
             kvs__free(n->readers);
         kvs__free(n);

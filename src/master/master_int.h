@@ -28,6 +28,9 @@ typedef struct {
      * HEARTBEAT replies, that a new leader rebuilds from (RECOVER). */
     bool owner_index;
     uint64_t version_base; /* objects' versions start above this (the leader's term << 32) */
+    /* Tests only: every object's first lease id (0, the default: a random one per object, so
+     * that ids of different versions of a key do not meet). Lets a test cross the ids' wrap. */
+    uint64_t lease_id_start;
 } kvs__master_config_t;
 
 /* Defaults, then KVS_MASTER_LEASE_MS, KVS_MASTER_HEARTBEAT_TIMEOUT_MS, KVS_MASTER_PUT_DISCARD_MS,
