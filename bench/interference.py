@@ -127,6 +127,8 @@ class Smi:
         self.proc = subprocess.Popen(
             ["nvidia-smi", "--query-gpu=timestamp,clocks.sm",
              "--format=csv,noheader,nounits", "-lms", "20", "-i",
+             # nvidia-smi's index: the same GPU on a one-GPU machine (under CUDA_VISIBLE_DEVICES
+             # or another device order it may name another one)
              str(torch.cuda.current_device())], stdout=subprocess.PIPE, text=True)
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -176,6 +178,7 @@ def worker(a):
             if not torch.equal(pool[where], want):
                 raise SystemExit(f"wrong bytes in the pool {when}")
             pool.zero_()
+            torch.cuda.synchronize()  # before the next read's streams write the pool
     else:  # the control: the copy engine's traffic alone, no kvstash and no kernel
         host = want.view(-1).cpu().pin_memory()
         dst = torch.zeros_like(want.view(-1))
@@ -192,6 +195,7 @@ def worker(a):
             if not torch.equal(dst, want.view(-1)):
                 raise SystemExit(f"wrong bytes in the copy {when}")
             dst.zero_()
+            torch.cuda.synchronize()
 
     read()
     check("after the first read")
@@ -219,7 +223,9 @@ def worker(a):
             raise SystemExit(f"not staged: {st.get('staged_reads')} staged reads, fallbacks {falls}")
         store.close()
     rates = {k: gemm.rate(phases[k][:2]) for k in ("gemm_before", "together", "gemm_after")}
-    for k, (_, idle) in rates.items():
+    for k, (rate, idle) in rates.items():
+        if rate != rate:  # NaN
+            raise SystemExit(f"fewer than two GEMMs ended inside the {k} window")
         if not idle <= 0.01:  # the harness starved the GEMM stream: not the GPU's doing
             raise SystemExit(f"the GEMM stream was idle {100 * idle:.1f}% of the {k} window")
     g_before, g_after = rates["gemm_before"][0], rates["gemm_after"][0]
@@ -240,6 +246,8 @@ def run_workers(a, master, runs):
         for prio, blocks in runs:
             env = {k: v for k, v in os.environ.items()
                    if not k.startswith("MC_STORE_GPU_STAGING_SCATTER_")}
+            # Enough hardware queues that the idle marker stream never waits behind the GEMMs.
+            env["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--master", master]
             if blocks == "pinned-copy":
                 cmd += ["--load", "pinned-copy"]
@@ -268,7 +276,7 @@ def run_workers(a, master, runs):
 
 
 def table(a, rows):
-    full = next(r for r in rows if r["blocks"] == "0" and r["priority"] == "normal")
+    full = next((r for r in rows if r["blocks"] == "0" and r["priority"] == "normal"), rows[0])
     smi = "gemm_before_mhz" in full
     lines = [f"\n{a.keys} x {a.key_bytes >> 20} MiB staged page-table reads "
              f"({a.page_bytes >> 10} KiB pages, {a.protocol}) beside a bf16 {a.gemm}^3 GEMM "
