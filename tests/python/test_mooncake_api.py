@@ -287,6 +287,62 @@ class ReadFamilyTest(Base):
         self.assertEqual(s.batch_get_into_multi_buffers([key], [[buf.ptr]], [[9999]]), [-600])
         self.assertEqual(buf.bytes(0, 9999), bytes([GUARD]) * 9999)
 
+    def test_fragment_lists_of_changing_sizes_and_from_threads(self):
+        """The module keeps its fragment lists' working memory between calls: calls with more,
+        then fewer, then more fragments, and calls from several threads at once (each finds the
+        kept block taken or not), all land every byte where their own lists say."""
+        s, key = self.store, self.k("frags")
+        data = pattern(key, 1 << 16)
+        self.assertEqual(s.put(key, data), 0)
+        buf = self.registered(1 << 20)
+
+        def read(pages, start):
+            # `pages` fragments of 64 KiB / pages bytes, in reverse order from `start`.
+            size = len(data) // pages
+            ptrs = [buf.ptr + start + (pages - 1 - i) * size for i in range(pages)]
+            return s.batch_get_into_multi_buffers([key], [ptrs], [[size] * pages]), size
+
+        for pages in (1024, 16, 4096, 256):
+            buf.fill()
+            got, size = read(pages, 0)
+            self.assertEqual(got, [len(data)])
+            for i in range(pages):
+                self.assertEqual(buf.bytes((pages - 1 - i) * size, size),
+                                 data[i * size:(i + 1) * size])
+        buf.fill()
+        errors = []
+
+        def worker(t):
+            for pages in (64, 2048, 512):
+                got, size = read(pages, t * (1 << 16))
+                if got != [len(data)]:
+                    errors.append((t, pages, got))
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        self.assertEqual(errors, [])
+        size = len(data) // 512  # the last layout every thread wrote
+        for t in range(8):
+            for i in range(512):
+                self.assertEqual(buf.bytes(t * (1 << 16) + (511 - i) * size, size),
+                                 data[i * size:(i + 1) * size])
+
+    def test_fragment_values_past_the_int_fast_path(self):
+        """Addresses and sizes are read as 64-bit unsigned ints: 2^64 and negative values are
+        refused with ValueError before any I/O; values past 2^32 and 2^63 are read exactly (an
+        unregistered address: -600 for the key, nothing read)."""
+        s, key = self.store, self.k("ints")
+        self.assertEqual(s.put(key, b"x" * 100), 0)
+        for bad in (1 << 64, -1):
+            with self.assertRaisesRegex(ValueError, "negative or too large"):
+                s.batch_get_into_multi_buffers([key], [[bad]], [[100]])
+            with self.assertRaisesRegex(ValueError, "negative or too large"):
+                s.batch_get_into_multi_buffers([key], [[4096]], [[bad]])
+        for odd in ((1 << 32) + 4096, (1 << 63) + 4096, (1 << 64) - 4096):
+            self.assertEqual(s.batch_get_into_multi_buffers([key], [[odd]], [[100]]), [-600])
+
 
 class RemovalTest(Base):
     def test_remove_all_batch_remove_regex(self):
