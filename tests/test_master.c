@@ -1134,6 +1134,22 @@ static void test_many_leases_on_one_key(void)
     release(&f, clients[keep % CLIENTS], "hot", ids[keep]);
     CHECK_STATUS(REMOVE(&f, "hot", 0), KVS_OK);
 
+    /* A lease on a removed version (now in its tombstone, found through the key's chain)
+     * never ends one on the next version of the same key, even from the same client. */
+    CHECK_STATUS(put_start(&f, "v", 100), KVS_OK);
+    CHECK_STATUS(END(&f, "v"), KVS_OK);
+    uint64_t old = lookup_as(&f, f.client, "v");
+    CHECK_STATUS(REMOVE(&f, "v", KVS_KEYS_FLAG_FORCE), KVS_OK);
+    CHECK_STATUS(put_start(&f, "v", 100), KVS_OK);
+    CHECK_STATUS(END(&f, "v"), KVS_OK);
+    uint64_t fresh = lookup_as(&f, f.client, "v");
+    before = counter(&f, "lease_releases");
+    release(&f, f.client, "v", old); /* ends the tombstone's lease */
+    CHECK_EQ_U64(counter(&f, "lease_releases") - before, 1);
+    CHECK_STATUS(REMOVE(&f, "v", 0), KVS_OBJECT_HAS_LEASE); /* fresh still holds */
+    release(&f, f.client, "v", fresh);
+    CHECK_STATUS(REMOVE(&f, "v", 0), KVS_OK);
+
     free(ids);
     free(sorted);
     free(order);
@@ -1196,6 +1212,45 @@ static void test_lease_grant_survives_a_failed_growth(void)
     fx_fini(&f);
 }
 
+/* A tombstone's space waits for the latest end of the leases still held on it: releasing the
+ * latest one brings that end forward to the next one's, releasing an earlier one leaves it. */
+static void test_tombstone_waits_for_its_latest_lease(void)
+{
+    fx_t f;
+    fx_init(&f, 10000);
+    uint64_t s1 = mount(&f, f.client, "s1", "n", 1 << 20);
+    for (int latest_first = 1; latest_first >= 0; latest_first--) {
+        CHECK_STATUS(put_pinned(&f, "k", 4096, 0, 0, 0), KVS_OK);
+        uint64_t t0 = f.now;
+        uint64_t early = lookup_as(&f, f.client, "k"); /* ends at t0 + 10 s */
+        f.now += 4000 * MS;
+        uint64_t late = lookup_as(&f, f.client, "k"); /* ends at t0 + 14 s */
+        f.now += 1000 * MS;
+        uint64_t mid = lookup_as(&f, f.client, "k");                /* ends at t0 + 15 s */
+        CHECK_STATUS(REMOVE(&f, "k", KVS_KEYS_FLAG_FORCE), KVS_OK); /* a tombstone of three */
+        uint64_t one = seg_used(&f, s1);
+        CHECK(one > 0);
+        if (latest_first) {
+            release(&f, f.client, "k", mid);  /* the latest end goes: now t0 + 14 s */
+            release(&f, f.client, "k", late); /* and the next: now t0 + 10 s */
+        } else {
+            release(&f, f.client, "k", early); /* not the latest: still t0 + 15 s */
+        }
+        uint64_t end = t0 + (latest_first ? 10000 : 15000) * MS;
+        while (f.now + 500 * MS < end) { /* the owner keeps its segment */
+            f.now += 500 * MS;
+            heartbeat_ack(&f, f.client, s1, 0, NULL);
+            kvs__master_tick(f.m, f.now);
+            CHECK_EQ_U64(seg_used(&f, s1), one);
+        }
+        f.now = end + 1 * MS;
+        heartbeat_ack(&f, f.client, s1, 0, NULL);
+        kvs__master_tick(f.m, f.now);
+        CHECK_EQ_U64(seg_used(&f, s1), 0);
+    }
+    fx_fini(&f);
+}
+
 /* Releases that name no lease on their key's object (a lease that ended, a retired version's,
  * or none) look for a tombstone holding them. They used to walk every tombstone in limbo, so
  * with T tombstones a stray release cost O(T): one 64 MiB request of them could stall the
@@ -1228,7 +1283,13 @@ static void test_stray_releases_among_many_tombstones(void)
         double t0 = thread_cpu_s();
         for (uint32_t q = 0; q < N; q++) {
             rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-            release(&f, f.client, "probe", rng | 1); /* no such lease */
+            /* No such lease: on the live key, or on a key whose tombstone is searched. */
+            if (q % 2 == 0) {
+                release(&f, f.client, "probe", rng | 1);
+            } else {
+                snprintf(key, sizeof(key), "t%u", (uint32_t)(rng >> 40) % (i + 1));
+                release(&f, f.client, key, rng | 1);
+            }
         }
         cost[i != 0] = thread_cpu_s() - t0;
         CHECK_EQ_U64(counter(&f, "lease_releases"), before);
@@ -1759,6 +1820,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_many_leases_on_one_key),
         KVS_TEST_CASE(test_lease_ids_across_their_wrap),
         KVS_TEST_CASE(test_lease_grant_survives_a_failed_growth),
+        KVS_TEST_CASE(test_tombstone_waits_for_its_latest_lease),
         KVS_TEST_CASE(test_stray_releases_among_many_tombstones),
         KVS_TEST_CASE(test_pending_remove_waits_for_the_writer),
         KVS_TEST_CASE(test_two_phase_put),

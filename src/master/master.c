@@ -748,7 +748,8 @@ static uint64_t limbo_until(const limbo_t *l)
 /* Indexes a new tombstone; a failed growth keeps the smaller table (longer chains). */
 static void tomb_add(kvs__master_t *m, tomb_t *t)
 {
-    if (m->ntombs >= 4 * m->ntomb_buckets && m->ntomb_buckets <= UINT32_MAX / 2) {
+    if ((uint64_t)m->ntombs >= 4 * (uint64_t)m->ntomb_buckets &&
+        m->ntomb_buckets <= UINT32_MAX / 2) {
         uint32_t n = 2 * m->ntomb_buckets;
         tomb_t **b = kvs__calloc(n, sizeof(*b));
         for (uint32_t i = 0; b != NULL && i < m->ntomb_buckets; i++) {
@@ -780,6 +781,8 @@ static void limbo_free(kvs__master_t *m, limbo_t *l)
             pp = &(*pp)->hnext;
         if (*pp != NULL)
             *pp = l->tomb->hnext;
+        else
+            kvs_error("master: a tombstone was missing from its index (a bug)");
         kvs__free(l->tomb);
         m->ntombs--;
     }
@@ -1836,9 +1839,13 @@ static bool tomb_release(kvs__master_t *m, uint64_t now_ns, uint64_t client_id, 
         m->c.lease_releases++;
         while (t->nreaders > 0 && t->readers[t->nreaders - 1].until_ns == 0)
             t->nreaders--;
-        /* The latest end left: unchanged unless this one held it (or it has passed). */
+        /* The latest end left. until_ns bounds every remaining lease that has not ended: none
+         * is left when it has passed or no reader is; it is unchanged unless this lease held
+         * it; else the others are looked at. */
         uint64_t until = t->until_ns;
-        if (t->live == 0 || was >= t->until_ns || t->until_ns <= now_ns) {
+        if (t->live == 0 || t->until_ns <= now_ns) {
+            until = 0;
+        } else if (was >= t->until_ns) {
             until = 0;
             for (uint32_t k = 0; k < t->nreaders; k++) {
                 if (t->readers[k].until_ns > now_ns)

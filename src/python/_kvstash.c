@@ -469,6 +469,8 @@ static void scratch_give(store_t *s, void *p, size_t cap)
 static void store_dealloc(store_t *s)
 {
     PyMem_Free(s->scratch);
+    s->scratch = NULL;
+    s->scratch_cap = 0;
     Py_BEGIN_ALLOW_THREADS store_shutdown(s);
     Py_END_ALLOW_THREADS pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->cond);
@@ -587,10 +589,9 @@ static const char **keys_from(PyObject *list, Py_ssize_t *n_p, PyObject **hold_p
     return keys;
 }
 
-/* An int sequence of exactly n entries into out[] (pointers when `ptrs`). */
 /* An int as 64 bits (-1 with an exception when negative or too large). CPython's
  * PyLong_AsUnsignedLongLong takes a byte-by-byte path for every value past 2^30, which
- * addresses always are; PyLong_AsUnsignedLong reads the digits, about 3x faster. */
+ * addresses always are; PyLong_AsUnsignedLong reads the digits directly. */
 static uint64_t as_u64(PyObject *o)
 {
 #if ULONG_MAX == UINT64_MAX
@@ -600,6 +601,7 @@ static uint64_t as_u64(PyObject *o)
 #endif
 }
 
+/* An int sequence of exactly n entries into out[]. */
 static int ints_from(PyObject *seq, Py_ssize_t n, const char *what, uint64_t *out)
 {
     if (!PyList_Check(seq) && !PyTuple_Check(seq)) {
@@ -913,7 +915,7 @@ static PyObject *batch_multi(store_t *self, PyObject *keys_o, PyObject *ptrs_o, 
         total += (size_t)PySequence_Fast_GET_SIZE(pl[i]);
     }
     /* frags, then the pointers and sizes as converted, in one block of working memory. */
-    if (total > (PY_SSIZE_T_MAX - 1) / (sizeof(*frags) + 2 * sizeof(uint64_t))) {
+    if (total >= PY_SSIZE_T_MAX / (sizeof(*frags) + 2 * sizeof(uint64_t))) {
         PyErr_NoMemory();
         goto done;
     }

@@ -331,8 +331,9 @@ class ReadFamilyTest(Base):
 
     def test_fragment_values_past_the_int_fast_path(self):
         """Addresses and sizes are read as 64-bit unsigned ints: 2^64 and negative values are
-        refused with ValueError before any I/O; values past 2^32 and 2^63 are read exactly (an
-        unregistered address: -600 for the key, nothing read)."""
+        refused with ValueError before any I/O; values past 2^63 (negative if read as signed)
+        are addresses like any other, here unregistered: -600 for the key. (Real addresses,
+        past 2^32, are read exactly by every other read test.)"""
         s, key = self.store, self.k("ints")
         self.assertEqual(s.put(key, b"x" * 100), 0)
         for bad in (1 << 64, -1):
