@@ -111,7 +111,7 @@ static void test_client_stats_abi(void)
     /* Fields after 0.1.0 only ever append: the first release's additions keep their offsets. */
     CHECK_EQ_U64(offsetof(kvs_client_stats_t, staging_held_bytes), 1720);
     CHECK_EQ_U64(kvs__client_metric_offsets[kvs__client_nmetrics - 1],
-                 offsetof(kvs_client_stats_t, get_lookup_ns));
+                 offsetof(kvs_client_stats_t, get_lookup_overlapped_ns));
 }
 
 static void test_exposition(void)

@@ -304,6 +304,145 @@ static void test_staging_half_buffer_fills(void)
     server_stop(&st.srv);
 }
 
+/* A read of more than its first fill looks up that fill's keys, starts the fill, and looks up
+ * the rest while it runs (read_lead in client_io.c): the bytes and results are those of one
+ * lookup, keys missing from either part fail alone, and fills stay as the whole call's. */
+static void test_staging_pipelined_lookup(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    kvs_client_t *c = staged_client(&st, 5000, NULL);
+    /* Eight keys of 200000 bytes: two per half fill, so four fills; the first two are looked up
+     * before anything moves, the other six while the first fill runs. */
+    const char *keys[8] = {"p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7"};
+    uint64_t sizes[8];
+    for (int i = 0; i < 8; i++) {
+        sizes[i] = 200000;
+        put_key(c, keys[i], sizes[i]);
+    }
+    kvs_client_stats_t a = stats(c);
+    read_all_exact(c, keys, sizes, 8);
+    kvs_client_stats_t b = stats(c);
+    CHECK_EQ_U64(b.staged_reads - a.staged_reads, 1);
+    CHECK_EQ_U64(b.staged_keys - a.staged_keys, 8);
+    CHECK_EQ_U64(b.fills - a.fills, 4);
+    CHECK_EQ_U64(b.get_submissions, 0);
+    CHECK(b.get_lookup_overlapped_ns > a.get_lookup_overlapped_ns);
+    CHECK(b.get_lookup_ns - a.get_lookup_ns >
+          b.get_lookup_overlapped_ns - a.get_lookup_overlapped_ns);
+
+    /* Missing keys in the first part (p1 -> gone1) and in the rest (p5 -> gone5): they fail on
+     * their own, keep their place in the fills, and their destinations stay untouched. */
+    const char *some[8] = {"p0", "gone1", "p2", "p3", "p4", "gone5", "p6", "p7"};
+    dest_t d;
+    dest_init(c, &d, sizes, 8);
+    int64_t res[8];
+    a = stats(c);
+    CHECK_STATUS(read_keys(c, &d, some, 8, res), KVS_OK);
+    for (int i = 0; i < 8; i++) {
+        if (i == 1 || i == 5) {
+            CHECK_STATUS(res[i], KVS_OBJECT_NOT_FOUND);
+            CHECK(key_guarded(&d, i));
+        } else {
+            CHECK_EQ_INT(res[i], (int64_t)sizes[i]);
+            CHECK(key_exact(&d, i, some[i]));
+        }
+    }
+    b = stats(c);
+    CHECK_EQ_U64(b.staged_reads - a.staged_reads, 1);
+    CHECK_EQ_U64(b.staged_keys - a.staged_keys, 6);
+    CHECK_EQ_U64(b.fills - a.fills, 4);
+    CHECK(b.get_lookup_overlapped_ns > a.get_lookup_overlapped_ns);
+    dest_free(c, &d);
+    /* The whole first part missing: its fill carries nothing, and the rest still reads. */
+    const char *late_only[8] = {"gone0", "gone1", "p2", "p3", "p4", "p5", "p6", "p7"};
+    dest_init(c, &d, sizes, 8);
+    a = stats(c);
+    CHECK_STATUS(read_keys(c, &d, late_only, 8, res), KVS_OK);
+    for (int i = 0; i < 8; i++) {
+        if (i < 2) {
+            CHECK_STATUS(res[i], KVS_OBJECT_NOT_FOUND);
+            CHECK(key_guarded(&d, i));
+        } else {
+            CHECK_EQ_INT(res[i], (int64_t)sizes[i]);
+            CHECK(key_exact(&d, i, late_only[i]));
+        }
+    }
+    b = stats(c);
+    CHECK_EQ_U64(b.staged_keys - a.staged_keys, 6);
+    CHECK_EQ_U64(b.get_submissions, 0);
+    CHECK(b.get_lookup_overlapped_ns > a.get_lookup_overlapped_ns);
+    dest_free(c, &d);
+    kvs_client_close(c);
+
+    /* Over tcp fills take the whole buffer: five keys in the first, looked up first. */
+    setenv("KVS_PROTOCOL", "tcp", 1);
+    c = staged_client(&st, 5000, NULL);
+    unsetenv("KVS_PROTOCOL");
+    read_all_exact(c, keys, sizes, 8);
+    b = stats(c);
+    CHECK_EQ_U64(b.staged_reads, 1);
+    CHECK_EQ_U64(b.fills, 2);
+    CHECK_EQ_U64(b.tcp_transfers, 8);
+    CHECK(b.get_lookup_overlapped_ns > 0);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
+/* A key of the rest whose fragments hold more than its object makes the call ineligible, as it
+ * would have before any lookup: the first fill's receive is dropped unscattered and the whole
+ * call reads direct (fallback_not_exact), each key's bytes exact and the room beyond an object
+ * untouched. A first-part key of that kind is found before anything moves. */
+static void test_staging_pipelined_lookup_finds_a_larger_destination(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    kvs_client_t *c = staged_client(&st, 5000, NULL);
+    const char *keys[8] = {"q0", "q1", "q2", "q3", "q4", "q5", "q6", "q7"};
+    uint64_t room[8];
+    for (int i = 0; i < 8; i++)
+        room[i] = 200000;
+    for (int late = 0; late < 2; late++) {
+        int small = late ? 6 : 0; /* q6 is looked up while the first fill runs, q0 before it */
+        for (int i = 0; i < 8; i++)
+            put_key(c, keys[i], i == small ? 150000 : 200000);
+        dest_t d;
+        dest_init(c, &d, room, 8);
+        int64_t res[8];
+        kvs_client_stats_t a = stats(c);
+        CHECK_STATUS(read_keys(c, &d, keys, 8, res), KVS_OK);
+        kvs_client_stats_t b = stats(c);
+        for (int i = 0; i < 8; i++) {
+            CHECK_EQ_INT(res[i], i == small ? 150000 : 200000);
+            if (i != small)
+                CHECK(key_exact(&d, i, keys[i]));
+        }
+        /* The small object's bytes, then its room beyond them as it was. */
+        uint64_t off = 0;
+        for (size_t j = 0; j < d.nbufs[small]; j++) {
+            const uint8_t *p = d.frags[small][j].ptr;
+            for (size_t q = 0; q < d.frags[small][j].len; q++, off++)
+                CHECK(p[q] == (off < 150000 ? byte_of(keys[small], off) : GUARD));
+        }
+        CHECK_EQ_U64(b.fallback_not_exact - a.fallback_not_exact, 1);
+        CHECK_EQ_U64(b.staged_reads - a.staged_reads, 0);
+        CHECK_EQ_U64(b.fills - a.fills, 0);
+        CHECK_EQ_U64(b.scatter_launches - a.scatter_launches, 0);
+        CHECK_EQ_U64(b.get_direct_calls - a.get_direct_calls, 1);
+        CHECK_EQ_U64(b.get_submissions - a.get_submissions, 8);
+        /* Only the late case looked anything up beside a fill. */
+        CHECK_EQ_INT(b.get_lookup_overlapped_ns > a.get_lookup_overlapped_ns, late);
+        dest_free(c, &d);
+        const char *rm[8];
+        int rr[8];
+        for (int i = 0; i < 8; i++)
+            rm[i] = keys[i];
+        CHECK_STATUS(kvs_client_batch_remove(c, 8, rm, false, rr), KVS_OK);
+    }
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
 static void test_staging_changing_destinations_duplicates_and_missing(void)
 {
     store_t st;
@@ -1039,6 +1178,29 @@ static void test_staging_page_table_plan(void)
     }
     kvs__staging_hooks_t none = {.fail_transfer_key = -1, .fail_receive_key = -1};
     kvs__staging_set_hooks(kvs__client_staging(c), &none);
+    /* Those calls were pipelined (three keys in the first fill, the fourth looked up while it
+     * ran). A key missing from the late part keeps its pages untouched; the rest are exact. */
+    {
+        const char *gone[NK] = {"pp-0", "pp-1", "pp-2", "pp-gone"};
+        uint32_t ids[NK * NP];
+        for (uint32_t i = 0; i < NK * NP; i++)
+            ids[i] = (i * 7 + 1) % P;
+        memset(pool, GUARD, pool_len);
+        kvs_client_stats_t before = stats(c);
+        int64_t res[NK];
+        CHECK_STATUS(kvs_client_batch_get_into_pages(c, NK, gone, rg, 3, KVS_REGION_MAJOR, ids,
+                                                     npages, false, res),
+                     KVS_OK);
+        for (int k = 0; k < NK; k++)
+            CHECK_EQ_INT(res[k], k == 3 ? KVS_OBJECT_NOT_FOUND : (int64_t)size);
+        pt_check_pool(rg, 3, KVS_REGION_MAJOR, ids, NK, NP, gone, 3, pool, pool_len);
+        kvs_client_stats_t after = stats(c);
+        CHECK_EQ_U64(after.get_staged_calls - before.get_staged_calls, 1);
+        CHECK_EQ_U64(after.staged_keys - before.staged_keys, 3);
+        CHECK_EQ_U64(after.fills - before.fills, 1); /* as one lookup would have planned */
+        CHECK_EQ_U64(after.scatter_launches - before.scatter_launches, 1);
+        CHECK(after.get_lookup_overlapped_ns > before.get_lookup_overlapped_ns);
+    }
     /* V starting 1 KiB into K's 3000-byte pages: the regions share bytes, not staged. */
     kvs_page_region_t bad[3] = {rg[0], {pool + 1024, kv, 8192, P}, rg[2]};
     uint32_t ids[NP] = {1, 2, 3};
@@ -1423,6 +1585,8 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_staging_exact_capacity),
         KVS_TEST_CASE(test_staging_seven_keys_four_fills),
         KVS_TEST_CASE(test_staging_half_buffer_fills),
+        KVS_TEST_CASE(test_staging_pipelined_lookup),
+        KVS_TEST_CASE(test_staging_pipelined_lookup_finds_a_larger_destination),
         KVS_TEST_CASE(test_staging_changing_destinations_duplicates_and_missing),
         KVS_TEST_CASE(test_staging_overlap_and_other_domain_fall_back),
         KVS_TEST_CASE(test_staging_busy_buffer_falls_back),

@@ -511,7 +511,11 @@ double kvs_histogram_quantile_us(const kvs_histogram_t *h, double q);
       "Adaptive calls that tried an unmeasured mode")                                              \
     X(COUNTER, NONE, auto_calibrations, auto_calibrations, "", "Adaptive mode calibrations")       \
     /* The master lookup RPCs of read calls, from sending one to its answer.                  */   \
-    X(COUNTER, NS, get_lookup_ns, read_lookup, "", "Master lookup time of read calls")
+    X(COUNTER, NS, get_lookup_ns, read_lookup, "", "Master lookup time of read calls")             \
+    /* The part of it run while the read's first staged fill was in flight (a pipelined read */    \
+    /* looks up the keys after its first fill then)                                            */  \
+    X(COUNTER, NS, get_lookup_overlapped_ns, read_lookup_overlapped, "",                           \
+      "Master lookup time of read calls overlapped with their first staged fill")
 
 #define KVS_STATS_TYPE_COUNTER uint64_t
 #define KVS_STATS_TYPE_GAUGE   uint64_t

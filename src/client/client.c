@@ -659,10 +659,8 @@ static void batch_encode(const batch_req_t *b, uint32_t first, uint32_t count, k
     }
 }
 
-/* Joins the placement of one part into `all` (objs sized for the whole batch): its objects at
- * `first`, its segments unless already listed. */
-static int placement_join(kvs__placement_rsp_t *all, const kvs__placement_rsp_t *part,
-                          uint32_t first, kvs__arena_t *arena)
+int kvs__placement_join(kvs__placement_rsp_t *all, const kvs__placement_rsp_t *part, uint32_t first,
+                        kvs__arena_t *arena)
 {
     memcpy(all->objs + first, part->objs, (size_t)part->nobjs * sizeof(*part->objs));
     kvs__seg_info_t *segs =
@@ -800,7 +798,7 @@ static int batch_call(kvs_client_t *c, const batch_req_t *b, kvs__arena_t *arena
                 (part.status == KVS_OK && part.nobjs != count))
                 rc = KVS_PROTOCOL_ERROR;
             else if ((rc = part.status) == KVS_OK)
-                rc = placement_join(pr, &part, first, arena);
+                rc = kvs__placement_join(pr, &part, first, arena);
         }
         if (rc == KVS_OK) {
             parts_ok++;

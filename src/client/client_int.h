@@ -196,6 +196,11 @@ int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32
 int kvs__client_put_start(kvs_client_t *c, const kvs__put_start_req_t *ps, kvs__arena_t *arena,
                           kvs__placement_rsp_t *pr, uint64_t deadline_ns);
 
+/* Joins the placement of one part into `all` (objs sized for the whole batch): its objects at
+ * `first`, its segments unless already listed (the joined list in `arena`). */
+int kvs__placement_join(kvs__placement_rsp_t *all, const kvs__placement_rsp_t *part, uint32_t first,
+                        kvs__arena_t *arena);
+
 /* A read of keys[i] (its lookup granted lease lease_ids[i]) is over: the lease goes back with
  * the next master request, at the latest at close. Ids 0 (no lease granted) are skipped. */
 void kvs__client_release_later(kvs_client_t *c, uint32_t n, const kvs__str_t *keys,

@@ -770,6 +770,31 @@ static uint32_t replica_order(kvs_client_t *c, const kvs__placement_rsp_t *pr,
     return n;
 }
 
+/* Key i's destination as the staging planner takes it (its source comes from its slot). */
+static kvs__staged_key_t staged_dest(const call_t *k, size_t i)
+{
+    kvs__staged_key_t d = {.size = k->total[i], .domain = k->domain[i], .status = KVS_OK};
+    if (k->layout != NULL && k->sliced) {
+        d.pages = (kvs__pt_pages_t){k->ids + k->ids_first[i], k->npages[i]};
+    } else {
+        d.iov = &k->iov[k->first[i]];
+        d.iovcnt = k->cnt[i];
+    }
+    return d;
+}
+
+/* Slot sl's source in staged key *d; a slot without a transport leaves the key absent. */
+static void staged_source(kvs__staged_key_t *d, const read_slot_t *sl, uint64_t lease_until)
+{
+    d->t = sl->t;
+    d->ep = sl->ep;
+    d->segment_id = sl->segment_id;
+    d->offset = sl->offset;
+    d->size = sl->t != NULL ? sl->size : d->size;
+    d->lease_until_ns = lease_until;
+    d->status = sl->t != NULL ? KVS_OK : KVS_UNSUPPORTED; /* absent: never OK */
+}
+
 /* The staged path for the keys of `slots` (call order). KVS_UNSUPPORTED: fall back, nothing was
  * submitted; KVS_OK: the keys' results are in st[]; else a failure of the whole call. */
 static int read_staged(kvs_client_t *c, call_t *k, const read_slot_t *slots, uint32_t ns,
@@ -779,23 +804,10 @@ static int read_staged(kvs_client_t *c, call_t *k, const read_slot_t *slots, uin
     if (sk == NULL)
         return kvs__fail(KVS_NO_MEMORY, "read: out of memory");
     for (uint32_t s = 0; s < ns; s++) {
-        size_t i = slots[s].key;
-        sk[s] = (kvs__staged_key_t){.t = slots[s].t,
-                                    .ep = slots[s].ep,
-                                    .segment_id = slots[s].segment_id,
-                                    .offset = slots[s].offset,
-                                    .size = slots[s].size,
-                                    .domain = k->domain[i],
-                                    .lease_until_ns = lease_until[i],
-                                    .status = KVS_OK};
-        if (k->layout != NULL && k->sliced) {
-            sk[s].pages = (kvs__pt_pages_t){k->ids + k->ids_first[i], k->npages[i]};
-        } else {
-            sk[s].iov = &k->iov[k->first[i]];
-            sk[s].iovcnt = k->cnt[i];
-        }
+        sk[s] = staged_dest(k, slots[s].key);
+        staged_source(&sk[s], &slots[s], lease_until[slots[s].key]);
     }
-    int rc = kvs__staging_read(c->staging, sk, ns, k->sliced ? k->layout : NULL, deadline);
+    int rc = kvs__staging_read(c->staging, sk, ns, k->sliced ? k->layout : NULL, NULL, deadline);
     if (rc == KVS_OK) {
         for (uint32_t s = 0; s < ns; s++)
             st[s] = sk[s].status;
@@ -881,15 +893,23 @@ typedef struct {
     uint32_t pending;
     bool larger; /* a key's fragments hold more than its object: the call is not staged */
     bool staged; /* a round staged */
+    /* A pipelined read (read_lead): entries [0, m1) are looked up first, the rest while the
+     * first fill runs (m1 == m once every entry is); its first round's staged keys, one per
+     * entry, and the second lookup's answer. */
+    uint32_t m1;
+    kvs__staged_key_t *sk;
+    kvs__arena_t arena2;
 } read_t;
 
 static void read_free(kvs_client_t *c, read_t *r)
 {
     routes_free(&r->routes);
-    if (r->looked_up)
-        release_leases(c, &r->pr, r->ks, r->m);
+    if (r->looked_up) /* the entries looked up so far: all, or a pipelined read's lead */
+        release_leases(c, &r->pr, r->ks, r->pr.nobjs);
     kvs__sessions_done(c, r->m, r->sess_held);
     kvs__arena_free(&r->arena);
+    kvs__arena_free(&r->arena2);
+    kvs__free(r->sk);
     kvs__free(r->lease_until);
     kvs__free(r->sess_until);
     kvs__free(r->batches);
@@ -903,11 +923,58 @@ static void read_free(kvs_client_t *c, read_t *r)
     kvs__free(r->map);
 }
 
+/* A pipelined read looks up its first fill's keys, starts that fill, and looks up the rest
+ * while the fill's copies run, which takes the lookup of all but the first fill off the read's
+ * serial path (docs/store_bench.md). Its eligibility is the whole call's, from destinations
+ * known before any lookup: only calls that must stage (MC_STORE_GPU_STAGING=1), in exact mode,
+ * whose destinations may all stage, and whose first fill is large enough to hide the rest's
+ * lookup (LEAD_BYTES_PER_LATE_KEY of it per key looked up later: a lookup costs about 0.5 us a
+ * key on the H200, the time a 25 KiB copy takes). */
+#define LEAD_BYTES_PER_LATE_KEY (64u << 10)
+
+/* The entries to look up first: r->m unless the read is pipelined (then r->sk holds every
+ * entry's destination). */
+static uint32_t read_lead(kvs_client_t *c, const call_t *k, read_t *r, bool exact)
+{
+    if (c->staging == NULL || kvs__staging_policy(c->staging) != NULL || !exact ||
+        k->src_off != NULL || r->m < 2)
+        return r->m;
+    r->sk = kvs__malloc((size_t)r->m * sizeof(*r->sk));
+    if (r->sk == NULL)
+        return r->m; /* not pipelined; the read goes on */
+    for (uint32_t j = 0; j < r->m; j++)
+        r->sk[j] = staged_dest(k, r->map[j]);
+    uint32_t lead = kvs__staging_lead(c->staging, r->sk, r->m, c->shm != NULL);
+    uint64_t lead_bytes = 0;
+    for (uint32_t j = 0; j < lead; j++)
+        lead_bytes += r->sk[j].size;
+    if (lead == 0 || lead >= r->m ||
+        lead_bytes < (uint64_t)(r->m - lead) * LEAD_BYTES_PER_LATE_KEY) {
+        kvs__free(r->sk);
+        r->sk = NULL;
+        return r->m;
+    }
+    return lead;
+}
+
+/* One LOOKUP of entries [j0, j1) into *pr, its answer in *arena; timed. */
+static int lookup_part(kvs_client_t *c, const call_t *k, const read_t *r, uint32_t j0, uint32_t j1,
+                       kvs__arena_t *arena, kvs__placement_rsp_t *pr)
+{
+    uint64_t t = kvs__now_ns();
+    int rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, j1 - j0, r->ks + j0, NULL, arena, NULL, pr,
+                                   k->deadline);
+    atomic_fetch_add(&c->st.get_lookup_ns, kvs__now_ns() - t);
+    return rc;
+}
+
 /* The placement of every usable key: from live read sessions when they hold them all (their
- * leases stay the sessions'), else one LOOKUP. Leases run from before it was sent. */
-static int read_lookup(kvs_client_t *c, call_t *k, read_t *r)
+ * leases stay the sessions'), else one LOOKUP (of a pipelined read's lead only). Leases run
+ * from before it was sent. */
+static int read_lookup(kvs_client_t *c, call_t *k, read_t *r, bool exact)
 {
     r->t_lookup = kvs__now_ns();
+    r->m1 = r->m;
     r->sess_until = kvs__malloc((size_t)r->m * sizeof(*r->sess_until));
     if (r->sess_until == NULL)
         return kvs__fail(KVS_NO_MEMORY, "read: out of memory");
@@ -917,10 +984,9 @@ static int read_lookup(kvs_client_t *c, call_t *k, read_t *r)
         return KVS_OK;
     kvs__arena_free(&r->arena);
     kvs__arena_init(&r->arena);
-    uint64_t t = kvs__now_ns();
-    int rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, r->m, r->ks, NULL, &r->arena, NULL, &r->pr,
-                                   k->deadline);
-    atomic_fetch_add(&c->st.get_lookup_ns, kvs__now_ns() - t);
+    r->m1 = read_lead(c, k, r, exact);
+    r->t_lookup = kvs__now_ns();
+    int rc = lookup_part(c, k, r, 0, r->m1, &r->arena, &r->pr);
     r->looked_up = rc == KVS_OK;
     return rc == KVS_OK ? rc : kvs__fail(rc, "read: lookup failed: %s", kvs_status_str(rc));
 }
@@ -986,9 +1052,11 @@ static int read_cut(call_t *k, size_t i, uint64_t size)
 
 /* Everything that can fail a key without I/O, decided before the first transfer: the lookup's
  * answer, the destination's size, a replica to read. The rest become pending (res 1). */
-static int read_check(kvs_client_t *c, call_t *k, read_t *r, bool exact, bool grouped)
+static int read_check(kvs_client_t *c, call_t *k, read_t *r, bool exact, bool grouped, uint32_t j0,
+                      uint32_t j1, uint64_t t_lookup)
 {
-    for (uint32_t j = 0; j < r->m; j++) {
+    bool larger = false;
+    for (uint32_t j = j0; j < j1; j++) {
         const kvs__obj_desc_t *d = &r->pr.objs[j];
         size_t i = r->map[j];
         r->tried[2 * j] = r->tried[2 * j + 1] = 0;
@@ -1005,28 +1073,34 @@ static int read_check(kvs_client_t *c, call_t *k, read_t *r, bool exact, bool gr
             continue;
         }
         if (k->src_off == NULL && (!exact || k->total[i] > d->size)) {
-            r->larger |= exact; /* an exact-mode call with more room than the object */
+            larger |= exact; /* an exact-mode call with more room than the object */
             int rc = read_cut(k, i, d->size);
             if (rc != KVS_OK)
                 return rc;
         }
         r->lease_until[i] =
-            r->from_session ? r->sess_until[j] : r->t_lookup + d->lease_ms * KVS_NS_PER_MS;
+            r->from_session ? r->sess_until[j] : t_lookup + d->lease_ms * KVS_NS_PER_MS;
         k->res[i] = 1; /* pending: positive never reaches a caller */
         r->pending++;
     }
-    if (r->larger)
+    if (larger && !r->larger)
         atomic_fetch_add(&c->st.fallback_not_exact, 1);
+    r->larger |= larger;
     return KVS_OK;
 }
 
-/* This round's slot per pending key: its next replica that has a route; a key with none left
- * fails. Returns the slots. */
-static uint32_t read_route(kvs_client_t *c, call_t *k, read_t *r)
+/* This round's slot per pending key of entries [j0, j1): its next replica that has a route; a
+ * key with none left fails. `aligned` (a pipelined read's first round): entry j's slot is
+ * slots[j], without a transport when the key has no read in this round. Returns the slots (in
+ * aligned mode, j1). */
+static uint32_t read_route(kvs_client_t *c, call_t *k, read_t *r, uint32_t j0, uint32_t j1,
+                           bool aligned)
 {
-    uint32_t ns = 0;
-    for (uint32_t j = 0; j < r->m; j++) {
+    uint32_t ns = aligned ? j0 : 0;
+    for (uint32_t j = j0; j < j1; j++) {
         size_t i = r->map[j];
+        if (aligned)
+            r->slots[j] = (read_slot_t){.key = i, .entry = j};
         if (k->res[i] != 1)
             continue;
         const kvs__obj_desc_t *d = &r->pr.objs[j];
@@ -1038,7 +1112,7 @@ static uint32_t read_route(kvs_client_t *c, call_t *k, read_t *r)
             kvs_endpoint_t *ep = NULL;
             why = route_for(c, &r->routes, seg_find(&r->pr, rep->segment_id), k->deadline, &t, &ep);
             if (why == KVS_OK)
-                r->slots[ns++] =
+                r->slots[aligned ? j : ns++] =
                     (read_slot_t){t,
                                   ep,
                                   i,
@@ -1052,7 +1126,7 @@ static uint32_t read_route(kvs_client_t *c, call_t *k, read_t *r)
             r->pending--;
         }
     }
-    return ns;
+    return aligned ? j1 : ns;
 }
 
 /* A round in which every key has another replica to go to gets half of what is left, so that a
@@ -1062,7 +1136,8 @@ static uint64_t round_deadline(const call_t *k, const read_t *r, uint32_t ns)
 {
     bool spare = true;
     for (uint32_t s = 0; s < ns && spare; s++)
-        spare = r->tried[2 * r->slots[s].entry] < r->tried[2 * r->slots[s].entry + 1];
+        spare = r->slots[s].t == NULL ||
+                r->tried[2 * r->slots[s].entry] < r->tried[2 * r->slots[s].entry + 1];
     return spare ? route_deadline(k->deadline) : k->deadline;
 }
 
@@ -1105,6 +1180,145 @@ static kvs__read_mode_t read_mode(kvs_client_t *c, call_t *k, const read_t *r, u
     return m;
 }
 
+/* A round that does not stage: direct or grouped reads, unless an earlier round staged (then
+ * its keys fail: a retry never reads direct into destinations a failed scatter may have
+ * touched). */
+static int read_unstaged(kvs_client_t *c, call_t *k, read_t *r, uint32_t ns, bool grouped,
+                         uint64_t deadline)
+{
+    if (r->staged) {
+        for (uint32_t s = 0; s < ns; s++) {
+            r->st[s] = KVS_TRANSFER_FAIL;
+            r->tried[2 * r->slots[s].entry] = r->tried[2 * r->slots[s].entry + 1];
+        }
+        return KVS_OK;
+    }
+    if (k->iov == NULL) { /* page-table form: fragments only now, for the direct read */
+        int rc = call_fragments(k);
+        if (rc != KVS_OK)
+            return rc;
+    }
+    read_direct(c, k, r->slots, ns, grouped, r->reqs, r->batches, r->batch_t, r->st, deadline);
+    return KVS_OK;
+}
+
+/* ---- pipelined reads (read_lead) ----------------------------------------------------------- */
+
+static int read_submit(kvs_client_t *c, call_t *k, read_t *r, uint32_t ns, bool exact, bool grouped,
+                       uint64_t deadline);
+
+/* The rest of a pipelined read's lookup: entries [m1, m) looked up (a failed lookup fails those
+ * keys with its status, as a failed part of one batch lookup does), checked and routed into
+ * their aligned slots. `overlapped`: while the first fill's copies run. */
+static void read_late(kvs_client_t *c, call_t *k, read_t *r, bool grouped, bool overlapped)
+{
+    uint32_t j0 = r->m1, m = r->m;
+    if (j0 >= m)
+        return;
+    r->m1 = m;
+    uint64_t t = kvs__now_ns();
+    kvs__placement_rsp_t part = {0};
+    int rc = lookup_part(c, k, r, j0, m, &r->arena2, &part);
+    if (overlapped)
+        atomic_fetch_add(&c->st.get_lookup_overlapped_ns, kvs__now_ns() - t);
+    kvs__obj_desc_t *all = kvs__arena_alloc(&r->arena, (size_t)m * sizeof(*all));
+    if (all == NULL) { /* the second lookup's leases end by expiry */
+        for (uint32_t j = j0; j < m; j++) {
+            k->res[r->map[j]] = kvs__fail(KVS_NO_MEMORY, "read: out of memory");
+            r->slots[j] = (read_slot_t){.key = r->map[j], .entry = j};
+        }
+        return;
+    }
+    memcpy(all, r->pr.objs, (size_t)j0 * sizeof(*all));
+    r->pr.objs = all;
+    r->pr.nobjs = m;
+    if (rc == KVS_OK) /* a failure here leaves segments unknown: those keys find no route */
+        kvs__placement_join(&r->pr, &part, j0, &r->arena);
+    else
+        for (uint32_t j = j0; j < m; j++)
+            all[j] = (kvs__obj_desc_t){.status = rc};
+    read_check(c, k, r, true, grouped, j0, m, t);
+    read_route(c, k, r, j0, m, true);
+}
+
+typedef struct {
+    kvs_client_t *c;
+    call_t *k;
+    read_t *r;
+    bool grouped;
+} late_ctx_t;
+
+/* The staging planner's call for the rest of the keys: false when one of them makes the call
+ * ineligible (its fragments hold more than its object). */
+static bool late_more(void *ctx, kvs__staged_key_t *keys, uint32_t from, uint32_t n)
+{
+    late_ctx_t *x = ctx;
+    read_late(x->c, x->k, x->r, x->grouped, true);
+    for (uint32_t j = from; j < n; j++) {
+        const read_slot_t *sl = &x->r->slots[j];
+        staged_source(&keys[j], sl, sl->t != NULL ? x->r->lease_until[sl->key] : 0);
+    }
+    return !x->r->larger;
+}
+
+/* Drops the slots without a transport. Returns how many are left. */
+static uint32_t slots_compact(read_t *r, uint32_t ns)
+{
+    uint32_t out = 0;
+    for (uint32_t s = 0; s < ns; s++) {
+        if (r->slots[s].t != NULL)
+            r->slots[out++] = r->slots[s];
+    }
+    return out;
+}
+
+/* Whether the lead's routes are what read_lead planned its first fill for: with shm possible
+ * it took fills of half the buffer, which a key read over tcp rules out. */
+static bool lead_as_planned(kvs_client_t *c, const read_t *r)
+{
+    for (uint32_t j = 0; j < r->m1 && c->shm != NULL; j++) {
+        const kvs_transport_t *t = r->slots[j].t;
+        if (t != NULL && !(t->ops->caps & KVS_TRANSPORT_CAP_CHEAP_SUBMIT))
+            return false;
+    }
+    return true;
+}
+
+/* A pipelined read's first round (slots aligned to entries; *ns_p: its slots). A call that
+ * falls back, or that the rest of the lookup made ineligible, reads direct. */
+static int read_first_pipelined(kvs_client_t *c, call_t *k, read_t *r, bool grouped, uint32_t *ns_p)
+{
+    uint32_t m = r->m;
+    read_route(c, k, r, 0, r->m1, true);
+    bool planned = lead_as_planned(c, r);
+    int src = KVS_UNSUPPORTED;
+    if (planned && !r->larger) {
+        for (uint32_t j = 0; j < r->m1; j++) {
+            const read_slot_t *sl = &r->slots[j];
+            staged_source(&r->sk[j], sl, sl->t != NULL ? r->lease_until[sl->key] : 0);
+        }
+        late_ctx_t x = {c, k, r, grouped};
+        kvs__staging_late_t late = {r->m1, late_more, &x};
+        src = kvs__staging_read(c->staging, r->sk, m, k->sliced ? k->layout : NULL, &late,
+                                round_deadline(k, r, r->m1));
+    }
+    if (src == KVS_OK) {
+        for (uint32_t j = 0; j < m; j++)
+            r->st[j] = r->sk[j].status;
+        r->staged = k->staged = true;
+        *ns_p = m;
+        return KVS_OK;
+    }
+    if (src != KVS_UNSUPPORTED)
+        return src;
+    read_late(c, k, r, grouped, false);
+    uint32_t ns = slots_compact(r, m);
+    *ns_p = ns;
+    if (!planned && !r->larger) /* the lead was routed otherwise: stage as usual */
+        return read_submit(c, k, r, ns, true, grouped, round_deadline(k, r, ns));
+    return read_unstaged(c, k, r, ns, grouped, round_deadline(k, r, ns));
+}
+
 /* Runs one round's transfers in its mode. A staged round that falls back reads direct (the
  * adaptive policy learns the mode taken). A retry of keys whose staged read failed goes through
  * staging or not at all: never a direct read into destinations a failed scatter may have
@@ -1122,26 +1336,10 @@ static int read_submit(kvs_client_t *c, call_t *k, read_t *r, uint32_t ns, bool 
     }
     if (src != KVS_UNSUPPORTED)
         return src; /* a failure of the whole call */
-    if (r->staged) {
-        for (uint32_t s = 0; s < ns; s++) {
-            r->st[s] = KVS_TRANSFER_FAIL;
-            r->tried[2 * r->slots[s].entry] = r->tried[2 * r->slots[s].entry + 1];
-        }
-        return KVS_OK;
-    }
     /* Fell back: the caller's unstaged mode. The adaptive policy still learns the call's time
      * as the staged choice's (what choosing staged cost), so a shape whose staging keeps falling
      * back stops being tried until its next re-measurement. */
-    if (mode == KVS_READ_STAGED)
-        mode = grouped ? KVS_READ_GROUPED : KVS_READ_DIRECT;
-    if (k->iov == NULL) { /* page-table form: fragments only now, for the direct read */
-        int rc = call_fragments(k);
-        if (rc != KVS_OK)
-            return rc;
-    }
-    read_direct(c, k, r->slots, ns, mode == KVS_READ_GROUPED, r->reqs, r->batches, r->batch_t,
-                r->st, deadline);
-    return KVS_OK;
+    return read_unstaged(c, k, r, ns, mode == KVS_READ_GROUPED, deadline);
 }
 
 /* The round's results: a lease that ran out fails the key; a retryable failure with another
@@ -1150,6 +1348,8 @@ static void read_complete(call_t *k, read_t *r, uint32_t ns)
 {
     uint64_t now = kvs__now_ns();
     for (uint32_t s = 0; s < ns; s++) {
+        if (r->slots[s].t == NULL)
+            continue; /* no read this round (a pipelined first round's failed key) */
         size_t i = r->slots[s].key, j = r->slots[s].entry;
         int st = r->st[s];
         if (st == KVS_OK && now > r->lease_until[i])
@@ -1175,23 +1375,31 @@ static int get_call(kvs_client_t *c, call_t *k, bool exact, bool grouped, uint64
     uint64_t t_enter = kvs__now_ns();
     read_t r = {0};
     kvs__arena_init(&r.arena);
+    kvs__arena_init(&r.arena2);
     int rc = usable_keys(k, &r.ks, &r.map, &r.m);
     if (rc != KVS_OK)
         rc = kvs__fail(KVS_NO_MEMORY, "read: out of memory");
     if (rc == KVS_OK && r.m > 0)
-        rc = read_lookup(c, k, &r);
+        rc = read_lookup(c, k, &r, exact);
     uint64_t t_after = kvs__now_ns();
     if (rc == KVS_OK && r.m > 0)
         rc = read_alloc(k, &r);
     if (rc == KVS_OK && r.m > 0)
-        rc = read_check(c, k, &r, exact, grouped);
-    for (bool first = true; rc == KVS_OK && r.pending > 0; first = false) {
-        uint32_t ns = read_route(c, k, &r);
-        if (ns == 0)
-            break;
-        if (first)
+        rc = read_check(c, k, &r, exact, grouped, 0, r.m1, r.t_lookup);
+    /* A pipelined read's first round also looks up the rest of its keys. */
+    for (bool first = true; rc == KVS_OK && (r.pending > 0 || r.m1 < r.m); first = false) {
+        uint32_t ns = 0;
+        if (r.m1 < r.m) {
             *plan_ns_p = (r.t_lookup - t_enter) + (kvs__now_ns() - t_after);
-        rc = read_submit(c, k, &r, ns, exact, grouped, round_deadline(k, &r, ns));
+            rc = read_first_pipelined(c, k, &r, grouped, &ns);
+        } else {
+            ns = read_route(c, k, &r, 0, r.m, false);
+            if (ns == 0)
+                break;
+            if (first)
+                *plan_ns_p = (r.t_lookup - t_enter) + (kvs__now_ns() - t_after);
+            rc = read_submit(c, k, &r, ns, exact, grouped, round_deadline(k, &r, ns));
+        }
         if (rc == KVS_OK)
             read_complete(k, &r, ns);
     }

@@ -494,7 +494,12 @@ typedef struct {
     bool halves;
     uint64_t half;
     uint64_t deadline_ns;
+    const kvs__staging_late_t *late; /* keys [late->ready, n) routed by late->more, else NULL */
+    bool late_done;
+    bool aborted; /* late->more found the call ineligible: nothing is scattered */
 } call_plan_t;
+
+static void late_resolve(const kvs__staging_t *st, call_plan_t *cp);
 
 /* Waits for a fill's scatter until the call's deadline, where the backend aborts it: either way
  * nothing writes the keys' destinations once this returns. A failed or aborted one fails the keys
@@ -550,6 +555,8 @@ static void fill_submit(kvs__staging_t *st, const call_plan_t *cp, uint32_t a, u
     uint32_t nr = 0;
     for (uint32_t i = a; i < b; i++) {
         const kvs__staged_key_t *k = &cp->keys[i];
+        if (k->t == NULL)
+            continue; /* absent: its status is the caller's */
         if (nr > 0 && continues(cp, i, reqs[nr - 1].length)) {
             reqs[nr - 1].length += k->size;
             bufv[nr - 1].iov_len += (size_t)k->size;
@@ -576,7 +583,6 @@ static void fill_submit(kvs__staging_t *st, const call_plan_t *cp, uint32_t a, u
         io->rc = KVS_TIMED_OUT;
         return;
     }
-    atomic_fetch_add(&st->st.transfers, nr);
     io->rc = kvs__xfer_group_submit(&io->g, reqs, io->ts, nr, cp->deadline_ns);
 }
 
@@ -585,8 +591,10 @@ static void fill_submit(kvs__staging_t *st, const call_plan_t *cp, uint32_t a, u
 static uint32_t fill_wait(kvs__staging_t *st, call_plan_t *cp, uint32_t a, uint32_t b,
                           fill_io_t *io)
 {
-    for (uint32_t i = a; i < b; i++)
-        cp->keys[i].status = io->rc != KVS_OK ? io->rc : KVS_NO_MEMORY;
+    for (uint32_t i = a; i < b; i++) {
+        if (cp->keys[i].t != NULL)
+            cp->keys[i].status = io->rc != KVS_OK ? io->rc : KVS_NO_MEMORY;
+    }
     if (io->rc == KVS_OK) {
         kvs__xfer_group_wait(&io->g, io->reqs, cp->deadline_ns);
         for (uint32_t r = 0; r < io->nruns; r++) {
@@ -594,14 +602,21 @@ static uint32_t fill_wait(kvs__staging_t *st, call_plan_t *cp, uint32_t a, uint3
             if (st->hooks.fail_transfer_key >= io->run[r] &&
                 st->hooks.fail_transfer_key < io->run[r + 1])
                 s = KVS_TRANSFER_FAIL;
-            for (uint32_t i = io->run[r]; i < io->run[r + 1]; i++)
-                cp->keys[i].status = s;
+            for (uint32_t i = io->run[r]; i < io->run[r + 1]; i++) {
+                if (cp->keys[i].t != NULL) /* absent keys between runs keep theirs */
+                    cp->keys[i].status = s;
+            }
         }
     }
+    if (cp->aborted)
+        return 0; /* drained; the call reads direct */
     atomic_fetch_add(&st->st.fills, 1);
+    atomic_fetch_add(&st->st.transfers, io->rc == KVS_OK ? io->nruns : 0);
     uint64_t now = kvs__now_ns();
     uint32_t ok = 0;
     for (uint32_t i = a; i < b; i++) {
+        if (cp->keys[i].t == NULL)
+            continue;
         int s = cp->keys[i].status;
         if ((int64_t)i == st->hooks.fail_receive_key)
             s = KVS_TRANSFER_FAIL;
@@ -633,6 +648,8 @@ static void scatter_frags(kvs__staging_t *st, call_plan_t *cp, uint32_t a, uint3
     uint64_t pos = 0;
     for (uint32_t i = a; i < b; i++) {
         const kvs__staged_key_t *k = &cp->keys[i];
+        if (k->t == NULL)
+            continue; /* absent: no room in the buffer */
         if (cp->off[i] > pos)
             frags[nf++] = (kvs__scatter_frag_t){NULL, cp->off[i] - pos}; /* padding */
         if (k->status == KVS_OK) {
@@ -729,17 +746,29 @@ static void run_fill(kvs__staging_t *st, call_plan_t *cp, uint32_t a, uint32_t b
     fill_submit(st, cp, a, b, base, &io);
     uint64_t t1 = kvs__now_ns();
     if (io.rc == KVS_TIMED_OUT) { /* past the deadline: nothing was submitted */
-        for (uint32_t i = a; i < b; i++)
-            cp->keys[i].status = KVS_TIMED_OUT;
+        for (uint32_t i = a; i < b; i++) {
+            if (cp->keys[i].t != NULL)
+                cp->keys[i].status = KVS_TIMED_OUT;
+        }
+        late_resolve(st, cp);
         return;
     }
-    int plan_rc = cp->layout == NULL || cp->plan_ready ? KVS_OK : plan_upload(st, cp);
+    /* The rest of a pipelined read's lookup, while this fill's copies run; it places the later
+     * fills, which the page plan's offsets come from. */
+    late_resolve(st, cp);
     uint64_t t2 = kvs__now_ns();
+    int plan_rc =
+        cp->layout == NULL || cp->plan_ready || cp->aborted ? KVS_OK : plan_upload(st, cp);
+    uint64_t t3 = kvs__now_ns();
     uint32_t nok = fill_wait(st, cp, a, b, &io);
+    if (cp->aborted)
+        return;
     /* Where a fill's time goes (KVS_LOG_LEVEL=debug): what docs/store_bench.md's serial steps
      * were measured with. */
-    kvs_debug("staging: fill of keys [%u, %u): submit %.1f us, plan %.1f us, receive %.1f us", a, b,
-              (double)(t1 - t0) / 1e3, (double)(t2 - t1) / 1e3, (double)(kvs__now_ns() - t2) / 1e3);
+    kvs_debug("staging: fill of keys [%u, %u): submit %.1f us, late lookup %.1f us, plan %.1f "
+              "us, receive %.1f us",
+              a, b, (double)(t1 - t0) / 1e3, (double)(t2 - t1) / 1e3, (double)(t3 - t2) / 1e3,
+              (double)(kvs__now_ns() - t3) / 1e3);
     if (plan_rc != KVS_OK) {
         scatter_failed(cp->keys, a, b, nok, plan_rc);
         return;
@@ -763,25 +792,105 @@ static void run_fill(kvs__staging_t *st, call_plan_t *cp, uint32_t a, uint32_t b
  * copies at submit on pooled streams; before that, each extra fill's stream set-up made them
  * lose at 1536 x 384 KiB (1.29x -> 1.41x). Over tcp every fill ends in a drain where connections
  * idle, and halving fills doubled those (0.83x -> 0.88x of raw tcp), so tcp never takes them. */
-static void plan_fills(const kvs__staging_t *st, call_plan_t *cp)
+static uint64_t half_of(const kvs__staging_t *st)
 {
-    cp->half = st->cfg.buffer_bytes / 2 / KVS_STAGING_ALIGN * KVS_STAGING_ALIGN;
-    cp->halves = st->cfg.half_fills && cp->half > 0;
-    for (uint32_t i = 0; i < cp->n && cp->halves; i++)
-        cp->halves = cp->keys[i].size <= cp->half &&
-                     (cp->keys[i].t->ops->caps & KVS_TRANSPORT_CAP_CHEAP_SUBMIT);
+    return st->cfg.buffer_bytes / 2 / KVS_STAGING_ALIGN * KVS_STAGING_ALIGN;
+}
+
+/* Whether the fills take half the buffer each (above). Keys from `ready` on have no transport
+ * yet (a pipelined read) and are taken to be read over a cheap one when `cheap`; absent keys'
+ * transports do not count. */
+static bool takes_halves(const kvs__staging_t *st, const kvs__staged_key_t *keys, uint32_t n,
+                         uint32_t ready, bool cheap)
+{
+    uint64_t half = half_of(st);
+    bool halves = st->cfg.half_fills && half > 0;
+    for (uint32_t i = 0; i < n && halves; i++) {
+        const kvs_transport_t *t = keys[i].t;
+        halves =
+            keys[i].size <= half &&
+            (i >= ready ? cheap : t == NULL || (t->ops->caps & KVS_TRANSPORT_CAP_CHEAP_SUBMIT));
+    }
+    return halves;
+}
+
+/* The fill that key i of `size` bytes after `*cur` bytes opens or continues in a buffer part of
+ * `cap` bytes: its offset in it, or UINT64_MAX when it closes the current fill (then at 0). */
+static uint64_t fill_place(uint64_t *cur, uint32_t i, uint64_t size, uint64_t cap)
+{
+    uint64_t at = KVS_ALIGN_UP(*cur, KVS_STAGING_ALIGN);
+    bool closes = i > 0 && at + size > cap;
+    *cur = (closes ? 0 : at) + size;
+    return closes ? UINT64_MAX : at;
+}
+
+/* Places keys [from, n) in fills from fill cp->nfills on, the first starting empty. Absent keys
+ * take no room. A pipelined read's first fill never reaches past its routed keys: its lead is
+ * that fill, so this only guards against a lead planned otherwise. */
+static void place_fills(const kvs__staging_t *st, call_plan_t *cp, uint32_t from)
+{
+    uint32_t ready = cp->late != NULL && !cp->late_done ? cp->late->ready : cp->n;
     uint64_t cap = cp->halves ? cp->half : st->cfg.buffer_bytes, cur = 0;
-    cp->nfills = 0;
-    for (uint32_t i = 0; i < cp->n; i++) {
-        uint64_t at = KVS_ALIGN_UP(cur, KVS_STAGING_ALIGN);
-        if (i > 0 && at + cp->keys[i].size > cap) {
+    bool empty = true;
+    for (uint32_t i = from; i < cp->n; i++) {
+        if (cp->keys[i].t == NULL && i < ready) {
+            cp->off[i] = KVS_ALIGN_UP(cur, KVS_STAGING_ALIGN);
+            continue;
+        }
+        if (cp->nfills == 0 && i == ready && i > from) { /* even with no key present in it */
+            cp->fill_end[cp->nfills++] = i;
+            cur = 0;
+            empty = true;
+        }
+        uint64_t at = fill_place(&cur, empty ? 0 : 1, cp->keys[i].size, cap);
+        if (at == UINT64_MAX) {
             cp->fill_end[cp->nfills++] = i;
             at = 0;
         }
         cp->off[i] = at;
-        cur = at + cp->keys[i].size;
+        empty = false;
     }
-    cp->fill_end[cp->nfills++] = cp->n;
+    if (empty && cp->nfills > 0)
+        cp->fill_end[cp->nfills - 1] = cp->n; /* trailing absent keys: no fill of their own */
+    else
+        cp->fill_end[cp->nfills++] = cp->n;
+}
+
+static void plan_fills(const kvs__staging_t *st, call_plan_t *cp)
+{
+    uint32_t ready = cp->late != NULL ? cp->late->ready : cp->n;
+    cp->half = half_of(st);
+    cp->halves = takes_halves(st, cp->keys, cp->n, ready, true);
+    cp->nfills = 0;
+    place_fills(st, cp, 0);
+}
+
+/* Keys [ready, n) of a pipelined read get their routes now, once, before any is submitted; the
+ * fills after the first are placed again without the keys the lookup found absent. */
+static void late_resolve(const kvs__staging_t *st, call_plan_t *cp)
+{
+    if (cp->late == NULL || cp->late_done)
+        return;
+    cp->late_done = true;
+    cp->aborted = !cp->late->more(cp->late->ctx, cp->keys, cp->late->ready, cp->n);
+    if (!cp->aborted && cp->fill_end[0] < cp->n) {
+        cp->nfills = 1;
+        place_fills(st, cp, cp->fill_end[0]);
+    }
+}
+
+uint32_t kvs__staging_lead(const kvs__staging_t *st, const kvs__staged_key_t *keys, uint32_t n,
+                           bool cheap)
+{
+    int domain = -1;
+    if (st == NULL || n == 0 || check_keys(st, keys, n, &domain) >= 0)
+        return 0;
+    uint64_t cap = takes_halves(st, keys, n, 0, cheap) ? half_of(st) : st->cfg.buffer_bytes;
+    uint64_t cur = 0;
+    uint32_t i = 0;
+    while (i < n && fill_place(&cur, i, keys[i].size, cap) != UINT64_MAX)
+        i++;
+    return i;
 }
 
 /* The buffer, allocated on the first staged call in the call's domain. -1 when it is there, else
@@ -836,12 +945,14 @@ static int plan_call(kvs__staging_t *st, call_plan_t *cp, int domain)
 }
 
 int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n,
-                      const kvs__page_layout_t *layout, uint64_t deadline_ns)
+                      const kvs__page_layout_t *layout, const kvs__staging_late_t *late,
+                      uint64_t deadline_ns)
 {
-    if (st == NULL || n == 0)
+    if (st == NULL || n == 0 || (late != NULL && (late->more == NULL || late->ready > n)))
         return KVS_UNSUPPORTED;
     uint64_t t_enter = kvs__now_ns();
-    call_plan_t cp = {.keys = keys, .n = n, .layout = layout, .deadline_ns = deadline_ns};
+    call_plan_t cp = {
+        .keys = keys, .n = n, .layout = layout, .deadline_ns = deadline_ns, .late = late};
     if (layout != NULL && kvs__pt_slices(layout, &cp.nslices, &cp.row) != KVS_OK)
         return kvs__fail(KVS_INVALID_PARAMS, "staging: a page layout the page scatter cannot take");
     int domain = -1;
@@ -859,9 +970,6 @@ int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n,
         buffer_release(st);
         return KVS_UNSUPPORTED;
     }
-    atomic_fetch_add(&st->st.staged_reads, 1);
-    atomic_fetch_add(&st->st.staged_keys, n);
-    atomic_store(&st->st.last_fills, cp.nfills);
     kvs_debug("staging: %u key(s) in %u fill(s)", n, cp.nfills);
     /* Planning time, the busy wait excluded. */
     atomic_fetch_add(&st->st.plan_ns, (t_wait - t_enter) + (kvs__now_ns() - t_held));
@@ -873,10 +981,23 @@ int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n,
         fill_finish(st, keys, p, deadline_ns); /* the scatter that last read this part */
         scatter_wait_ns += kvs__now_ns() - t;
         run_fill(st, &cp, a, cp.fill_end[f], cp.halves ? (f % 2) * cp.half : 0, p);
+        if (cp.aborted)
+            break; /* only the first fill ran, and it scattered nothing */
     }
     uint64_t t_last = kvs__now_ns();
     fill_finish(st, keys, &pend[0], deadline_ns);
     fill_finish(st, keys, &pend[1], deadline_ns);
+    if (cp.aborted) {
+        kvs_debug("staging: the rest of the lookup made the call ineligible; it reads direct");
+        buffer_release(st);
+        return KVS_UNSUPPORTED;
+    }
+    uint32_t present = 0;
+    for (uint32_t i = 0; i < n; i++)
+        present += keys[i].t != NULL;
+    atomic_fetch_add(&st->st.staged_reads, 1);
+    atomic_fetch_add(&st->st.staged_keys, present);
+    atomic_store(&st->st.last_fills, cp.nfills);
     kvs_debug("staging: %u fill(s), %.1f us waiting for scatters before fills, %.1f us for the "
               "last; %.1f us in all",
               cp.nfills, (double)scatter_wait_ns / 1e3, (double)(kvs__now_ns() - t_last) / 1e3,

@@ -194,11 +194,36 @@ int kvs__staging_create(const kvs__staging_config_t *cfg, kvs__staging_t **st_p)
 /* Frees the buffer. The caller has waited for every read. NULL is a no-op. */
 void kvs__staging_destroy(kvs__staging_t *st);
 
+/* A staged read that starts before all of its keys are looked up (client_io.c's pipelined
+ * read): keys [0, ready) are routed, and more() routes keys [ready, n) once, while the first
+ * fill's transfers run and before any of those keys is submitted. Their destinations (size,
+ * domain, fragments or pages) are known from the start, so the call's eligibility and its fills
+ * are those of the whole call. A key that more() (or the caller, for a key below `ready`)
+ * leaves with t == NULL is absent: it keeps its place in its fill but is never transferred or
+ * scattered, and its status is the caller's (never OK). */
+typedef struct {
+    uint32_t ready;
+    /* false: the rest of the lookup made the call ineligible (a key's fragments hold more than
+     * its object): the first fill's receive is drained and dropped, nothing is scattered, and
+     * the read returns KVS_UNSUPPORTED for the caller to read direct. */
+    bool (*more)(void *ctx, kvs__staged_key_t *keys, uint32_t from, uint32_t n);
+    void *ctx;
+} kvs__staging_late_t;
+
 /* Runs keys[0..n) through the staged path (one submission per fill and transport): KVS_OK
  * when it did (each key's status set), else KVS_UNSUPPORTED with nothing submitted (the call
- * falls back; the reason is counted). `layout` non-NULL: the keys are in page-table form. */
+ * falls back; the reason is counted; more() was not called, or it answered false). `layout`
+ * non-NULL: the keys are in page-table form. `late` NULL: every key is routed. */
 int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n,
-                      const kvs__page_layout_t *layout, uint64_t deadline_ns);
+                      const kvs__page_layout_t *layout, const kvs__staging_late_t *late,
+                      uint64_t deadline_ns);
+
+/* For a read whose keys' destinations are set in keys[0..n) (no transport yet): how many
+ * leading keys its first fill takes, if every key is read over a transport with cheap
+ * submissions (`cheap`) or not. 0 when a destination alone makes the call fall back (domain,
+ * size), so it cannot start before its lookup has excluded the keys that fail it. */
+uint32_t kvs__staging_lead(const kvs__staging_t *st, const kvs__staged_key_t *keys, uint32_t n,
+                           bool cheap);
 
 /* ---- page-table form (staging_pages.c) ------------------------------------------------------ */
 
