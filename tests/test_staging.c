@@ -304,6 +304,29 @@ static void test_staging_half_buffer_fills(void)
     server_stop(&st.srv);
 }
 
+/* A counter of the master's STAT. */
+static uint64_t master_counter(kvs_client_t *c, const char *name)
+{
+    kvs__wbuf_t req, rsp;
+    kvs__wbuf_init(&req);
+    kvs__wbuf_init(&rsp);
+    kvs__arena_t a;
+    kvs__arena_init(&a);
+    kvs__rpc_begin(c->rpc, &req, KVS_MSG_STAT);
+    CHECK_STATUS(kvs__client_call(c, &req, &rsp, kvs__client_rpc_deadline(c)), KVS_OK);
+    kvs__stat_rsp_t sr;
+    CHECK_STATUS(kvs__stat_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &sr), KVS_OK);
+    uint64_t v = UINT64_MAX;
+    for (uint32_t i = 0; i < sr.ncounters; i++)
+        if (kvs__str_eq(sr.counters[i].name, kvs__str_c(name)))
+            v = sr.counters[i].value;
+    CHECK(v != UINT64_MAX);
+    kvs__arena_free(&a);
+    kvs__wbuf_free(&req);
+    kvs__wbuf_free(&rsp);
+    return v;
+}
+
 /* A read of more than its first fill looks up that fill's keys, starts the fill, and looks up
  * the rest while it runs (read_lead in client_io.c): the bytes and results are those of one
  * lookup, keys missing from either part fail alone, and fills stay as the whole call's. */
@@ -338,7 +361,11 @@ static void test_staging_pipelined_lookup(void)
     dest_init(c, &d, sizes, 8);
     int64_t res[8];
     a = stats(c);
+    uint64_t released = master_counter(c, "lease_releases");
     CHECK_STATUS(read_keys(c, &d, some, 8, res), KVS_OK);
+    /* The first read's eight leases went back with this one's second lookup (its first leaves
+     * them), none lost. */
+    CHECK_EQ_U64(master_counter(c, "lease_releases") - released, 8);
     for (int i = 0; i < 8; i++) {
         if (i == 1 || i == 5) {
             CHECK_STATUS(res[i], KVS_OBJECT_NOT_FOUND);

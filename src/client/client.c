@@ -895,8 +895,9 @@ static int keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, kvs__str_t 
                      const kvs__str_t *keys, const kvs__put_token_t *tokens, kvs__arena_t *arena,
                      kvs__status_list_rsp_t *sl, kvs__placement_rsp_t *pr, uint64_t deadline_ns)
 {
-    kvs__lease_release_t *rel;
-    uint32_t nrel = releases_take(c, &rel);
+    kvs__lease_release_t *rel = NULL;
+    uint32_t nrel = flags & KVS__CALL_KEEP_RELEASES ? 0 : releases_take(c, &rel);
+    flags &= ~KVS__CALL_KEEP_RELEASES;
     kvs__keys_req_t kr = {.flags = flags,
                           .segment = segment,
                           .nkeys = n,

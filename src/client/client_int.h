@@ -196,6 +196,10 @@ int kvs__client_keys_call(kvs_client_t *c, uint16_t type, uint32_t flags, uint32
 int kvs__client_put_start(kvs_client_t *c, const kvs__put_start_req_t *ps, kvs__arena_t *arena,
                           kvs__placement_rsp_t *pr, uint64_t deadline_ns);
 
+/* kvs__client_keys_call: the pending lease releases wait for the next request (a pipelined
+ * read's first lookup leaves them to its second, which runs beside a transfer). Never sent. */
+#define KVS__CALL_KEEP_RELEASES 0x80000000u
+
 /* Joins the placement of one part into `all` (objs sized for the whole batch): its objects at
  * `first`, its segments unless already listed (the joined list in `arena`). */
 int kvs__placement_join(kvs__placement_rsp_t *all, const kvs__placement_rsp_t *part, uint32_t first,

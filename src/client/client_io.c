@@ -957,13 +957,16 @@ static uint32_t read_lead(kvs_client_t *c, const call_t *k, read_t *r, bool exac
     return lead;
 }
 
-/* One LOOKUP of entries [j0, j1) into *pr, its answer in *arena; timed. */
+/* One LOOKUP of entries [j0, j1) into *pr, its answer in *arena; timed. A pipelined read's
+ * first one leaves the pending lease releases (the previous reads', about 0.4 us each on the
+ * master) to its second. */
 static int lookup_part(kvs_client_t *c, const call_t *k, const read_t *r, uint32_t j0, uint32_t j1,
                        kvs__arena_t *arena, kvs__placement_rsp_t *pr)
 {
     uint64_t t = kvs__now_ns();
-    int rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, 0, j1 - j0, r->ks + j0, NULL, arena, NULL, pr,
-                                   k->deadline);
+    uint32_t flags = j1 < r->m ? KVS__CALL_KEEP_RELEASES : 0;
+    int rc = kvs__client_keys_call(c, KVS_MSG_LOOKUP, flags, j1 - j0, r->ks + j0, NULL, arena, NULL,
+                                   pr, k->deadline);
     atomic_fetch_add(&c->st.get_lookup_ns, kvs__now_ns() - t);
     return rc;
 }
