@@ -353,6 +353,25 @@ static void test_staging_pipelined_lookup(void)
     CHECK(b.get_lookup_overlapped_ns > a.get_lookup_overlapped_ns);
     CHECK(b.get_lookup_ns - a.get_lookup_ns >
           b.get_lookup_overlapped_ns - a.get_lookup_overlapped_ns);
+    /* A lookup that keeps the pending releases (a pipelined read's first) sends none; the next
+     * request sends them. */
+    {
+        uint64_t rel = master_counter(c, "lease_releases");
+        kvs__str_t one = kvs__str_c("p0");
+        kvs__arena_t ar;
+        kvs__arena_init(&ar);
+        kvs__placement_rsp_t pr;
+        CHECK_STATUS(kvs__client_keys_call(c, KVS_MSG_LOOKUP, KVS__CALL_KEEP_RELEASES, 1, &one,
+                                           NULL, &ar, NULL, &pr, kvs__client_rpc_deadline(c)),
+                     KVS_OK);
+        CHECK_STATUS(pr.objs[0].status, KVS_OK);
+        CHECK_EQ_U64(master_counter(c, "lease_releases"), rel);
+        uint64_t token = pr.objs[0].lease_id;
+        kvs__client_release_later(c, 1, &one, &token);
+        kvs__arena_free(&ar);
+        CHECK_EQ_INT(kvs_client_exists(c, "p1"), 1);
+        CHECK_EQ_U64(master_counter(c, "lease_releases") - rel, 9);
+    }
 
     /* Missing keys in the first part (p1 -> gone1) and in the rest (p5 -> gone5): they fail on
      * their own, keep their place in the fills, and their destinations stay untouched. */
@@ -361,11 +380,7 @@ static void test_staging_pipelined_lookup(void)
     dest_init(c, &d, sizes, 8);
     int64_t res[8];
     a = stats(c);
-    uint64_t released = master_counter(c, "lease_releases");
     CHECK_STATUS(read_keys(c, &d, some, 8, res), KVS_OK);
-    /* The first read's eight leases went back with this one's second lookup (its first leaves
-     * them), none lost. */
-    CHECK_EQ_U64(master_counter(c, "lease_releases") - released, 8);
     for (int i = 0; i < 8; i++) {
         if (i == 1 || i == 5) {
             CHECK_STATUS(res[i], KVS_OBJECT_NOT_FOUND);
@@ -398,8 +413,22 @@ static void test_staging_pipelined_lookup(void)
     b = stats(c);
     CHECK_EQ_U64(b.staged_keys - a.staged_keys, 6);
     CHECK_EQ_U64(b.get_submissions, 0);
-    CHECK(b.get_lookup_overlapped_ns > a.get_lookup_overlapped_ns);
+    /* Nothing was in flight beside that lookup, and the empty fill is no fill. */
+    CHECK_EQ_U64(b.get_lookup_overlapped_ns, a.get_lookup_overlapped_ns);
+    CHECK_EQ_U64(b.fills - a.fills, 3);
     dest_free(c, &d);
+    /* The buffer held elsewhere: the call falls back before its first fill, looks the rest up
+     * and reads everything direct. */
+    CHECK_STATUS(kvs__staging_hold(kvs__client_staging(c), true), KVS_OK);
+    a = stats(c);
+    read_all_exact(c, keys, sizes, 8);
+    b = stats(c);
+    CHECK_STATUS(kvs__staging_hold(kvs__client_staging(c), false), KVS_OK);
+    CHECK_EQ_U64(b.fallback_busy - a.fallback_busy, 1);
+    CHECK_EQ_U64(b.get_direct_calls - a.get_direct_calls, 1);
+    CHECK_EQ_U64(b.get_submissions - a.get_submissions, 8);
+    CHECK_EQ_U64(b.staged_reads, a.staged_reads);
+    CHECK_EQ_U64(b.get_lookup_overlapped_ns, a.get_lookup_overlapped_ns);
     kvs_client_close(c);
 
     /* Over tcp fills take the whole buffer: five keys in the first, looked up first. */
@@ -1201,12 +1230,13 @@ static void test_staging_page_table_plan(void)
             /* A failed key in the middle of a fill splits its launch in two. */
             CHECK_EQ_U64(after.scatter_launches - before.scatter_launches, fail < 0 ? 2 : 3);
             CHECK(after.plan_overlapped_ns > before.plan_overlapped_ns);
+            /* Pipelined: three keys in the first fill, the fourth looked up beside it. */
+            CHECK(after.get_lookup_overlapped_ns > before.get_lookup_overlapped_ns);
         }
     }
     kvs__staging_hooks_t none = {.fail_transfer_key = -1, .fail_receive_key = -1};
     kvs__staging_set_hooks(kvs__client_staging(c), &none);
-    /* Those calls were pipelined (three keys in the first fill, the fourth looked up while it
-     * ran). A key missing from the late part keeps its pages untouched; the rest are exact. */
+    /* A key missing from the late part keeps its pages untouched; the rest are exact. */
     {
         const char *gone[NK] = {"pp-0", "pp-1", "pp-2", "pp-gone"};
         uint32_t ids[NK * NP];
@@ -1272,6 +1302,109 @@ static void test_staging_page_table_plan(void)
     CHECK_EQ_U64(stats(c).fallback_overlap - after.fallback_overlap, 1);
     CHECK_STATUS(kvs_client_unregister_buffer(c, sp), KVS_OK);
     free(sp);
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
+/* A grouped call (prefer_alloc_in_same_node) that cannot stage reads grouped: one submission
+ * per owner, as without staging. */
+static void test_staging_grouped_fallback_stays_grouped(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    kvs_client_t *c = staged_client(&st, 5000, NULL);
+    const char *keys[3] = {"g0", "g1", "g2"};
+    uint64_t sizes[3] = {BUDGET + 500000, BUDGET + 500000, BUDGET + 500000};
+    for (int i = 0; i < 3; i++)
+        put_key(c, keys[i], sizes[i]);
+    for (int grouped = 0; grouped < 2; grouped++) {
+        dest_t d;
+        dest_init(c, &d, sizes, 3);
+        int64_t res[3];
+        kvs_client_stats_t a = stats(c);
+        CHECK_STATUS(
+            kvs_client_batch_get_into_multi_buffers(c, 3, keys, d.bufs, d.nbufs, grouped != 0, res),
+            KVS_OK);
+        kvs_client_stats_t b = stats(c);
+        for (int i = 0; i < 3; i++) {
+            CHECK_EQ_INT(res[i], (int64_t)sizes[i]);
+            CHECK(key_exact(&d, i, keys[i]));
+        }
+        CHECK_EQ_U64(b.fallback_too_large - a.fallback_too_large, 1);
+        CHECK_EQ_U64(b.get_submissions - a.get_submissions, grouped ? 1 : 3);
+        CHECK_EQ_U64(b.get_grouped_unstaged_calls - a.get_grouped_unstaged_calls,
+                     (uint64_t)grouped);
+        dest_free(c, &d);
+    }
+    kvs_client_close(c);
+    server_stop(&st.srv);
+}
+
+/* Whatever allocation fails inside a pipelined read (one at a time, at every point of the
+ * call), the call fails or each key's result is its object's size with exactly its bytes: never
+ * success with bytes that were not written. The last key's pages hold more than its object,
+ * so the rest of the lookup also makes the call ineligible (the path that builds fragments). */
+static void test_staging_pipelined_read_under_allocation_failures(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    setenv("MC_STORE_GPU_STAGING_HALF_FILLS", "0", 1);
+    kvs_client_t *c = staged_client(&st, 5000, NULL);
+    unsetenv("MC_STORE_GPU_STAGING_HALF_FILLS");
+    enum { P = 16, NP = 3, NK = 4 };
+    const size_t big = (80u << 10) + 5, kv = 3000, size = NP * (2 * kv + big);
+    size_t pool_len = P * 8192 + P * (96u << 10);
+    uint8_t *pool = malloc(pool_len), *got = malloc(size), *want = malloc(size);
+    CHECK(pool != NULL && got != NULL && want != NULL);
+    CHECK_STATUS(kvs_client_register_buffer(c, pool, pool_len), KVS_OK);
+    kvs_page_region_t rg[3] = {
+        {pool, kv, 8192, P}, {pool + 4096, kv, 8192, P}, {pool + P * 8192, big, 96u << 10, P}};
+    for (int shape = 0; shape < 2; shape++) {
+        const char *names[2][NK] = {{"oom-0", "oom-1", "oom-2", "oom-3"},
+                                    {"oomb-0", "oomb-1", "oomb-2", "oomb-3"}};
+        const char *const *keys = names[shape];
+        size_t osz[NK] = {size, size, size, shape ? size - 100 : size};
+        for (int k = 0; k < NK; k++)
+            put_key(c, keys[k], osz[k]);
+        size_t npages[NK] = {NP, NP, NP, NP};
+        uint32_t ids[NK * NP];
+        for (uint32_t i = 0; i < NK * NP; i++)
+            ids[i] = (i * 5 + 3) % P;
+        int failed_calls = 0, whole = 0, clean = 0;
+        /* Until the injection point lies past every allocation of a call (calls it misses in a
+         * row read everything). */
+        for (long n = 0; n < 2000 && clean < 8; n++) {
+            memset(pool, GUARD, pool_len);
+            int64_t res[NK] = {0};
+            kvs__alloc_inject_failure(n, false);
+            int rc = kvs_client_batch_get_into_pages(c, NK, keys, rg, 3, KVS_REGION_MAJOR, ids,
+                                                     npages, false, res);
+            kvs__alloc_inject_failure(-1, false);
+            if (rc != KVS_OK) {
+                failed_calls++;
+                continue;
+            }
+            int ok = 0;
+            for (int k = 0; k < NK; k++) {
+                if (res[k] < 0)
+                    continue;
+                CHECK_EQ_INT(res[k], (int64_t)osz[k]);
+                pt_gather(rg, 3, KVS_REGION_MAJOR, ids + k * NP, NP, got);
+                pt_expect(want, keys[k], osz[k]);
+                CHECK_EQ_MEM(got, want, osz[k]);
+                ok++;
+            }
+            whole += ok == NK;
+            clean = ok == NK ? clean + 1 : 0;
+        }
+        /* Failures were injected, and calls they missed read every key. */
+        CHECK(failed_calls > 0);
+        CHECK(whole > 0);
+    }
+    CHECK_STATUS(kvs_client_unregister_buffer(c, pool), KVS_OK);
+    free(pool);
+    free(got);
+    free(want);
     kvs_client_close(c);
     server_stop(&st.srv);
 }
@@ -1628,6 +1761,8 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_staging_page_table_reads),
         KVS_TEST_CASE(test_staging_page_table_plan),
         KVS_TEST_CASE(test_staging_adjacent_keys_are_one_transfer),
+        KVS_TEST_CASE(test_staging_grouped_fallback_stays_grouped),
+        KVS_TEST_CASE(test_staging_pipelined_read_under_allocation_failures),
         KVS_TEST_CASE(test_page_ids_rechecked_where_used),
         KVS_TEST_CASE(test_page_id_max_and_repeats),
         KVS_TEST_CASE(test_scatter_options),

@@ -988,6 +988,8 @@ static int read_lookup(kvs_client_t *c, call_t *k, read_t *r, bool exact)
     kvs__arena_free(&r->arena);
     kvs__arena_init(&r->arena);
     r->m1 = read_lead(c, k, r, exact);
+    for (uint32_t j = r->m1; j < r->m; j++)
+        k->res[r->map[j]] = KVS_TRANSFER_FAIL; /* never success before its lookup is checked */
     r->t_lookup = kvs__now_ns();
     int rc = lookup_part(c, k, r, 0, r->m1, &r->arena, &r->pr);
     r->looked_up = rc == KVS_OK;
@@ -1137,10 +1139,14 @@ static uint32_t read_route(kvs_client_t *c, call_t *k, read_t *r, uint32_t j0, u
  * round has the call's deadline. */
 static uint64_t round_deadline(const call_t *k, const read_t *r, uint32_t ns)
 {
-    bool spare = true;
-    for (uint32_t s = 0; s < ns && spare; s++)
-        spare = r->slots[s].t == NULL ||
-                r->tried[2 * r->slots[s].entry] < r->tried[2 * r->slots[s].entry + 1];
+    bool spare = true, any = false; /* slots without a transport (no read) do not count */
+    for (uint32_t s = 0; s < ns && spare; s++) {
+        if (r->slots[s].t == NULL)
+            continue;
+        any = true;
+        spare = r->tried[2 * r->slots[s].entry] < r->tried[2 * r->slots[s].entry + 1];
+    }
+    spare &= any;
     return spare ? route_deadline(k->deadline) : k->deadline;
 }
 
@@ -1210,38 +1216,56 @@ static int read_unstaged(kvs_client_t *c, call_t *k, read_t *r, uint32_t ns, boo
 static int read_submit(kvs_client_t *c, call_t *k, read_t *r, uint32_t ns, bool exact, bool grouped,
                        uint64_t deadline);
 
-/* The rest of a pipelined read's lookup: entries [m1, m) looked up (a failed lookup fails those
- * keys with its status, as a failed part of one batch lookup does), checked and routed into
- * their aligned slots. `overlapped`: while the first fill's copies run. */
-static void read_late(kvs_client_t *c, call_t *k, read_t *r, bool grouped, bool overlapped)
+/* The second lookup's answer joined to the first's (every entry's placement in r->pr): a
+ * failed lookup fails its keys with its status, as a failed frame of one batch lookup does;
+ * out of memory fails them with NO_MEMORY, their leases given back. */
+static void late_join(kvs_client_t *c, call_t *k, read_t *r, kvs__placement_rsp_t *part, int rc)
+{
+    uint32_t j0 = r->m1, m = r->m;
+    kvs__obj_desc_t *all = kvs__arena_alloc(&r->arena, (size_t)m * sizeof(*all));
+    if (all != NULL) {
+        memcpy(all, r->pr.objs, (size_t)j0 * sizeof(*all));
+        r->pr.objs = all;
+        r->pr.nobjs = m;
+    }
+    if (rc == KVS_OK && all != NULL &&
+        (rc = kvs__placement_join(&r->pr, part, j0, &r->arena)) == KVS_OK)
+        return;
+    if (rc == KVS_OK || all == NULL) { /* the lookup's leases go back */
+        rc = kvs__fail(KVS_NO_MEMORY, "read: out of memory");
+        release_leases(c, part, r->ks + j0, part->nobjs == m - j0 ? part->nobjs : 0);
+    }
+    for (uint32_t j = j0; j < m; j++) {
+        if (all != NULL)
+            all[j] = (kvs__obj_desc_t){.status = rc};
+        else
+            k->res[r->map[j]] = rc;
+    }
+}
+
+/* The rest of a pipelined read's lookup: entries [m1, m) looked up, checked and routed into
+ * their aligned slots. `inflight`: a fill's copies run meanwhile. Non-OK: the call fails (as a
+ * call whose one lookup's check fails). */
+static int read_late(kvs_client_t *c, call_t *k, read_t *r, bool grouped, bool inflight)
 {
     uint32_t j0 = r->m1, m = r->m;
     if (j0 >= m)
-        return;
-    r->m1 = m;
+        return KVS_OK;
     uint64_t t = kvs__now_ns();
     kvs__placement_rsp_t part = {0};
     int rc = lookup_part(c, k, r, j0, m, &r->arena2, &part);
-    if (overlapped)
+    if (inflight)
         atomic_fetch_add(&c->st.get_lookup_overlapped_ns, kvs__now_ns() - t);
-    kvs__obj_desc_t *all = kvs__arena_alloc(&r->arena, (size_t)m * sizeof(*all));
-    if (all == NULL) { /* the second lookup's leases end by expiry */
-        for (uint32_t j = j0; j < m; j++) {
-            k->res[r->map[j]] = kvs__fail(KVS_NO_MEMORY, "read: out of memory");
-            r->slots[j] = (read_slot_t){.key = r->map[j], .entry = j};
-        }
-        return;
-    }
-    memcpy(all, r->pr.objs, (size_t)j0 * sizeof(*all));
-    r->pr.objs = all;
-    r->pr.nobjs = m;
-    if (rc == KVS_OK) /* a failure here leaves segments unknown: those keys find no route */
-        kvs__placement_join(&r->pr, &part, j0, &r->arena);
-    else
-        for (uint32_t j = j0; j < m; j++)
-            all[j] = (kvs__obj_desc_t){.status = rc};
-    read_check(c, k, r, true, grouped, j0, m, t);
-    read_route(c, k, r, j0, m, true);
+    late_join(c, k, r, &part, rc);
+    r->m1 = m;
+    for (uint32_t j = j0; j < m; j++)
+        r->slots[j] = (read_slot_t){.key = r->map[j], .entry = j};
+    if (r->pr.nobjs < m)
+        return KVS_OK; /* out of memory: those keys failed */
+    rc = read_check(c, k, r, true, grouped, j0, m, t);
+    if (rc == KVS_OK)
+        read_route(c, k, r, j0, m, true);
+    return rc;
 }
 
 typedef struct {
@@ -1249,19 +1273,25 @@ typedef struct {
     call_t *k;
     read_t *r;
     bool grouped;
+    int rc; /* the rest's lookup failed the call */
+    kvs__staging_late_t late;
 } late_ctx_t;
 
 /* The staging planner's call for the rest of the keys: false when one of them makes the call
- * ineligible (its fragments hold more than its object). */
-static bool late_more(void *ctx, kvs__staged_key_t *keys, uint32_t from, uint32_t n)
+ * ineligible (its fragments hold more than its object) or the call failed. The round's
+ * deadline becomes the call's when a key of the rest has no other replica to go to. */
+static bool late_more(void *ctx, kvs__staged_key_t *keys, uint32_t from, uint32_t n, bool inflight)
 {
     late_ctx_t *x = ctx;
-    read_late(x->c, x->k, x->r, x->grouped, true);
-    for (uint32_t j = from; j < n; j++) {
-        const read_slot_t *sl = &x->r->slots[j];
-        staged_source(&keys[j], sl, sl->t != NULL ? x->r->lease_until[sl->key] : 0);
+    read_t *r = x->r;
+    x->rc = read_late(x->c, x->k, r, x->grouped, inflight);
+    for (uint32_t j = from; j < n && x->rc == KVS_OK; j++) {
+        const read_slot_t *sl = &r->slots[j];
+        staged_source(&keys[j], sl, sl->t != NULL ? r->lease_until[sl->key] : 0);
     }
-    return !x->r->larger;
+    if (x->rc == KVS_OK && round_deadline(x->k, r, r->m) == x->k->deadline)
+        x->late.deadline_ns = x->k->deadline;
+    return x->rc == KVS_OK && !r->larger;
 }
 
 /* Drops the slots without a transport. Returns how many are left. */
@@ -1295,16 +1325,18 @@ static int read_first_pipelined(kvs_client_t *c, call_t *k, read_t *r, bool grou
     read_route(c, k, r, 0, r->m1, true);
     bool planned = lead_as_planned(c, r);
     int src = KVS_UNSUPPORTED;
+    late_ctx_t x = {c, k, r, grouped, KVS_OK, {r->m1, late_more, NULL, 0}};
+    x.late.ctx = &x;
     if (planned && !r->larger) {
         for (uint32_t j = 0; j < r->m1; j++) {
             const read_slot_t *sl = &r->slots[j];
             staged_source(&r->sk[j], sl, sl->t != NULL ? r->lease_until[sl->key] : 0);
         }
-        late_ctx_t x = {c, k, r, grouped};
-        kvs__staging_late_t late = {r->m1, late_more, &x};
-        src = kvs__staging_read(c->staging, r->sk, m, k->sliced ? k->layout : NULL, &late,
+        src = kvs__staging_read(c->staging, r->sk, m, k->sliced ? k->layout : NULL, &x.late,
                                 round_deadline(k, r, r->m1));
     }
+    if (x.rc != KVS_OK)
+        return x.rc; /* nothing is in flight any more */
     if (src == KVS_OK) {
         for (uint32_t j = 0; j < m; j++)
             r->st[j] = r->sk[j].status;
@@ -1314,7 +1346,9 @@ static int read_first_pipelined(kvs_client_t *c, call_t *k, read_t *r, bool grou
     }
     if (src != KVS_UNSUPPORTED)
         return src;
-    read_late(c, k, r, grouped, false);
+    int rc = read_late(c, k, r, grouped, false);
+    if (rc != KVS_OK)
+        return rc;
     uint32_t ns = slots_compact(r, m);
     *ns_p = ns;
     if (!planned && !r->larger) /* the lead was routed otherwise: stage as usual */
@@ -1342,7 +1376,8 @@ static int read_submit(kvs_client_t *c, call_t *k, read_t *r, uint32_t ns, bool 
     /* Fell back: the caller's unstaged mode. The adaptive policy still learns the call's time
      * as the staged choice's (what choosing staged cost), so a shape whose staging keeps falling
      * back stops being tried until its next re-measurement. */
-    return read_unstaged(c, k, r, ns, mode == KVS_READ_GROUPED, deadline);
+    return read_unstaged(
+        c, k, r, ns, mode == KVS_READ_GROUPED || (mode == KVS_READ_STAGED && grouped), deadline);
 }
 
 /* The round's results: a lease that ran out fails the key; a retryable failure with another

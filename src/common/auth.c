@@ -9,7 +9,6 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/params.h>
-#include <openssl/rand.h>
 #include <openssl/sha.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -110,14 +109,29 @@ int kvs__auth_configure(const char *path, kvs__auth_t *auth_p, char *err, size_t
     return kvs__auth_load(path, auth_p, err, errlen);
 }
 
-/* Nonces and keys come from OpenSSL's CSPRNG (seeded by the kernel). It failing is fatal:
- * a predictable nonce or key would be a silent hole. */
+/* Nonces and keys come from the kernel's CSPRNG (getrandom, which blocks only until it is
+ * seeded at boot). Not OpenSSL's RAND_bytes: that keeps a generator per thread, freed when the
+ * thread ends, and a detached handshake thread still ending while the process exits left it
+ * behind (LeakSanitizer caught it in test_lifetimes). It failing is fatal: a predictable nonce or
+ * key would be a silent hole. */
 static void random_bytes(void *buf, size_t len)
 {
-    if (RAND_bytes(buf, (int)len) != 1) {
-        kvs_error("no random bytes from libcrypto: refusing to go on without them");
-        abort();
+    for (size_t got = 0; got < len;) {
+        ssize_t n = getrandom((char *)buf + got, len - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            kvs_error("no random bytes from the kernel (%s): refusing to go on without them",
+                      strerror(errno));
+            abort();
+        }
+        got += (size_t)n;
     }
+}
+
+void kvs__crypto_thread_end(void)
+{
+    OPENSSL_thread_stop();
 }
 
 void kvs__secret_wipe(void *p, size_t len)

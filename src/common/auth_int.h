@@ -49,8 +49,13 @@ void kvs__auth_wipe(kvs__auth_t *auth);
 /* The same for any key bytes. */
 void kvs__secret_wipe(void *p, size_t len);
 
-/* Fills a fresh nonce (OpenSSL's CSPRNG). */
+/* Fills a fresh nonce (the kernel's CSPRNG). */
 void kvs__auth_nonce(uint8_t nonce[KVS_AUTH_NONCE_LEN]);
+
+/* Frees the calling thread's libcrypto state (TLS sessions and MACs leave some). A detached
+ * thread calls it before it reports itself done, so that a process exiting once every such
+ * thread is done finds nothing of theirs left. */
+void kvs__crypto_thread_end(void);
 
 /* The proof `side` gives on `endpoint` for the client's and the server's nonces, naming the
  * server by `name` (the endpoint its clients dial, "host:port"; NULL or "" for none), so that a

@@ -683,6 +683,7 @@ static void *conn_thread(void *arg)
     dconn_t *c = arg;
     kvs__data_server_t *s = c->srv;
     serve(s, c->fd);
+    kvs__crypto_thread_end();
     pthread_mutex_lock(&s->conn_lock);
     conn_unlink_locked(s, c);
     close(c->fd); /* under the lock: destroy never shuts down a number reused meanwhile */
@@ -880,6 +881,7 @@ static void *shm_thread(void *arg)
     shm_slot_t *slot = arg;
     kvs__data_server_t *s = slot->srv;
     shm_answer(s, slot->fd);
+    kvs__crypto_thread_end();
     pthread_mutex_lock(&s->shm_lock);
     close(slot->fd);
     slot->fd = -1;

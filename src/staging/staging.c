@@ -41,10 +41,10 @@ struct kvs__staging {
     const kvs__staging_backend_t *be;
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    bool busy;      /* a call (or the hold hook) owns the buffer */
-    bool disabled;  /* the allocation failed: never again */
-    void *buf;      /* allocated on the first staged call */
-    int buf_domain; /* the domain it was allocated in */
+    bool busy;            /* a call (or the hold hook) owns the buffer */
+    atomic_bool disabled; /* the allocation failed: never again (read by calls not holding it) */
+    void *buf;            /* allocated on the first staged call */
+    int buf_domain;       /* the domain it was allocated in */
     kvs__staging_hooks_t hooks;
     kvs__staging_stats_t st;
     scratch_t scr[SCR_COUNT_]; /* owned by the call that holds the buffer */
@@ -192,7 +192,7 @@ kvs__read_mode_t kvs__staging_choose(kvs__staging_t *st, int domain, kvs__read_s
                                      bool can_stage)
 {
     int d = st->be->domain_of(domain);
-    can_stage = can_stage && d >= 0 && !st->disabled;
+    can_stage = can_stage && d >= 0 && !atomic_load(&st->disabled);
     if (can_stage && kvs__policy_calibrate_once(st->policy, st->be, d))
         atomic_fetch_add(&st->st.calibrations, 1);
     sh->fills = kvs__staging_fills_for(st, sh->bytes);
@@ -494,12 +494,12 @@ typedef struct {
     bool halves;
     uint64_t half;
     uint64_t deadline_ns;
-    const kvs__staging_late_t *late; /* keys [late->ready, n) routed by late->more, else NULL */
+    kvs__staging_late_t *late; /* keys [late->ready, n) routed by late->more, else NULL */
     bool late_done;
     bool aborted; /* late->more found the call ineligible: nothing is scattered */
 } call_plan_t;
 
-static void late_resolve(const kvs__staging_t *st, call_plan_t *cp);
+static void late_resolve(const kvs__staging_t *st, call_plan_t *cp, bool inflight);
 
 /* Waits for a fill's scatter until the call's deadline, where the backend aborts it: either way
  * nothing writes the keys' destinations once this returns. A failed or aborted one fails the keys
@@ -608,8 +608,11 @@ static uint32_t fill_wait(kvs__staging_t *st, call_plan_t *cp, uint32_t a, uint3
             }
         }
     }
-    if (cp->aborted)
-        return 0; /* drained; the call reads direct */
+    bool any = false;
+    for (uint32_t i = a; i < b && !any; i++)
+        any = cp->keys[i].t != NULL;
+    if (cp->aborted || !any)
+        return 0; /* drained, the call reads direct; or a pipelined first fill of absent keys */
     atomic_fetch_add(&st->st.fills, 1);
     atomic_fetch_add(&st->st.transfers, io->rc == KVS_OK ? io->nruns : 0);
     uint64_t now = kvs__now_ns();
@@ -750,12 +753,12 @@ static void run_fill(kvs__staging_t *st, call_plan_t *cp, uint32_t a, uint32_t b
             if (cp->keys[i].t != NULL)
                 cp->keys[i].status = KVS_TIMED_OUT;
         }
-        late_resolve(st, cp);
+        late_resolve(st, cp, false);
         return;
     }
     /* The rest of a pipelined read's lookup, while this fill's copies run; it places the later
      * fills, which the page plan's offsets come from. */
-    late_resolve(st, cp);
+    late_resolve(st, cp, io.rc == KVS_OK && io.nruns > 0);
     uint64_t t2 = kvs__now_ns();
     int plan_rc =
         cp->layout == NULL || cp->plan_ready || cp->aborted ? KVS_OK : plan_upload(st, cp);
@@ -867,12 +870,14 @@ static void plan_fills(const kvs__staging_t *st, call_plan_t *cp)
 
 /* Keys [ready, n) of a pipelined read get their routes now, once, before any is submitted; the
  * fills after the first are placed again without the keys the lookup found absent. */
-static void late_resolve(const kvs__staging_t *st, call_plan_t *cp)
+static void late_resolve(const kvs__staging_t *st, call_plan_t *cp, bool inflight)
 {
     if (cp->late == NULL || cp->late_done)
         return;
     cp->late_done = true;
-    cp->aborted = !cp->late->more(cp->late->ctx, cp->keys, cp->late->ready, cp->n);
+    cp->aborted = !cp->late->more(cp->late->ctx, cp->keys, cp->late->ready, cp->n, inflight);
+    if (cp->late->deadline_ns != 0)
+        cp->deadline_ns = cp->late->deadline_ns;
     if (!cp->aborted && cp->fill_end[0] < cp->n) {
         cp->nfills = 1;
         place_fills(st, cp, cp->fill_end[0]);
@@ -883,7 +888,9 @@ uint32_t kvs__staging_lead(const kvs__staging_t *st, const kvs__staged_key_t *ke
                            bool cheap)
 {
     int domain = -1;
-    if (st == NULL || n == 0 || check_keys(st, keys, n, &domain) >= 0)
+    if (st == NULL || n == 0 || check_keys(st, keys, n, &domain) >= 0 ||
+        atomic_load(&st->disabled) ||
+        (atomic_load(&st->st.held_bytes) != 0 && atomic_load(&st->st.device) != (uint64_t)domain))
         return 0;
     uint64_t cap = takes_halves(st, keys, n, 0, cheap) ? half_of(st) : st->cfg.buffer_bytes;
     uint64_t cur = 0;
@@ -897,7 +904,7 @@ uint32_t kvs__staging_lead(const kvs__staging_t *st, const kvs__staged_key_t *ke
  * the fallback reason. */
 static int buffer_ready(kvs__staging_t *st, int domain)
 {
-    if (st->disabled)
+    if (atomic_load(&st->disabled))
         return KVS_FALLBACK_alloc_failed;
     if (st->buf != NULL)
         return domain == st->buf_domain ? -1 : KVS_FALLBACK_other_gpu;
@@ -905,7 +912,7 @@ static int buffer_ready(kvs__staging_t *st, int domain)
                                   : st->be->alloc(domain, st->cfg.buffer_bytes, &st->buf);
     if (rc != KVS_OK) {
         st->buf = NULL;
-        st->disabled = true;
+        atomic_store(&st->disabled, true);
         kvs_warn("staging: cannot allocate the %llu-byte %s staging buffer (%s); staging is off "
                  "for this client",
                  (unsigned long long)st->cfg.buffer_bytes, st->be->name, kvs_status_str(rc));
@@ -945,7 +952,7 @@ static int plan_call(kvs__staging_t *st, call_plan_t *cp, int domain)
 }
 
 int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n,
-                      const kvs__page_layout_t *layout, const kvs__staging_late_t *late,
+                      const kvs__page_layout_t *layout, kvs__staging_late_t *late,
                       uint64_t deadline_ns)
 {
     if (st == NULL || n == 0 || (late != NULL && (late->more == NULL || late->ready > n)))
@@ -978,15 +985,15 @@ int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n,
     for (uint32_t f = 0, a = 0; f < cp.nfills; a = cp.fill_end[f++]) {
         pending_t *p = &pend[cp.halves ? f % 2 : 0];
         uint64_t t = kvs__now_ns();
-        fill_finish(st, keys, p, deadline_ns); /* the scatter that last read this part */
+        fill_finish(st, keys, p, cp.deadline_ns); /* the scatter that last read this part */
         scatter_wait_ns += kvs__now_ns() - t;
         run_fill(st, &cp, a, cp.fill_end[f], cp.halves ? (f % 2) * cp.half : 0, p);
         if (cp.aborted)
             break; /* only the first fill ran, and it scattered nothing */
     }
     uint64_t t_last = kvs__now_ns();
-    fill_finish(st, keys, &pend[0], deadline_ns);
-    fill_finish(st, keys, &pend[1], deadline_ns);
+    fill_finish(st, keys, &pend[0], cp.deadline_ns);
+    fill_finish(st, keys, &pend[1], cp.deadline_ns);
     if (cp.aborted) {
         kvs_debug("staging: the rest of the lookup made the call ineligible; it reads direct");
         buffer_release(st);

@@ -204,10 +204,12 @@ void kvs__staging_destroy(kvs__staging_t *st);
 typedef struct {
     uint32_t ready;
     /* false: the rest of the lookup made the call ineligible (a key's fragments hold more than
-     * its object): the first fill's receive is drained and dropped, nothing is scattered, and
-     * the read returns KVS_UNSUPPORTED for the caller to read direct. */
-    bool (*more)(void *ctx, kvs__staged_key_t *keys, uint32_t from, uint32_t n);
+     * its object) or failed it: the first fill's receive is drained and dropped, nothing is
+     * scattered, and the read returns KVS_UNSUPPORTED. `inflight`: the first fill's transfers
+     * run meanwhile. */
+    bool (*more)(void *ctx, kvs__staged_key_t *keys, uint32_t from, uint32_t n, bool inflight);
     void *ctx;
+    uint64_t deadline_ns; /* more() may set it: the call's deadline from then on (0: as it was) */
 } kvs__staging_late_t;
 
 /* Runs keys[0..n) through the staged path (one submission per fill and transport): KVS_OK
@@ -215,13 +217,14 @@ typedef struct {
  * falls back; the reason is counted; more() was not called, or it answered false). `layout`
  * non-NULL: the keys are in page-table form. `late` NULL: every key is routed. */
 int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n,
-                      const kvs__page_layout_t *layout, const kvs__staging_late_t *late,
+                      const kvs__page_layout_t *layout, kvs__staging_late_t *late,
                       uint64_t deadline_ns);
 
 /* For a read whose keys' destinations are set in keys[0..n) (no transport yet): how many
  * leading keys its first fill takes, if every key is read over a transport with cheap
  * submissions (`cheap`) or not. 0 when a destination alone makes the call fall back (domain,
- * size), so it cannot start before its lookup has excluded the keys that fail it. */
+ * size), so it cannot start before its lookup has excluded the keys that fail it, or when the
+ * call falls back whatever its keys (staging disabled, the buffer on another device). */
 uint32_t kvs__staging_lead(const kvs__staging_t *st, const kvs__staged_key_t *keys, uint32_t n,
                            bool cheap);
 
