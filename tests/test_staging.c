@@ -431,6 +431,18 @@ static void test_staging_pipelined_lookup(void)
     CHECK_EQ_U64(b.get_lookup_overlapped_ns, a.get_lookup_overlapped_ns);
     kvs_client_close(c);
 
+    /* Off (MC_STORE_GPU_STAGING_PIPELINED_LOOKUP=0): every key looked up first, the same fills. */
+    setenv("MC_STORE_GPU_STAGING_PIPELINED_LOOKUP", "0", 1);
+    c = staged_client(&st, 5000, NULL);
+    unsetenv("MC_STORE_GPU_STAGING_PIPELINED_LOOKUP");
+    read_all_exact(c, keys, sizes, 8);
+    b = stats(c);
+    CHECK_EQ_U64(b.staged_reads, 1);
+    CHECK_EQ_U64(b.fills, 4);
+    CHECK_EQ_U64(b.get_lookup_overlapped_ns, 0);
+    CHECK(b.get_lookup_ns > 0);
+    kvs_client_close(c);
+
     /* Over tcp fills take the whole buffer: five keys in the first, looked up first. */
     setenv("KVS_PROTOCOL", "tcp", 1);
     c = staged_client(&st, 5000, NULL);

@@ -92,7 +92,8 @@ int kvs__staging_scatter_options(kvs__scatter_options_t *o)
 
 int kvs__staging_config_init(kvs__staging_config_t *cfg)
 {
-    *cfg = (kvs__staging_config_t){.buffer_bytes = DEFAULT_BUFFER_BYTES, .half_fills = true};
+    *cfg = (kvs__staging_config_t){
+        .buffer_bytes = DEFAULT_BUFFER_BYTES, .half_fills = true, .pipelined_lookup = true};
     int rc = KVS_OK;
     const char *mode = getenv("MC_STORE_GPU_STAGING");
     if (mode != NULL && strcasecmp(mode, "auto") == 0)
@@ -107,6 +108,8 @@ int kvs__staging_config_init(kvs__staging_config_t *cfg)
     if (kvs__env_u64("MC_STORE_GPU_STAGING_BUSY_WAIT_US", 60000000, &cfg->busy_wait_us) != KVS_OK)
         rc = KVS_INVALID_PARAMS;
     if (kvs__env_bool("MC_STORE_GPU_STAGING_HALF_FILLS", &cfg->half_fills) != KVS_OK)
+        rc = KVS_INVALID_PARAMS;
+    if (kvs__env_bool("MC_STORE_GPU_STAGING_PIPELINED_LOOKUP", &cfg->pipelined_lookup) != KVS_OK)
         rc = KVS_INVALID_PARAMS;
     const char *be = getenv("MC_STORE_GPU_STAGING_BACKEND");
     if (be != NULL && *be != '\0') {
@@ -888,8 +891,8 @@ uint32_t kvs__staging_lead(const kvs__staging_t *st, const kvs__staged_key_t *ke
                            bool cheap)
 {
     int domain = -1;
-    if (st == NULL || n == 0 || check_keys(st, keys, n, &domain) >= 0 ||
-        atomic_load(&st->disabled) ||
+    if (st == NULL || n == 0 || !st->cfg.pipelined_lookup ||
+        check_keys(st, keys, n, &domain) >= 0 || atomic_load(&st->disabled) ||
         (atomic_load(&st->st.held_bytes) != 0 && atomic_load(&st->st.device) != (uint64_t)domain))
         return 0;
     uint64_t cap = takes_halves(st, keys, n, 0, cheap) ? half_of(st) : st->cfg.buffer_bytes;

@@ -27,6 +27,8 @@ typedef struct {
     uint64_t buffer_bytes; /* MC_STORE_GPU_STAGING_BUFFER_BYTES (default 256 MiB) */
     uint64_t busy_wait_us; /* MC_STORE_GPU_STAGING_BUSY_WAIT_US (default 0) */
     bool half_fills;       /* MC_STORE_GPU_STAGING_HALF_FILLS (default on): see staging.c */
+    bool pipelined_lookup; /* MC_STORE_GPU_STAGING_PIPELINED_LOOKUP (default on): a read larger
+                            * than a fill looks up the rest beside its first (docs/staging.md) */
     const char *backend;   /* MC_STORE_GPU_STAGING_BACKEND: "host", or NULL for the GPU one */
 } kvs__staging_config_t;
 
@@ -223,8 +225,9 @@ int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n,
 /* For a read whose keys' destinations are set in keys[0..n) (no transport yet): how many
  * leading keys its first fill takes, if every key is read over a transport with cheap
  * submissions (`cheap`) or not. 0 when a destination alone makes the call fall back (domain,
- * size), so it cannot start before its lookup has excluded the keys that fail it, or when the
- * call falls back whatever its keys (staging disabled, the buffer on another device). */
+ * size), so it cannot start before its lookup has excluded the keys that fail it, when the
+ * call falls back whatever its keys (staging disabled, the buffer on another device), or with
+ * MC_STORE_GPU_STAGING_PIPELINED_LOOKUP=0. */
 uint32_t kvs__staging_lead(const kvs__staging_t *st, const kvs__staged_key_t *keys, uint32_t n,
                            bool cheap);
 
