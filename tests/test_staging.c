@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "kvs_test.h"
 #include "server_fixture.h"
+#include "rpc_helpers.h"
 #include "client/client_int.h"
 
 #include <kvstash/kvstash.h>
@@ -304,29 +305,6 @@ static void test_staging_half_buffer_fills(void)
     server_stop(&st.srv);
 }
 
-/* A counter of the master's STAT. */
-static uint64_t master_counter(kvs_client_t *c, const char *name)
-{
-    kvs__wbuf_t req, rsp;
-    kvs__wbuf_init(&req);
-    kvs__wbuf_init(&rsp);
-    kvs__arena_t a;
-    kvs__arena_init(&a);
-    kvs__rpc_begin(c->rpc, &req, KVS_MSG_STAT);
-    CHECK_STATUS(kvs__client_call(c, &req, &rsp, kvs__client_rpc_deadline(c)), KVS_OK);
-    kvs__stat_rsp_t sr;
-    CHECK_STATUS(kvs__stat_rsp_decode(rsp.data, rsp.len, rsp.version, &a, &sr), KVS_OK);
-    uint64_t v = UINT64_MAX;
-    for (uint32_t i = 0; i < sr.ncounters; i++)
-        if (kvs__str_eq(sr.counters[i].name, kvs__str_c(name)))
-            v = sr.counters[i].value;
-    CHECK(v != UINT64_MAX);
-    kvs__arena_free(&a);
-    kvs__wbuf_free(&req);
-    kvs__wbuf_free(&rsp);
-    return v;
-}
-
 /* A read of more than its first fill looks up that fill's keys, starts the fill, and looks up
  * the rest while it runs (read_lead in client_io.c): the bytes and results are those of one
  * lookup, keys missing from either part fail alone, and fills stay as the whole call's. */
@@ -356,7 +334,7 @@ static void test_staging_pipelined_lookup(void)
     /* A lookup that keeps the pending releases (a pipelined read's first) sends none; the next
      * request sends them. */
     {
-        uint64_t rel = master_counter(c, "lease_releases");
+        uint64_t rel = rpc_stat_counter(c->rpc, "lease_releases");
         kvs__str_t one = kvs__str_c("p0");
         kvs__arena_t ar;
         kvs__arena_init(&ar);
@@ -365,12 +343,12 @@ static void test_staging_pipelined_lookup(void)
                                            NULL, &ar, NULL, &pr, kvs__client_rpc_deadline(c)),
                      KVS_OK);
         CHECK_STATUS(pr.objs[0].status, KVS_OK);
-        CHECK_EQ_U64(master_counter(c, "lease_releases"), rel);
+        CHECK_EQ_U64(rpc_stat_counter(c->rpc, "lease_releases"), rel);
         uint64_t token = pr.objs[0].lease_id;
         kvs__client_release_later(c, 1, &one, &token);
         kvs__arena_free(&ar);
         CHECK_EQ_INT(kvs_client_exists(c, "p1"), 1);
-        CHECK_EQ_U64(master_counter(c, "lease_releases") - rel, 9);
+        CHECK_EQ_U64(rpc_stat_counter(c->rpc, "lease_releases") - rel, 9);
     }
 
     /* Missing keys in the first part (p1 -> gone1) and in the rest (p5 -> gone5): they fail on
@@ -1383,6 +1361,7 @@ static void test_staging_pipelined_read_under_allocation_failures(void)
         for (uint32_t i = 0; i < NK * NP; i++)
             ids[i] = (i * 5 + 3) % P;
         int failed_calls = 0, whole = 0, clean = 0;
+        kvs_client_stats_t before = stats(c);
         /* Until the injection point lies past every allocation of a call (calls it misses in a
          * row read everything). */
         for (long n = 0; n < 2000 && clean < 8; n++) {
@@ -1409,9 +1388,16 @@ static void test_staging_pipelined_read_under_allocation_failures(void)
             whole += ok == NK;
             clean = ok == NK ? clean + 1 : 0;
         }
-        /* Failures were injected, and calls they missed read every key. */
+        /* Failures were injected, and calls they missed read every key; the calls were
+         * pipelined, and with the larger key they read direct. */
         CHECK(failed_calls > 0);
         CHECK(whole > 0);
+        kvs_client_stats_t after = stats(c);
+        CHECK(after.get_lookup_overlapped_ns > before.get_lookup_overlapped_ns);
+        if (shape)
+            CHECK(after.fallback_not_exact > before.fallback_not_exact);
+        else
+            CHECK(after.staged_reads > before.staged_reads);
     }
     CHECK_STATUS(kvs_client_unregister_buffer(c, pool), KVS_OK);
     free(pool);

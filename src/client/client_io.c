@@ -1228,12 +1228,11 @@ static void late_join(kvs_client_t *c, call_t *k, read_t *r, kvs__placement_rsp_
         r->pr.objs = all;
         r->pr.nobjs = m;
     }
-    if (rc == KVS_OK && all != NULL &&
-        (rc = kvs__placement_join(&r->pr, part, j0, &r->arena)) == KVS_OK)
+    if (rc == KVS_OK && all != NULL && kvs__placement_join(&r->pr, part, j0, &r->arena) == KVS_OK)
         return;
-    if (rc == KVS_OK || all == NULL) { /* the lookup's leases go back */
+    if (rc == KVS_OK) { /* looked up, but no memory to keep it: the leases go back */
+        release_leases(c, part, r->ks + j0, part->nobjs);
         rc = kvs__fail(KVS_NO_MEMORY, "read: out of memory");
-        release_leases(c, part, r->ks + j0, part->nobjs == m - j0 ? part->nobjs : 0);
     }
     for (uint32_t j = j0; j < m; j++) {
         if (all != NULL)
@@ -1289,8 +1288,14 @@ static bool late_more(void *ctx, kvs__staged_key_t *keys, uint32_t from, uint32_
         const read_slot_t *sl = &r->slots[j];
         staged_source(&keys[j], sl, sl->t != NULL ? r->lease_until[sl->key] : 0);
     }
-    if (x->rc == KVS_OK && round_deadline(x->k, r, r->m) == x->k->deadline)
-        x->late.deadline_ns = x->k->deadline;
+    /* Raised to the call's when a later key has no spare replica; set either way when nothing
+     * was submitted before (no first-part key had a read). */
+    bool lead_read = false;
+    for (uint32_t j = 0; j < from && !lead_read; j++)
+        lead_read = r->slots[j].t != NULL;
+    uint64_t d = x->rc == KVS_OK ? round_deadline(x->k, r, r->m) : 0;
+    if (x->rc == KVS_OK && (d == x->k->deadline || !lead_read))
+        x->late.deadline_ns = d;
     return x->rc == KVS_OK && !r->larger;
 }
 

@@ -116,17 +116,24 @@ int kvs__auth_configure(const char *path, kvs__auth_t *auth_p, char *err, size_t
  * key would be a silent hole. */
 static void random_bytes(void *buf, size_t len)
 {
+    int fd = -1; /* /dev/urandom where getrandom is not allowed (a seccomp filter, an old kernel) */
     for (size_t got = 0; got < len;) {
-        ssize_t n = getrandom((char *)buf + got, len - got, 0);
+        ssize_t n = fd < 0 ? getrandom((char *)buf + got, len - got, 0)
+                           : read(fd, (char *)buf + got, len - got);
         if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && fd < 0 && (errno == ENOSYS || errno == EPERM) &&
+            (fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC)) >= 0)
             continue;
         if (n <= 0) {
             kvs_error("no random bytes from the kernel (%s): refusing to go on without them",
-                      strerror(errno));
+                      n < 0 ? strerror(errno) : "end of file");
             abort();
         }
         got += (size_t)n;
     }
+    if (fd >= 0)
+        close(fd);
 }
 
 void kvs__crypto_thread_end(void)

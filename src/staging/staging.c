@@ -499,7 +499,8 @@ typedef struct {
     uint64_t deadline_ns;
     kvs__staging_late_t *late; /* keys [late->ready, n) routed by late->more, else NULL */
     bool late_done;
-    bool aborted; /* late->more found the call ineligible: nothing is scattered */
+    bool aborted;     /* late->more found the call ineligible: nothing is scattered */
+    uint32_t counted; /* fills that carried a key (a pipelined first fill may carry none) */
 } call_plan_t;
 
 static void late_resolve(const kvs__staging_t *st, call_plan_t *cp, bool inflight);
@@ -617,6 +618,7 @@ static uint32_t fill_wait(kvs__staging_t *st, call_plan_t *cp, uint32_t a, uint3
     if (cp->aborted || !any)
         return 0; /* drained, the call reads direct; or a pipelined first fill of absent keys */
     atomic_fetch_add(&st->st.fills, 1);
+    cp->counted++;
     atomic_fetch_add(&st->st.transfers, io->rc == KVS_OK ? io->nruns : 0);
     uint64_t now = kvs__now_ns();
     uint32_t ok = 0;
@@ -1007,7 +1009,7 @@ int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n,
         present += keys[i].t != NULL;
     atomic_fetch_add(&st->st.staged_reads, 1);
     atomic_fetch_add(&st->st.staged_keys, present);
-    atomic_store(&st->st.last_fills, cp.nfills);
+    atomic_store(&st->st.last_fills, cp.counted);
     kvs_debug("staging: %u fill(s), %.1f us waiting for scatters before fills, %.1f us for the "
               "last; %.1f us in all",
               cp.nfills, (double)scatter_wait_ns / 1e3, (double)(kvs__now_ns() - t_last) / 1e3,
