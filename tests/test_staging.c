@@ -394,6 +394,7 @@ static void test_staging_pipelined_lookup(void)
     /* Nothing was in flight beside that lookup, and the empty fill is no fill. */
     CHECK_EQ_U64(b.get_lookup_overlapped_ns, a.get_lookup_overlapped_ns);
     CHECK_EQ_U64(b.fills - a.fills, 3);
+    CHECK_EQ_U64(b.staging_last_fills, 3);
     dest_free(c, &d);
     /* The buffer held elsewhere: the call falls back before its first fill, looks the rest up
      * and reads everything direct. */
