@@ -1249,6 +1249,37 @@ static void test_staging_page_table_plan(void)
         CHECK_EQ_U64(after.scatter_launches - before.scatter_launches, 1);
         CHECK(after.get_lookup_overlapped_ns > before.get_lookup_overlapped_ns);
     }
+    /* A page named twice. Within the first fill the call falls back before anything is
+     * submitted; among the later keys it is found while the first fill's transfers run, and the
+     * call is drained unscattered and read direct (docs/staging.md, item 5). The twice-named
+     * pages receive the same object twice, so every page's bytes are known. */
+    for (int later = 0; later < 2; later++) {
+        const char *dup[NK] = {"pp-0", later ? "pp-1" : "pp-0", "pp-2", later ? "pp-0" : "pp-3"};
+        int twin = later ? 3 : 1;
+        uint32_t ids[NK * NP];
+        for (uint32_t i = 0; i < NK * NP; i++)
+            ids[i] = (i * 5 + 2) % P;
+        for (uint32_t j = 0; j < NP; j++)
+            ids[twin * NP + j] = ids[j];
+        memset(pool, GUARD, pool_len);
+        kvs_client_stats_t before = stats(c);
+        int64_t res[NK];
+        CHECK_STATUS(kvs_client_batch_get_into_pages(c, NK, dup, rg, 3, KVS_PAGE_MAJOR, ids, npages,
+                                                     false, res),
+                     KVS_OK);
+        for (int k = 0; k < NK; k++)
+            CHECK_EQ_INT(res[k], (int64_t)size);
+        pt_check_pool(rg, 3, KVS_PAGE_MAJOR, ids, NK, NP, dup, -1, pool, pool_len);
+        kvs_client_stats_t after = stats(c);
+        CHECK_EQ_U64(after.fallback_overlap - before.fallback_overlap, 1);
+        CHECK_EQ_U64(after.get_staged_calls - before.get_staged_calls, 0);
+        CHECK_EQ_U64(after.get_direct_calls - before.get_direct_calls, 1);
+        CHECK_EQ_U64(after.fills - before.fills, 0);
+        CHECK_EQ_U64(after.scatter_launches - before.scatter_launches, 0);
+        /* Only the later repeat was checked, and looked up, beside a fill. */
+        CHECK_EQ_INT(after.plan_overlapped_ns > before.plan_overlapped_ns, later);
+        CHECK_EQ_INT(after.get_lookup_overlapped_ns > before.get_lookup_overlapped_ns, later);
+    }
     /* V starting 1 KiB into K's 3000-byte pages: the regions share bytes, not staged. */
     kvs_page_region_t bad[3] = {rg[0], {pool + 1024, kv, 8192, P}, rg[2]};
     uint32_t ids[NP] = {1, 2, 3};
@@ -1504,6 +1535,19 @@ static void test_page_ids_rechecked_where_used(void)
 /* The largest id, at every position of calls of every length up to 100 (the vectorised blocks
  * and the tail); the three repeat checks (a byte per id, a bit per id, sorting) agree on ids of
  * three keys, first all distinct, then with one repeated across keys and within a key. */
+/* The repeat checks on fresh maps (theirs to keep, so that a call checks in parts). */
+static bool repeat_bytes(const kvs__staged_key_t *keys, uint32_t n, uint8_t *seen, uint64_t np)
+{
+    memset(seen, 0, (size_t)np);
+    return kvs__pt_ids_repeat_bytes(keys, n, seen, np);
+}
+
+static bool repeat_bits(const kvs__staged_key_t *keys, uint32_t n, uint64_t *bm, uint64_t np)
+{
+    memset(bm, 0, (size_t)(np + 63) / 64 * sizeof(*bm));
+    return kvs__pt_ids_repeat(keys, n, bm, np);
+}
+
 static void test_page_id_max_and_repeats(void)
 {
     uint32_t ids[100];
@@ -1525,26 +1569,34 @@ static void test_page_id_max_and_repeats(void)
     memset(keys, 0, sizeof(keys));
     for (int i = 0; i < 3; i++)
         keys[i].pages = (kvs__pt_pages_t){perm + 100 * i, 100};
-    CHECK(!kvs__pt_ids_repeat_bytes(keys, 3, seen, N));
-    CHECK(!kvs__pt_ids_repeat(keys, 3, bm, N));
+    CHECK(!repeat_bytes(keys, 3, seen, N));
+    CHECK(!repeat_bits(keys, 3, bm, N));
     CHECK(!kvs__pt_ids_repeat_sorted(keys, 3, tmp));
     uint32_t keep = perm[250];
     perm[250] = perm[3]; /* key 2 names a page of key 0 */
-    CHECK(kvs__pt_ids_repeat_bytes(keys, 3, seen, N));
-    CHECK(kvs__pt_ids_repeat(keys, 3, bm, N));
+    CHECK(repeat_bytes(keys, 3, seen, N));
+    CHECK(repeat_bits(keys, 3, bm, N));
     CHECK(kvs__pt_ids_repeat_sorted(keys, 3, tmp));
+    /* In parts, as a call checks its first fill and then the rest beside it: the map keeps
+     * key 0's ids. */
+    memset(seen, 0, sizeof(seen));
+    memset(bm, 0, sizeof(bm));
+    CHECK(!kvs__pt_ids_repeat_bytes(keys, 1, seen, N));
+    CHECK(kvs__pt_ids_repeat_bytes(keys + 1, 2, seen, N));
+    CHECK(!kvs__pt_ids_repeat(keys, 1, bm, N));
+    CHECK(kvs__pt_ids_repeat(keys + 1, 2, bm, N));
     perm[250] = keep;
     perm[199] = perm[150]; /* twice within key 1 */
-    CHECK(kvs__pt_ids_repeat_bytes(keys, 3, seen, N));
-    CHECK(kvs__pt_ids_repeat(keys, 3, bm, N));
+    CHECK(repeat_bytes(keys, 3, seen, N));
+    CHECK(repeat_bits(keys, 3, bm, N));
     CHECK(kvs__pt_ids_repeat_sorted(keys, 3, tmp));
     /* An id past the map (changed by the caller after the call checked it): refused, not
      * indexed (the ASan stage would see the write). */
     for (uint32_t j = 0; j < N; j++)
         perm[j] = (j * 7u) % N;
     perm[120] = 1u << 30;
-    CHECK(kvs__pt_ids_repeat_bytes(keys, 3, seen, N));
-    CHECK(kvs__pt_ids_repeat(keys, 3, bm, N));
+    CHECK(repeat_bytes(keys, 3, seen, N));
+    CHECK(repeat_bits(keys, 3, bm, N));
     /* The direct path's fragments check every id as they are made. */
     static uint8_t pool[N * 16];
     kvs_page_region_t rg = {pool, 16, 16, N};

@@ -434,32 +434,55 @@ static int fall_back(kvs__staging_t *st, kvs__fallback_t why)
     return KVS_UNSUPPORTED;
 }
 
-/* Page-table keys: the same rule from ids and region geometry. Ids are usually a pool's dense
- * block numbers: a byte per id up to the largest while that costs at most 8 bytes a page, else a
- * bit per id, and sparse ones are sorted. */
-static bool pages_overlap(kvs__staging_t *st, const kvs__page_layout_t *L,
-                          const kvs__staged_key_t *keys, uint32_t n, bool *oom_p)
+/* The page-id map of a page-table call's overlap rule, kept so that its keys are checked in
+ * parts: the first fill's before anything is submitted, the rest's while that fill's transfers
+ * run (pages_rest). */
+typedef struct {
+    void *map; /* np bytes, or np bits when `bits` */
+    bool bits;
+    uint64_t np;
+    uint32_t done; /* keys checked */
+} ids_check_t;
+
+static bool ids_repeat(const ids_check_t *ic, const kvs__staged_key_t *keys, uint32_t n)
 {
-    uint64_t max_id = L->max_id, pages = 0;
+    return ic->bits ? kvs__pt_ids_repeat(keys, n, ic->map, ic->np)
+                    : kvs__pt_ids_repeat_bytes(keys, n, ic->map, ic->np);
+}
+
+/* Page-table keys: the same rule from ids and region geometry, for keys [0, upto) now (*ic keeps
+ * the map for the rest). Ids are usually a pool's dense block numbers: a byte per id up to the
+ * largest while that costs at most 8 bytes a page, else a bit per id; sparse ones are sorted,
+ * all keys at once. */
+static bool pages_overlap(kvs__staging_t *st, const kvs__page_layout_t *L,
+                          const kvs__staged_key_t *keys, uint32_t n, uint32_t upto, ids_check_t *ic,
+                          bool *oom_p)
+{
+    uint64_t np = L->max_id + 1, pages = 0;
     for (uint32_t i = 0; i < n; i++)
         pages += keys[i].pages.npages;
-    if (kvs__pt_regions_overlap(L, max_id + 1))
+    *ic = (ids_check_t){.np = np, .done = n};
+    if (kvs__pt_regions_overlap(L, np))
         return true;
-    if (max_id + 1 <= pages * OVERLAP_BYTES_PER_PAGE) {
-        uint8_t *seen = scratch(st, SCR_BITS, (size_t)max_id + 1);
-        if (seen != NULL)
-            return kvs__pt_ids_repeat_bytes(keys, n, seen, max_id + 1);
-    } else if (max_id + 1 <= KVS_MAX((uint64_t)OVERLAP_BITS_MIN, pages * OVERLAP_BITS_PER_FRAG)) {
-        uint64_t *bm = scratch(st, SCR_BITS, (size_t)(max_id / 64 + 1) * sizeof(*bm));
-        if (bm != NULL)
-            return kvs__pt_ids_repeat(keys, n, bm, max_id + 1);
-    } else {
-        uint32_t *tmp = scratch(st, SCR_SPANS, (size_t)pages * sizeof(*tmp));
-        if (tmp != NULL)
-            return kvs__pt_ids_repeat_sorted(keys, n, tmp);
+    size_t bytes = (size_t)np;
+    if (np > pages * OVERLAP_BYTES_PER_PAGE) {
+        if (np > KVS_MAX((uint64_t)OVERLAP_BITS_MIN, pages * OVERLAP_BITS_PER_FRAG)) {
+            uint32_t *tmp = scratch(st, SCR_SPANS, (size_t)pages * sizeof(*tmp));
+            if (tmp != NULL)
+                return kvs__pt_ids_repeat_sorted(keys, n, tmp);
+            *oom_p = true;
+            return false;
+        }
+        ic->bits = true;
+        bytes = (size_t)((np + 63) / 64) * sizeof(uint64_t);
     }
-    *oom_p = true;
-    return false;
+    if ((ic->map = scratch(st, SCR_BITS, bytes)) == NULL) {
+        *oom_p = true;
+        return false;
+    }
+    memset(ic->map, 0, bytes);
+    ic->done = upto;
+    return ids_repeat(ic, keys, upto);
 }
 
 /* ---- fills ----------------------------------------------------------------------------------- */
@@ -499,11 +522,12 @@ typedef struct {
     uint64_t deadline_ns;
     kvs__staging_late_t *late; /* keys [late->ready, n) routed by late->more, else NULL */
     bool late_done;
-    bool aborted;     /* late->more found the call ineligible: nothing is scattered */
+    bool aborted;     /* the rest's lookup or ids made the call ineligible: nothing is scattered */
     uint32_t counted; /* fills that carried a key (a pipelined first fill may carry none) */
+    ids_check_t ids;  /* the overlap rule's page map (page-table form) */
 } call_plan_t;
 
-static void late_resolve(const kvs__staging_t *st, call_plan_t *cp, bool inflight);
+static void rest_resolve(kvs__staging_t *st, call_plan_t *cp, bool inflight);
 
 /* Waits for a fill's scatter until the call's deadline, where the backend aborts it: either way
  * nothing writes the keys' destinations once this returns. A failed or aborted one fails the keys
@@ -758,12 +782,12 @@ static void run_fill(kvs__staging_t *st, call_plan_t *cp, uint32_t a, uint32_t b
             if (cp->keys[i].t != NULL)
                 cp->keys[i].status = KVS_TIMED_OUT;
         }
-        late_resolve(st, cp, false);
+        rest_resolve(st, cp, false);
         return;
     }
-    /* The rest of a pipelined read's lookup, while this fill's copies run; it places the later
-     * fills, which the page plan's offsets come from. */
-    late_resolve(st, cp, io.rc == KVS_OK && io.nruns > 0);
+    /* The rest of a pipelined read's lookup and of the overlap rule, while this fill's copies
+     * run; the lookup places the later fills, which the page plan's offsets come from. */
+    rest_resolve(st, cp, io.rc == KVS_OK && io.nruns > 0);
     uint64_t t2 = kvs__now_ns();
     int plan_rc =
         cp->layout == NULL || cp->plan_ready || cp->aborted ? KVS_OK : plan_upload(st, cp);
@@ -889,6 +913,36 @@ static void late_resolve(const kvs__staging_t *st, call_plan_t *cp, bool infligh
     }
 }
 
+/* The overlap rule for a page-table call's keys after its first fill, checked while that fill's
+ * transfers run (before anything is scattered). A page named twice makes the call ineligible as
+ * a later key that does not fit does (late_resolve): the first fill is drained, nothing is
+ * scattered, and the call reads direct (docs/staging.md, item 5). */
+static void pages_rest(kvs__staging_t *st, call_plan_t *cp)
+{
+    ids_check_t *ic = &cp->ids;
+    if (cp->layout == NULL || ic->done >= cp->n)
+        return;
+    uint32_t from = ic->done;
+    ic->done = cp->n;
+    if (cp->aborted)
+        return; /* already ineligible: the first reason counts */
+    uint64_t t0 = kvs__now_ns();
+    bool again = ids_repeat(ic, cp->keys + from, cp->n - from);
+    atomic_fetch_add(&st->st.plan_overlapped_ns, kvs__now_ns() - t0);
+    if (again) {
+        cp->aborted = true;
+        fall_back(st, KVS_FALLBACK_overlap);
+    }
+}
+
+/* What the first fill's transfers hide: the rest of a pipelined read's lookup, and the rest of
+ * the overlap rule. */
+static void rest_resolve(kvs__staging_t *st, call_plan_t *cp, bool inflight)
+{
+    late_resolve(st, cp, inflight);
+    pages_rest(st, cp);
+}
+
 uint32_t kvs__staging_lead(const kvs__staging_t *st, const kvs__staged_key_t *keys, uint32_t n,
                            bool cheap)
 {
@@ -929,13 +983,19 @@ static int buffer_ready(kvs__staging_t *st, int domain)
     return -1;
 }
 
-/* Everything a call decides before its first submission, with the buffer held: the overlap
- * rule, the buffer, the working arrays and the fills. -1 when the call stages, else the fallback
- * reason. */
+/* Everything a call decides before its first submission, with the buffer held: the fills, the
+ * overlap rule (a page-table call's first fill only: pages_rest checks the rest), the buffer and
+ * the working arrays. -1 when the call stages, else the fallback reason. */
 static int plan_call(kvs__staging_t *st, call_plan_t *cp, int domain)
 {
+    cp->off = scratch(st, SCR_OFF, cp->n * sizeof(*cp->off));
+    cp->fill_end = scratch(st, SCR_FILL_END, cp->n * sizeof(*cp->fill_end));
+    if (cp->off == NULL || cp->fill_end == NULL)
+        return KVS_FALLBACK_alloc_failed;
+    plan_fills(st, cp);
     bool oom = false;
-    bool overlap = cp->layout != NULL ? pages_overlap(st, cp->layout, cp->keys, cp->n, &oom)
+    bool overlap = cp->layout != NULL ? pages_overlap(st, cp->layout, cp->keys, cp->n,
+                                                      cp->fill_end[0], &cp->ids, &oom)
                                       : fragments_overlap(st, cp->keys, cp->n, &oom);
     if (overlap)
         return KVS_FALLBACK_overlap;
@@ -947,12 +1007,8 @@ static int plan_call(kvs__staging_t *st, call_plan_t *cp, int domain)
     size_t maxf = 0;
     for (uint32_t i = 0; i < cp->n && cp->layout == NULL; i++)
         maxf += cp->keys[i].iovcnt + 1;
-    cp->off = scratch(st, SCR_OFF, cp->n * sizeof(*cp->off));
-    cp->fill_end = scratch(st, SCR_FILL_END, cp->n * sizeof(*cp->fill_end));
-    if (cp->off == NULL || cp->fill_end == NULL ||
-        scratch(st, SCR_FRAGS, KVS_MAX(maxf, 1) * sizeof(kvs__scatter_frag_t)) == NULL)
+    if (scratch(st, SCR_FRAGS, KVS_MAX(maxf, 1) * sizeof(kvs__scatter_frag_t)) == NULL)
         return KVS_FALLBACK_alloc_failed;
-    plan_fills(st, cp);
     return -1;
 }
 
@@ -1000,7 +1056,8 @@ int kvs__staging_read(kvs__staging_t *st, kvs__staged_key_t *keys, uint32_t n,
     fill_finish(st, keys, &pend[0], cp.deadline_ns);
     fill_finish(st, keys, &pend[1], cp.deadline_ns);
     if (cp.aborted) {
-        kvs_debug("staging: the rest of the lookup made the call ineligible; it reads direct");
+        kvs_debug("staging: the rest of the lookup or of the ids made the call ineligible; it "
+                  "reads direct");
         buffer_release(st);
         return KVS_UNSUPPORTED;
     }

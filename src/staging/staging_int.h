@@ -238,7 +238,8 @@ bool kvs__pt_regions_overlap(const kvs__page_layout_t *L, uint64_t np);
 /* Whether the keys name a page id twice: with `seen`, np bytes, or a bitmap `bm` of np bits (every
  * id below np), or by sorting a copy of the ids in `tmp` (room for all of them). The first two
  * also answer true for an id of np or more (the caller changed it after the call checked it),
- * never indexing past their map. */
+ * never indexing past their map. Their map is the caller's to zero, and keeps the ids marked, so
+ * that a call's keys can be checked in parts (the first fill's, then the rest's beside it). */
 bool kvs__pt_ids_repeat(const kvs__staged_key_t *keys, uint32_t n, uint64_t *bm, uint64_t np);
 bool kvs__pt_ids_repeat_bytes(const kvs__staged_key_t *keys, uint32_t n, uint8_t *seen,
                               uint64_t np);

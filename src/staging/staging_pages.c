@@ -94,7 +94,6 @@ bool kvs__pt_ids_repeat_bytes(const kvs__staged_key_t *keys, uint32_t n, uint8_t
 {
     /* No branch and no chain through memory: distinct ids touch distinct bytes (a bitmap's
      * read-modify-write of one word serialises runs of neighbouring ids, 1.9 ns each). */
-    memset(seen, 0, (size_t)np);
     unsigned again = 0;
     for (uint32_t i = 0; i < n && !again; i++) {
         const uint32_t *ids = keys[i].pages.ids;
@@ -111,7 +110,6 @@ bool kvs__pt_ids_repeat_bytes(const kvs__staged_key_t *keys, uint32_t n, uint8_t
 
 bool kvs__pt_ids_repeat(const kvs__staged_key_t *keys, uint32_t n, uint64_t *bm, uint64_t np)
 {
-    memset(bm, 0, (size_t)((np + 63) / 64) * sizeof(*bm));
     for (uint32_t i = 0; i < n; i++) {
         const uint32_t *ids = keys[i].pages.ids;
         for (uint64_t j = 0; j < keys[i].pages.npages; j++) {
