@@ -1682,7 +1682,31 @@ static void test_policy_model_and_measurements(void)
                               .owners = 1,
                               .fills = 1,
                               .cheap_submit = true};
+    /* Shapes that differ only in their keys (one 12 MiB object, or 192 of 64 KiB, in 64 KiB
+     * pages) never share measurements: direct costs per key. Measurements of the one that make
+     * it read direct do not turn the other, whose 192 submissions the model counts, from
+     * staged. */
+    kvs__read_shape_t whole = {.bytes = 12u << 20,
+                               .frags = 192,
+                               .keys = 1,
+                               .owners = 1,
+                               .fills = 1,
+                               .cheap_submit = false};
+    kvs__read_shape_t split = whole;
+    split.keys = split.owners = 192;
+    CHECK_EQ_INT(kvs__policy_peek(p, &split, true), KVS_READ_STAGED);
+    for (int i = 0; i < 4; i++)
+        for (int q = 0; q < KVS_READ_MODES_; q++)
+            kvs__policy_observe(p, &whole, (kvs__read_mode_t)q,
+                                q == KVS_READ_DIRECT ? 1000 : 1000000000);
+    CHECK_EQ_INT(kvs__policy_peek(p, &whole, true), KVS_READ_DIRECT);
+    CHECK_EQ_INT(kvs__policy_peek(p, &split, true), KVS_READ_STAGED);
+    /* A peek (a pipelined read asks before its lookup) answers what the choice will be and
+     * counts nothing: the same exploration follows. */
+    kvs__read_mode_t peeked = kvs__policy_peek(p, &near, true);
+    CHECK_EQ_INT(kvs__policy_peek(p, &near, true), peeked);
     m = kvs__policy_choose(p, &near, true, &why);
+    CHECK_EQ_INT(m, peeked);
     CHECK(m != KVS_READ_STAGED);
     CHECK_EQ_INT(why, KVS_POLICY_EXPLORE);
     /* 32 fragments of 64 KiB: direct 32 us, staged 20 us + 2 us: close, so both get measured. */
@@ -1790,6 +1814,65 @@ static void test_staging_auto_mode(void)
     unsetenv("MC_STORE_GPU_STAGING_BUFFER_BYTES");
 }
 
+/* The adaptive mode pipelines a read's lookup when it would stage the call (asked before the
+ * lookup, chosen from the first part's routes), and looks everything up first when it would
+ * not. */
+static void test_staging_auto_mode_pipelines_its_lookup(void)
+{
+    store_t st;
+    store_start(&st, NULL);
+    setenv("MC_STORE_GPU_STAGING", "auto", 1);
+    setenv("MC_STORE_GPU_STAGING_BACKEND", "host", 1);
+    setenv("MC_STORE_GPU_STAGING_BUFFER_BYTES", "1MiB", 1);
+    kvs_client_config_t cfg;
+    CHECK_STATUS(kvs_client_config_init(&cfg), KVS_OK);
+    cfg.master = st.master;
+    kvs_client_t *c = NULL;
+    CHECK_STATUS(kvs_client_open(&cfg, &c), KVS_OK);
+    setenv("MC_STORE_GPU_STAGING", "1", 1);
+    kvs__policy_t *pol = kvs__staging_policy(kvs__client_staging(c));
+    CHECK(pol != NULL);
+    enum { N = 8 };
+    const char *keys[N] = {"ap-0", "ap-1", "ap-2", "ap-3", "ap-4", "ap-5", "ap-6", "ap-7"};
+    uint64_t sizes[N];
+    for (int i = 0; i < N; i++) {
+        sizes[i] = 250000; /* two a half fill: the first fill hides the rest's lookup */
+        put_key(c, keys[i], sizes[i]);
+    }
+    kvs__staging_calib_t dear_frags = {1e6, 0, 1e-6, 1, 0};
+    kvs__staging_calib_t dear_fills = {1, 0, 1e-6, 1e9, 0};
+    for (int round = 0; round < 2; round++) {
+        kvs__policy_set_calibration(pol, round == 0 ? &dear_frags : &dear_fills);
+        dest_t d;
+        dest_init(c, &d, sizes, N);
+        kvs_client_stats_t before = stats(c);
+        uint64_t obs = kvs__policy_observations(pol);
+        int64_t res[N];
+        CHECK_STATUS(read_keys(c, &d, keys, N, res), KVS_OK);
+        for (int i = 0; i < N; i++) {
+            CHECK_EQ_INT(res[i], (int64_t)sizes[i]);
+            CHECK(key_exact(&d, i, keys[i]));
+        }
+        kvs_client_stats_t after = stats(c);
+        CHECK_EQ_U64(kvs__policy_observations(pol), obs + 1);
+        uint64_t staged = after.auto_staged_calls - before.auto_staged_calls;
+        uint64_t unstaged = (after.auto_direct_calls - before.auto_direct_calls) +
+                            (after.auto_grouped_calls - before.auto_grouped_calls);
+        CHECK_EQ_U64(staged, round == 0 ? 1 : 0);
+        CHECK_EQ_U64(unstaged, round == 0 ? 0 : 1);
+        CHECK_EQ_U64(after.staged_reads - before.staged_reads, staged);
+        CHECK_EQ_U64(after.fills - before.fills, round == 0 ? 4 : 0);
+        /* Staged: the rest was looked up beside the first fill. */
+        CHECK_EQ_INT(after.get_lookup_overlapped_ns > before.get_lookup_overlapped_ns, round == 0);
+        dest_free(c, &d);
+    }
+    kvs_client_close(c);
+    server_stop(&st.srv);
+    unsetenv("MC_STORE_GPU_STAGING");
+    unsetenv("MC_STORE_GPU_STAGING_BACKEND");
+    unsetenv("MC_STORE_GPU_STAGING_BUFFER_BYTES");
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
@@ -1819,6 +1902,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_scatter_options),
         KVS_TEST_CASE(test_policy_model_and_measurements),
         KVS_TEST_CASE(test_staging_auto_mode),
+        KVS_TEST_CASE(test_staging_auto_mode_pipelines_its_lookup),
     };
     return kvs_test_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }

@@ -923,6 +923,54 @@ static void read_free(kvs_client_t *c, read_t *r)
     kvs__free(r->map);
 }
 
+static uint64_t key_frags(const call_t *k, size_t i)
+{
+    return k->layout != NULL ? (uint64_t)k->npages[i] * k->layout->nregions : k->cnt[i];
+}
+
+/* Slots [0, ns)'s transports and owners in the shape: distinct endpoints, the previous 64
+ * compared; slots without a transport (a pipelined first round's missing keys) left out. */
+static void shape_routes(const read_t *r, uint32_t ns, kvs__read_shape_t *sh)
+{
+    for (uint32_t s = 0; s < ns; s++) {
+        const read_slot_t *sl = &r->slots[s];
+        if (sl->t == NULL)
+            continue;
+        sh->cheap_submit &= (sl->t->ops->caps & KVS_TRANSPORT_CAP_CHEAP_SUBMIT) != 0;
+        bool seen = false;
+        for (uint32_t q = s; q-- > 0 && q + 64 > s && !seen;)
+            seen = r->slots[q].t != NULL && r->slots[q].ep == sl->ep;
+        sh->owners += !seen;
+    }
+}
+
+/* The first round's shape, for the adaptive mode. */
+static void read_shape(const call_t *k, const read_t *r, uint32_t ns, kvs__read_shape_t *sh)
+{
+    *sh = (kvs__read_shape_t){.keys = ns, .cheap_submit = true};
+    for (uint32_t s = 0; s < ns; s++) {
+        sh->bytes += r->slots[s].size;
+        sh->frags += key_frags(k, r->slots[s].key);
+    }
+    shape_routes(r, ns, sh);
+}
+
+/* A pipelined read's shape before the rest of its lookup: every entry's bytes and fragments
+ * from its destination; transports and owners from the lead's routes once they are known
+ * (`routed`), before that shm when the client may use it, and one owner. */
+static void lead_shape(const kvs_client_t *c, const call_t *k, const read_t *r, bool routed,
+                       kvs__read_shape_t *sh)
+{
+    *sh = (kvs__read_shape_t){
+        .keys = r->m, .cheap_submit = routed || c->shm != NULL, .owners = routed ? 0 : 1};
+    for (uint32_t j = 0; j < r->m; j++) {
+        sh->bytes += k->total[r->map[j]];
+        sh->frags += key_frags(k, r->map[j]);
+    }
+    if (routed)
+        shape_routes(r, r->m1, sh);
+}
+
 /* A pipelined read looks up its first fill's keys, starts that fill, and looks up the rest
  * while the fill's copies run, which takes the lookup of all but the first fill off the read's
  * serial path (docs/store_bench.md). Its eligibility is the whole call's, from destinations
@@ -936,8 +984,7 @@ static void read_free(kvs_client_t *c, read_t *r)
  * entry's destination). */
 static uint32_t read_lead(kvs_client_t *c, const call_t *k, read_t *r, bool exact)
 {
-    if (c->staging == NULL || kvs__staging_policy(c->staging) != NULL || !exact ||
-        k->src_off != NULL || r->m < 2)
+    if (c->staging == NULL || !exact || k->src_off != NULL || r->m < 2)
         return r->m;
     r->sk = kvs__malloc((size_t)r->m * sizeof(*r->sk));
     if (r->sk == NULL)
@@ -948,8 +995,13 @@ static uint32_t read_lead(kvs_client_t *c, const call_t *k, read_t *r, bool exac
     uint64_t lead_bytes = 0;
     for (uint32_t j = 0; j < lead; j++)
         lead_bytes += r->sk[j].size;
+    kvs__read_shape_t sh;
+    if (kvs__staging_policy(c->staging) != NULL) /* the adaptive mode: if it would stage */
+        lead_shape(c, k, r, false, &sh);
     if (lead == 0 || lead >= r->m ||
-        lead_bytes < (uint64_t)(r->m - lead) * LEAD_BYTES_PER_LATE_KEY) {
+        lead_bytes < (uint64_t)(r->m - lead) * LEAD_BYTES_PER_LATE_KEY ||
+        (kvs__staging_policy(c->staging) != NULL &&
+         !kvs__staging_would_stage(c->staging, k->domain[r->map[0]], &sh))) {
         kvs__free(r->sk);
         r->sk = NULL;
         return r->m;
@@ -1150,25 +1202,6 @@ static uint64_t round_deadline(const call_t *k, const read_t *r, uint32_t ns)
     return spare ? route_deadline(k->deadline) : k->deadline;
 }
 
-/* The first round's shape, for the adaptive mode. */
-static void read_shape(kvs_client_t *c, const call_t *k, const read_t *r, uint32_t ns,
-                       kvs__read_shape_t *sh)
-{
-    KVS_UNUSED(c);
-    *sh = (kvs__read_shape_t){.keys = ns, .cheap_submit = true};
-    for (uint32_t s = 0; s < ns; s++) {
-        const read_slot_t *sl = &r->slots[s];
-        sh->bytes += sl->size;
-        sh->frags += k->layout != NULL ? (uint64_t)k->npages[sl->key] * k->layout->nregions
-                                       : k->cnt[sl->key];
-        sh->cheap_submit &= (sl->t->ops->caps & KVS_TRANSPORT_CAP_CHEAP_SUBMIT) != 0;
-        bool seen = false; /* owners: distinct endpoints (the first 64 compared) */
-        for (uint32_t q = s; q-- > 0 && q + 64 > s && !seen;)
-            seen = r->slots[q].ep == sl->ep;
-        sh->owners += !seen;
-    }
-}
-
 /* The round's mode: staged when the call may stage (MC_STORE_GPU_STAGING=1), or as the
  * adaptive policy chooses on the first round (later rounds keep that choice); else direct or
  * grouped as the caller asked. */
@@ -1182,7 +1215,7 @@ static kvs__read_mode_t read_mode(kvs_client_t *c, call_t *k, const read_t *r, u
         return can_stage ? KVS_READ_STAGED : asked;
     if (k->mode_used >= 0)
         return (kvs__read_mode_t)k->mode_used;
-    read_shape(c, k, r, ns, &k->shape);
+    read_shape(k, r, ns, &k->shape);
     kvs__read_mode_t m =
         kvs__staging_choose(c->staging, k->domain[r->slots[0].key], &k->shape, can_stage);
     k->mode_used = (int)m;
@@ -1322,17 +1355,27 @@ static bool lead_as_planned(kvs_client_t *c, const read_t *r)
     return true;
 }
 
+/* The adaptive mode's choice for a pipelined read, made from its lead's routes (lead_shape). */
+static kvs__read_mode_t lead_mode(kvs_client_t *c, call_t *k, const read_t *r)
+{
+    lead_shape(c, k, r, true, &k->shape);
+    k->mode_used = (int)kvs__staging_choose(c->staging, k->domain[r->map[0]], &k->shape, true);
+    return (kvs__read_mode_t)k->mode_used;
+}
+
 /* A pipelined read's first round (slots aligned to entries; *ns_p: its slots). A call that
- * falls back, or that the rest of the lookup made ineligible, reads direct. */
+ * falls back, that the rest of the lookup made ineligible, or that the adaptive mode does not
+ * stage after all, reads unstaged. */
 static int read_first_pipelined(kvs_client_t *c, call_t *k, read_t *r, bool grouped, uint32_t *ns_p)
 {
     uint32_t m = r->m;
     read_route(c, k, r, 0, r->m1, true);
     bool planned = lead_as_planned(c, r);
+    bool adaptive = kvs__staging_policy(c->staging) != NULL;
     int src = KVS_UNSUPPORTED;
     late_ctx_t x = {c, k, r, grouped, KVS_OK, {r->m1, late_more, NULL, 0}};
     x.late.ctx = &x;
-    if (planned && !r->larger) {
+    if (planned && !r->larger && (!adaptive || lead_mode(c, k, r) == KVS_READ_STAGED)) {
         for (uint32_t j = 0; j < r->m1; j++) {
             const read_slot_t *sl = &r->slots[j];
             staged_source(&r->sk[j], sl, sl->t != NULL ? r->lease_until[sl->key] : 0);
@@ -1356,9 +1399,14 @@ static int read_first_pipelined(kvs_client_t *c, call_t *k, read_t *r, bool grou
         return rc;
     uint32_t ns = slots_compact(r, m);
     *ns_p = ns;
-    if (!planned && !r->larger) /* the lead was routed otherwise: stage as usual */
-        return read_submit(c, k, r, ns, true, grouped, round_deadline(k, r, ns));
-    return read_unstaged(c, k, r, ns, grouped, round_deadline(k, r, ns));
+    uint64_t d = round_deadline(k, r, ns);
+    /* No mode chosen yet (the lead was routed otherwise, or the adaptive mode has not chosen):
+     * as one lookup would. Else the chosen unstaged mode, or after a staged fallback the
+     * caller's. */
+    if (k->mode_used < 0 && (!planned || adaptive))
+        return read_submit(c, k, r, ns, true, grouped, d);
+    bool g = k->mode_used == KVS_READ_GROUPED || (k->mode_used != KVS_READ_DIRECT && grouped);
+    return read_unstaged(c, k, r, ns, g, d);
 }
 
 /* Runs one round's transfers in its mode. A staged round that falls back reads direct (the

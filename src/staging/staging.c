@@ -214,6 +214,17 @@ kvs__read_mode_t kvs__staging_choose(kvs__staging_t *st, int domain, kvs__read_s
     return m;
 }
 
+bool kvs__staging_would_stage(kvs__staging_t *st, int domain, kvs__read_shape_t *sh)
+{
+    int d = st->be->domain_of(domain);
+    if (st->policy == NULL || d < 0 || atomic_load(&st->disabled))
+        return false;
+    if (kvs__policy_calibrate_once(st->policy, st->be, d))
+        atomic_fetch_add(&st->st.calibrations, 1);
+    sh->fills = kvs__staging_fills_for(st, sh->bytes);
+    return kvs__policy_peek(st->policy, sh, true) == KVS_READ_STAGED;
+}
+
 /* ---- the buffer ------------------------------------------------------------------------------ */
 
 /* Takes the buffer, waiting up to busy_wait_us for another call to let go. */

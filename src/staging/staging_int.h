@@ -175,6 +175,9 @@ bool kvs__policy_calibrate_once(kvs__policy_t *p, const kvs__staging_backend_t *
 kvs__read_mode_t kvs__policy_choose(kvs__policy_t *p, const kvs__read_shape_t *sh, bool can_stage,
                                     kvs__policy_why_t *why_p);
 /* A finished call of shape `sh` read in mode m took ns. */
+/* What kvs__policy_choose would pick now, with nothing counted (a pipelined read asks before
+ * its lookup whether it will stage). */
+kvs__read_mode_t kvs__policy_peek(kvs__policy_t *p, const kvs__read_shape_t *sh, bool can_stage);
 void kvs__policy_observe(kvs__policy_t *p, const kvs__read_shape_t *sh, kvs__read_mode_t m,
                          uint64_t ns);
 /* Tests: calls observed so far. */
@@ -188,6 +191,9 @@ kvs__policy_t *kvs__staging_policy(kvs__staging_t *st);
 /* Auto mode: calibrates on first use (in `domain`), chooses and counts the call's mode. */
 kvs__read_mode_t kvs__staging_choose(kvs__staging_t *st, int domain, kvs__read_shape_t *sh,
                                      bool can_stage);
+/* Auto mode: whether kvs__staging_choose would stage the shape now (calibrating on first use;
+ * nothing else counted). False when the call could not stage in `domain`. */
+bool kvs__staging_would_stage(kvs__staging_t *st, int domain, kvs__read_shape_t *sh);
 /* The fills a staged read of `bytes` takes, about (keys are whole in a fill: at least this). */
 uint64_t kvs__staging_fills_for(const kvs__staging_t *st, uint64_t bytes);
 

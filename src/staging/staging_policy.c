@@ -11,8 +11,9 @@
  * fragment, then 256 fragments of 4 KiB), scatter_ns_per_byte and fill_ns from two scatter
  * launches (the host backend times memcpy instead).
  *
- * Calls are binned by shape (bytes per fragment and bytes per call, powers of two, and whether
- * every key is on a transport whose submissions are cheap). A cell remembers, per mode, the
+ * Calls are binned by shape (bytes per fragment, bytes per call and keys per call, powers of two,
+ * and whether every key is on a transport whose submissions are cheap: calls whose modes the
+ * model tells apart never share a cell's measurements). A cell remembers, per mode, the
  * measured ns per byte (an exponential average). A mode a cell has not measured is estimated
  * from a measured one: the measured time minus that mode's model overhead is the common wire
  * time, plus the other mode's overhead. A cell tries a mode it has not measured when its
@@ -26,6 +27,7 @@
 
 #define FRAG_BUCKETS 17 /* bytes per fragment: 2^8 (and below) .. 2^24 (and above) */
 #define SIZE_BUCKETS 24 /* bytes per call: 2^12 (and below) .. 2^35 (and above) */
+#define KEY_BUCKETS  14 /* keys per call: 1 .. 2^13 (and above) */
 #define EXPLORE      1.25
 #define EWMA         0.3
 #define RETRY_CALLS  256 /* a cell re-measures its plausible modes this often */
@@ -40,7 +42,7 @@ struct kvs__policy {
     pthread_mutex_t lock;
     bool calibrated;
     kvs__staging_calib_t cal;
-    cell_t cells[2][FRAG_BUCKETS][SIZE_BUCKETS];
+    cell_t cells[2][FRAG_BUCKETS][SIZE_BUCKETS][KEY_BUCKETS]; /* 457 KiB, touched as used */
     uint64_t observations;
 };
 
@@ -100,7 +102,7 @@ static cell_t *cell_of(kvs__policy_t *p, const kvs__read_shape_t *sh)
 {
     uint64_t per = sh->bytes / KVS_MAX(sh->frags, 1);
     return &p->cells[sh->cheap_submit ? 0 : 1][log2_clamp(per, 8, FRAG_BUCKETS)]
-                    [log2_clamp(sh->bytes, 12, SIZE_BUCKETS)];
+                    [log2_clamp(sh->bytes, 12, SIZE_BUCKETS)][log2_clamp(sh->keys, 0, KEY_BUCKETS)];
 }
 
 /* The model's overhead of mode m for the shape, in ns (the common wire time left out). */
@@ -139,30 +141,47 @@ static void estimate(const kvs__policy_t *p, const cell_t *cl, const kvs__read_s
     }
 }
 
-kvs__read_mode_t kvs__policy_choose(kvs__policy_t *p, const kvs__read_shape_t *sh, bool can_stage,
-                                    kvs__policy_why_t *why_p)
+/* The mode the cell picks for the shape: the best estimate, or a plausible mode it has not
+ * measured (or not for RETRY_CALLS calls), which is tried. *best_p: the best estimate's. */
+static int pick(const kvs__policy_t *p, const cell_t *cl, const kvs__read_shape_t *sh,
+                bool can_stage, int *best_p)
 {
-    pthread_mutex_lock(&p->lock);
-    cell_t *cl = cell_of(p, sh);
     double est[KVS_READ_MODES_];
     estimate(p, cl, sh, can_stage, est);
     int best = -1;
     for (int m = 0; m < KVS_READ_MODES_; m++)
         if (est[m] >= 0 && (best < 0 || est[m] < est[best]))
             best = m;
-    /* A plausible mode the cell has not measured (or not for RETRY_CALLS calls) is tried. */
     int pick = best;
     bool retry = cl->calls > 0 && cl->calls % RETRY_CALLS == 0;
     for (int m = 0; m < KVS_READ_MODES_; m++)
         if (m != best && est[m] >= 0 && est[m] <= EXPLORE * est[best] && (cl->n[m] == 0 || retry))
             pick = m;
+    *best_p = best;
+    return pick;
+}
+
+kvs__read_mode_t kvs__policy_choose(kvs__policy_t *p, const kvs__read_shape_t *sh, bool can_stage,
+                                    kvs__policy_why_t *why_p)
+{
+    pthread_mutex_lock(&p->lock);
+    cell_t *cl = cell_of(p, sh);
+    int best, m = pick(p, cl, sh, can_stage, &best);
     cl->calls++;
     bool measured = cl->n[KVS_READ_STAGED] > 0;
     pthread_mutex_unlock(&p->lock);
-    *why_p = pick == best ? KVS_POLICY_BEST : KVS_POLICY_EXPLORE;
-    if (pick != KVS_READ_STAGED && pick == best && can_stage)
+    *why_p = m == best ? KVS_POLICY_BEST : KVS_POLICY_EXPLORE;
+    if (m != KVS_READ_STAGED && m == best && can_stage)
         *why_p = measured ? KVS_POLICY_MEASURED_SLOWER : KVS_POLICY_MODEL_SLOWER;
-    return (kvs__read_mode_t)pick;
+    return (kvs__read_mode_t)m;
+}
+
+kvs__read_mode_t kvs__policy_peek(kvs__policy_t *p, const kvs__read_shape_t *sh, bool can_stage)
+{
+    pthread_mutex_lock(&p->lock);
+    int best, m = pick(p, cell_of(p, sh), sh, can_stage, &best);
+    pthread_mutex_unlock(&p->lock);
+    return (kvs__read_mode_t)m;
 }
 
 void kvs__policy_observe(kvs__policy_t *p, const kvs__read_shape_t *sh, kvs__read_mode_t m,
