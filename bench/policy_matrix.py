@@ -9,8 +9,9 @@ into randomly permuted pages of a CUDA pool through batch_get_into_pages, in fou
   auto      MC_STORE_GPU_STAGING=auto (after --warmup calls of the cell, in which it calibrates
             and tries the modes it finds plausible)
 
-and reports per cell the median of --reps calls in rotating order, the best fixed mode, and auto's
-ratio to it and to direct. Every read is checked (torch.equal of the pages on the GPU). Writes a
+and reports per cell the median of --reps calls in rotating order, the best fixed mode, auto's
+ratio to it and to direct, and which modes auto read in its timed calls (and how many of them
+were explorations). Every read is checked (torch.equal of the pages on the GPU). Writes a
 markdown table (--markdown), a CSV (--csv) and a plot (--plot).
 
     PYTHONPATH=build-gpu/python python3 bench/policy_matrix.py --server build-gpu/kvstash-server \\
@@ -64,16 +65,28 @@ def run_cell(stores, keys, key_bytes, page_bytes, pool, host_pages, reps, warmup
         view[ids_cuda] = 0
         return ms
 
+    def picks():
+        st = stores["auto"].get_stats()
+        return [st[f"auto_{m}_calls"] for m in ("direct", "grouped", "staged")] + [
+            st["auto_explored"]]
+
     for _ in range(warmup):
         call("auto")
     times = {m: [] for m in MODES}
+    before = None
     for r in range(reps + 1):  # the first round warms the fixed modes
+        if r == 1:
+            before = picks()
         for k in range(len(MODES)):
             m = MODES[(k + r) % len(MODES)]
             ms = call(m)
             if r > 0:
                 times[m].append(ms)
-    return {m: statistics.median(v) for m, v in times.items()}
+    # What auto read during the timed calls: d/g/s calls and explorations among them.
+    got = [b - a for a, b in zip(before, picks())]
+    med = {m: statistics.median(v) for m, v in times.items()}
+    med["auto_picks"] = f"{got[0]}/{got[1]}/{got[2]} ({got[3]} explored)"
+    return med
 
 
 def main():
@@ -114,12 +127,14 @@ def main():
                         continue
                     med = run_cell(stores, keys, obj, page, pool, host, a.reps, a.warmup, gen)
                     fixed = {m: med[m] for m in MODES if m != "auto"}
+                    auto_picks = med.pop("auto_picks")
                     best = min(fixed, key=fixed.get)
                     row = {"transport": proto, "object": human(obj), "page": human(page),
                            "keys": n, **{f"{m}_ms": round(med[m], 3) for m in MODES},
                            "best_fixed": best,
                            "auto_vs_best": round(med["auto"] / fixed[best], 3),
-                           "auto_vs_direct": round(med["auto"] / med["direct"], 3)}
+                           "auto_vs_direct": round(med["auto"] / med["direct"], 3),
+                           "auto_picks": auto_picks}
                     rows.append(row)
                     print(", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
                 for k in keys:
@@ -137,13 +152,13 @@ def main():
     lines = [f"\nAdaptive mode matrix, {torch.cuda.get_device_name()}, {human(total)} per call, "
              f"medians of {a.reps} calls per mode (auto after {a.warmup} warm-up calls)", "",
              "| transport | object | page | keys | direct ms | grouped ms | staged ms | auto ms "
-             "| best fixed | auto / best | auto / direct |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| best fixed | auto / best | auto / direct | auto read d/g/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['transport']} | {r['object']} | {r['page']} | {r['keys']} | "
                      f"{r['direct_ms']:.2f} | {r['grouped_ms']:.2f} | {r['staged_ms']:.2f} | "
                      f"{r['auto_ms']:.2f} | {r['best_fixed']} | {r['auto_vs_best']:.3f} | "
-                     f"{r['auto_vs_direct']:.3f} |")
+                     f"{r['auto_vs_direct']:.3f} | {r['auto_picks']} |")
     lines.append("")
     lines.append(f"worst auto / best fixed: {worst:.3f}; worst auto / direct: {over_direct:.3f}")
     text = "\n".join(lines)
