@@ -4,6 +4,7 @@
  * kills one of the two owners, so that for some keys the dead copy is the first one tried.
  * (Before failover, 13 of 20 such reads failed: the client never tried the other replica.) */
 #define _GNU_SOURCE
+#include "client/client_int.h"
 #include "client_fixture.h"
 #include "kvs_test.h"
 #include "proto/net_int.h"
@@ -222,6 +223,79 @@ static void test_stopped_owner_fails_over(void)
     server_stop(&cl.master);
 }
 
+/* The adaptive mode stages a pipelined page-table read from its first part's lookup; the rest's
+ * finds a key whose pages hold more than its object, so the call may not stage and reads direct.
+ * With an owner killed, keys whose first replica was on it are read again in a second round:
+ * that round must not stage either (it did once, which scattered whatever followed the object in
+ * the staging buffer into the key's extra page, as success). */
+static void test_auto_pipelined_read_fails_over_unstaged(void)
+{
+    enum { PAGE = 8192, PER = OBJ / PAGE, SLOT = PER + 1, GUARD = 0x5a };
+    setenv("MC_STORE_GPU_STAGING", "auto", 1);
+    setenv("MC_STORE_GPU_STAGING_BACKEND", "host", 1);
+    setenv("MC_STORE_GPU_STAGING_BUFFER_BYTES", "1MiB", 1);
+    size_t pool_len = (size_t)NKEYS * SLOT * PAGE;
+    uint8_t *pool = malloc(pool_len), *want = malloc(OBJ);
+    CHECK(pool != NULL && want != NULL);
+    uint32_t ids[NKEYS * SLOT];
+    size_t npages[NKEYS];
+    size_t nids = 0;
+    for (int i = 0; i < NKEYS; i++) {
+        npages[i] = i == NKEYS - 1 ? SLOT : PER; /* the last key: one page more than its object */
+        for (size_t j = 0; j < npages[i]; j++)
+            ids[nids++] = (uint32_t)(i * SLOT + j);
+    }
+    kvs_page_region_t rg = {pool, PAGE, PAGE, (size_t)NKEYS * SLOT};
+    for (int v = 0; v < 2; v++) {
+        cluster_t cl;
+        cluster_start(&cl);
+        kvs_client_t *c = open_client(cl.addr, "tcp"); /* whole-buffer fills: 10 keys a fill */
+        kvs__staging_calib_t dear_frags = {1e6, 0, 1e-6, 1, 0};
+        kvs__policy_set_calibration(kvs__staging_policy(kvs__client_staging(c)), &dear_frags);
+        CHECK_STATUS(kvs_client_register_buffer(c, pool, pool_len), KVS_OK);
+        char names[NKEYS][16];
+        const char *keys[NKEYS];
+        put_keys(c, names, keys);
+        for (int round = 0; round < 2; round++) {
+            if (round == 1)
+                server_kill(&cl.owner[v]);
+            memset(pool, GUARD, pool_len);
+            kvs_client_stats_t a, b;
+            kvs_client_get_stats(c, &a);
+            int64_t res[NKEYS];
+            CHECK_STATUS(kvs_client_batch_get_into_pages(c, NKEYS, keys, &rg, 1, KVS_PAGE_MAJOR,
+                                                         ids, npages, false, res),
+                         KVS_OK);
+            kvs_client_get_stats(c, &b);
+            for (int i = 0; i < NKEYS; i++) {
+                CHECK_EQ_INT(res[i], OBJ);
+                fill(i, want, OBJ);
+                CHECK_EQ_MEM(pool + (size_t)i * SLOT * PAGE, want, OBJ);
+                for (size_t q = 0; q < PAGE; q++) /* no key's bytes past its object */
+                    CHECK_EQ_INT(pool[((size_t)i * SLOT + PER) * PAGE + q], GUARD);
+            }
+            CHECK_EQ_U64(b.staged_reads - a.staged_reads, 0);
+            CHECK_EQ_U64(b.get_staged_calls - a.get_staged_calls, 0);
+            CHECK_EQ_U64(b.fallback_not_exact - a.fallback_not_exact, 1);
+            CHECK(b.get_lookup_overlapped_ns > a.get_lookup_overlapped_ns); /* it was pipelined */
+            /* Counted once, as the unstaged mode it read. */
+            CHECK_EQ_U64(b.auto_staged_calls - a.auto_staged_calls, 0);
+            CHECK_EQ_U64((b.auto_direct_calls - a.auto_direct_calls) +
+                             (b.auto_grouped_calls - a.auto_grouped_calls),
+                         1);
+        }
+        CHECK_STATUS(kvs_client_unregister_buffer(c, pool), KVS_OK);
+        kvs_client_close(c);
+        server_stop(&cl.owner[1 - v]);
+        server_stop(&cl.master);
+    }
+    free(pool);
+    free(want);
+    unsetenv("MC_STORE_GPU_STAGING");
+    unsetenv("MC_STORE_GPU_STAGING_BACKEND");
+    unsetenv("MC_STORE_GPU_STAGING_BUFFER_BYTES");
+}
+
 int main(int argc, char **argv)
 {
     static const kvs_test_case_t cases[] = {
@@ -229,6 +303,7 @@ int main(int argc, char **argv)
         KVS_TEST_CASE(test_second_owner_killed),
         KVS_TEST_CASE(test_staged_reads_fail_over),
         KVS_TEST_CASE(test_stopped_owner_fails_over),
+        KVS_TEST_CASE(test_auto_pipelined_read_fails_over_unstaged),
     };
     return kvs_test_main(argc, argv, cases, sizeof(cases) / sizeof(cases[0]));
 }

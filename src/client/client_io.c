@@ -969,6 +969,10 @@ static void lead_shape(const kvs_client_t *c, const call_t *k, const read_t *r, 
     }
     if (routed)
         shape_routes(r, r->m1, sh);
+    if (sh->owners == 0) { /* no key of the lead is there: as before its lookup */
+        sh->cheap_submit = c->shm != NULL;
+        sh->owners = 1;
+    }
 }
 
 /* A pipelined read looks up its first fill's keys, starts that fill, and looks up the rest
@@ -1213,8 +1217,9 @@ static kvs__read_mode_t read_mode(kvs_client_t *c, call_t *k, const read_t *r, u
         return asked;
     if (kvs__staging_policy(c->staging) == NULL)
         return can_stage ? KVS_READ_STAGED : asked;
-    if (k->mode_used >= 0)
-        return (kvs__read_mode_t)k->mode_used;
+    if (k->mode_used >= 0) /* never staged where the call may not stage (an exact cover) */
+        return k->mode_used == KVS_READ_STAGED && !can_stage ? asked
+                                                             : (kvs__read_mode_t)k->mode_used;
     read_shape(k, r, ns, &k->shape);
     kvs__read_mode_t m =
         kvs__staging_choose(c->staging, k->domain[r->slots[0].key], &k->shape, can_stage);
@@ -1397,6 +1402,12 @@ static int read_first_pipelined(kvs_client_t *c, call_t *k, read_t *r, bool grou
     int rc = read_late(c, k, r, grouped, false);
     if (rc != KVS_OK)
         return rc;
+    if (k->mode_used == KVS_READ_STAGED && r->larger) {
+        /* The rest's lookup found a key larger than its object: the call could never stage,
+         * so the adaptive mode chooses again, among the unstaged modes, as one lookup would. */
+        kvs__staging_unchoose(c->staging, KVS_READ_STAGED);
+        k->mode_used = -1;
+    }
     uint32_t ns = slots_compact(r, m);
     *ns_p = ns;
     uint64_t d = round_deadline(k, r, ns);

@@ -225,6 +225,12 @@ bool kvs__staging_would_stage(kvs__staging_t *st, int domain, kvs__read_shape_t 
     return kvs__policy_peek(st->policy, sh, true) == KVS_READ_STAGED;
 }
 
+void kvs__staging_unchoose(kvs__staging_t *st, kvs__read_mode_t m)
+{
+    if ((unsigned)m < KVS_READ_MODES_)
+        atomic_fetch_sub(&st->st.auto_calls[m], 1);
+}
+
 /* ---- the buffer ------------------------------------------------------------------------------ */
 
 /* Takes the buffer, waiting up to busy_wait_us for another call to let go. */
@@ -928,7 +934,7 @@ static void late_resolve(const kvs__staging_t *st, call_plan_t *cp, bool infligh
  * transfers run (before anything is scattered). A page named twice makes the call ineligible as
  * a later key that does not fit does (late_resolve): the first fill is drained, nothing is
  * scattered, and the call reads direct (docs/staging.md, item 5). */
-static void pages_rest(kvs__staging_t *st, call_plan_t *cp)
+static void pages_rest(kvs__staging_t *st, call_plan_t *cp, bool inflight)
 {
     ids_check_t *ic = &cp->ids;
     if (cp->layout == NULL || ic->done >= cp->n)
@@ -939,7 +945,8 @@ static void pages_rest(kvs__staging_t *st, call_plan_t *cp)
         return; /* already ineligible: the first reason counts */
     uint64_t t0 = kvs__now_ns();
     bool again = ids_repeat(ic, cp->keys + from, cp->n - from);
-    atomic_fetch_add(&st->st.plan_overlapped_ns, kvs__now_ns() - t0);
+    /* Serial planning when nothing was in flight (the first fill timed out or had no key). */
+    atomic_fetch_add(inflight ? &st->st.plan_overlapped_ns : &st->st.plan_ns, kvs__now_ns() - t0);
     if (again) {
         cp->aborted = true;
         fall_back(st, KVS_FALLBACK_overlap);
@@ -951,7 +958,7 @@ static void pages_rest(kvs__staging_t *st, call_plan_t *cp)
 static void rest_resolve(kvs__staging_t *st, call_plan_t *cp, bool inflight)
 {
     late_resolve(st, cp, inflight);
-    pages_rest(st, cp);
+    pages_rest(st, cp, inflight);
 }
 
 uint32_t kvs__staging_lead(const kvs__staging_t *st, const kvs__staged_key_t *keys, uint32_t n,

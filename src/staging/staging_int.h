@@ -191,6 +191,9 @@ kvs__policy_t *kvs__staging_policy(kvs__staging_t *st);
 /* Auto mode: calibrates on first use (in `domain`), chooses and counts the call's mode. */
 kvs__read_mode_t kvs__staging_choose(kvs__staging_t *st, int domain, kvs__read_shape_t *sh,
                                      bool can_stage);
+/* Takes back a choice of mode m that the call turned out not to be able to make (a pipelined
+ * read the rest of whose lookup made it ineligible), before it chooses again. */
+void kvs__staging_unchoose(kvs__staging_t *st, kvs__read_mode_t m);
 /* Auto mode: whether kvs__staging_choose would stage the shape now (calibrating on first use;
  * nothing else counted). False when the call could not stage in `domain`. */
 bool kvs__staging_would_stage(kvs__staging_t *st, int domain, kvs__read_shape_t *sh);
