@@ -1752,6 +1752,31 @@ static void test_policy_model_and_measurements(void)
     kvs__policy_destroy(p);
 }
 
+/* A client in MC_STORE_GPU_STAGING=auto with host-backend staging and a 1 MiB buffer (the
+ * environment is read at open), and its end with the store's. */
+static kvs_client_t *auto_client(const store_t *st)
+{
+    setenv("MC_STORE_GPU_STAGING", "auto", 1);
+    setenv("MC_STORE_GPU_STAGING_BACKEND", "host", 1);
+    setenv("MC_STORE_GPU_STAGING_BUFFER_BYTES", "1MiB", 1);
+    kvs_client_config_t cfg;
+    CHECK_STATUS(kvs_client_config_init(&cfg), KVS_OK);
+    cfg.master = st->master;
+    kvs_client_t *c = NULL;
+    CHECK_STATUS(kvs_client_open(&cfg, &c), KVS_OK);
+    setenv("MC_STORE_GPU_STAGING", "1", 1);
+    return c;
+}
+
+static void auto_client_close(kvs_client_t *c, store_t *st)
+{
+    kvs_client_close(c);
+    server_stop(&st->srv);
+    unsetenv("MC_STORE_GPU_STAGING");
+    unsetenv("MC_STORE_GPU_STAGING_BACKEND");
+    unsetenv("MC_STORE_GPU_STAGING_BUFFER_BYTES");
+}
+
 /* MC_STORE_GPU_STAGING=auto through a client (host backend): the first read calibrates the model
  * (once); with a model where fragments are dear a many-fragment read stages, with one where a
  * fill is dear it reads direct and counts why; bytes are exact either way. */
@@ -1759,15 +1784,7 @@ static void test_staging_auto_mode(void)
 {
     store_t st;
     store_start(&st, NULL);
-    setenv("MC_STORE_GPU_STAGING", "auto", 1);
-    setenv("MC_STORE_GPU_STAGING_BACKEND", "host", 1);
-    setenv("MC_STORE_GPU_STAGING_BUFFER_BYTES", "1MiB", 1);
-    kvs_client_config_t cfg;
-    CHECK_STATUS(kvs_client_config_init(&cfg), KVS_OK);
-    cfg.master = st.master;
-    kvs_client_t *c = NULL;
-    CHECK_STATUS(kvs_client_open(&cfg, &c), KVS_OK);
-    setenv("MC_STORE_GPU_STAGING", "1", 1);
+    kvs_client_t *c = auto_client(&st);
     kvs__staging_t *stg = kvs__client_staging(c);
     CHECK(stg != NULL && kvs__staging_policy(stg) != NULL);
     const char *keys[2] = {"auto-0", "auto-1"};
@@ -1813,11 +1830,7 @@ static void test_staging_auto_mode(void)
                   1);
         }
     }
-    kvs_client_close(c);
-    server_stop(&st.srv);
-    unsetenv("MC_STORE_GPU_STAGING");
-    unsetenv("MC_STORE_GPU_STAGING_BACKEND");
-    unsetenv("MC_STORE_GPU_STAGING_BUFFER_BYTES");
+    auto_client_close(c, &st);
 }
 
 /* The adaptive mode pipelines a read's lookup when it would stage the call (asked before the
@@ -1827,15 +1840,7 @@ static void test_staging_auto_mode_pipelines_its_lookup(void)
 {
     store_t st;
     store_start(&st, NULL);
-    setenv("MC_STORE_GPU_STAGING", "auto", 1);
-    setenv("MC_STORE_GPU_STAGING_BACKEND", "host", 1);
-    setenv("MC_STORE_GPU_STAGING_BUFFER_BYTES", "1MiB", 1);
-    kvs_client_config_t cfg;
-    CHECK_STATUS(kvs_client_config_init(&cfg), KVS_OK);
-    cfg.master = st.master;
-    kvs_client_t *c = NULL;
-    CHECK_STATUS(kvs_client_open(&cfg, &c), KVS_OK);
-    setenv("MC_STORE_GPU_STAGING", "1", 1);
+    kvs_client_t *c = auto_client(&st);
     kvs__policy_t *pol = kvs__staging_policy(kvs__client_staging(c));
     CHECK(pol != NULL);
     enum { N = 8 };
@@ -1880,11 +1885,7 @@ static void test_staging_auto_mode_pipelines_its_lookup(void)
             CHECK_STATUS(kvs__staging_hold(kvs__client_staging(c), false), KVS_OK);
         dest_free(c, &d);
     }
-    kvs_client_close(c);
-    server_stop(&st.srv);
-    unsetenv("MC_STORE_GPU_STAGING");
-    unsetenv("MC_STORE_GPU_STAGING_BACKEND");
-    unsetenv("MC_STORE_GPU_STAGING_BUFFER_BYTES");
+    auto_client_close(c, &st);
 }
 
 int main(int argc, char **argv)
